@@ -1,0 +1,14 @@
+# The two commands of the README. Both set up ./.venv first (scripts/setup.sh).
+.PHONY: train test setup
+
+setup:
+	bash scripts/setup.sh all
+
+# The default recipe: the 1-D CNN on MNIST-1D to 94 % test accuracy.
+train:
+	bash scripts/setup.sh all
+	.venv/bin/scaletrain train
+
+test:
+	bash scripts/setup.sh dev
+	.venv/bin/python -m pytest -q tests

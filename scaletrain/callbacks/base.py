@@ -1,0 +1,30 @@
+"""Callbacks are duck-typed: the trainer calls only the hooks a callback defines.
+
+Hooks, in loop order: on_train_begin(trainer), on_epoch_begin(trainer, epoch),
+on_train_batch_begin(trainer, step), on_train_batch_end(trainer, step, logs) (once per execution
+of `steps_per_execution` steps), on_validation_begin(trainer), on_validation_end(trainer, logs),
+on_epoch_end(trainer, epoch, logs), on_train_end(trainer, logs). A callback stops training by
+setting `trainer.stop_training = True`.
+"""
+
+from __future__ import annotations
+
+HOOKS = ("on_train_begin", "on_epoch_begin", "on_train_batch_begin", "on_train_batch_end",
+         "on_validation_begin", "on_validation_end", "on_epoch_end", "on_train_end")
+
+
+class CallbackList:
+    def __init__(self, callbacks):
+        self.callbacks = list(callbacks)
+
+    def call(self, hook: str, *args) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, hook, None)
+            if fn is not None:
+                fn(*args)
+
+    def find(self, cls):
+        return next((cb for cb in self.callbacks if isinstance(cb, cls)), None)
+
+    def __iter__(self):
+        return iter(self.callbacks)

@@ -1,0 +1,72 @@
+"""Progress display and the per-run metrics log."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class ProgressBar:
+    """A rich progress bar per epoch (only on a terminal), and one summary line per epoch always."""
+
+    def __init__(self, console: Console | None = None, show_bar: bool | None = None):
+        self.console = console or Console()
+        self.show_bar = self.console.is_terminal if show_bar is None else show_bar
+        self.progress: Progress | None = None
+        self.task = None
+
+    def on_train_begin(self, trainer) -> None:
+        if self.show_bar:
+            self.progress = Progress(TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(),
+                                     console=self.console, transient=True)
+            self.progress.start()
+
+    def on_epoch_begin(self, trainer, epoch: int) -> None:
+        if self.progress is not None:
+            self.task = self.progress.add_task("train", total=trainer.steps_per_epoch, epoch=epoch + 1, loss="-")
+
+    def on_train_batch_end(self, trainer, step: int, logs: dict) -> None:
+        if self.progress is not None and self.task is not None:
+            fields = {"loss": f"{logs['loss']:.4f}"} if "loss" in logs else {}
+            self.progress.update(self.task, completed=logs["epoch_step"], **fields)
+
+    def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
+        if self.progress is not None and self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None
+        val = (f"  val_loss {logs['val_loss']:.4f}  val_acc {logs['val_accuracy']:.4f}"
+               if "val_accuracy" in logs else "")
+        self.console.print(f"epoch {epoch + 1:>3}  loss {logs['train_loss']:.4f}  acc {logs['train_accuracy']:.4f}"
+                           f"{val}  lr {logs['lr']:.3g}  {logs['epoch_train_time_s']:.2f}s", soft_wrap=True)
+
+    def on_train_end(self, trainer, logs: dict) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+class MetricsLog:
+    """One record per epoch, as JSON lines or CSV, flushed as it is written."""
+
+    def __init__(self, path: str | Path, fmt: str | None = None):
+        self.path = Path(path)
+        self.format = fmt or ("csv" if self.path.suffix == ".csv" else "jsonl")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+        self.columns: list[str] | None = None
+
+    def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
+        record = {k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        with self.path.open("a", newline="") as fh:
+            if self.format == "jsonl":
+                fh.write(json.dumps(record) + "\n")
+                return
+            if self.columns is None:
+                self.columns = list(record)
+                csv.DictWriter(fh, self.columns).writeheader()
+            csv.DictWriter(fh, self.columns, extrasaction="ignore").writerow(record)

@@ -1,0 +1,50 @@
+"""The `scaletrain` command: parses, wires, and turns user errors into one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scaletrain.errors import UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from scaletrain.cli.train import add_train_arguments
+    parser = argparse.ArgumentParser(prog="scaletrain", description="Fast, honestly measured training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a model (no arguments: the default MNIST-1D recipe)")
+    add_train_arguments(train)
+    sub.add_parser("list", help="list the models, data sets, precisions and recipes")
+    return parser
+
+
+def _list() -> int:
+    from scaletrain.cli.train import recipe_names
+    from scaletrain.data import DATASETS
+    from scaletrain.models import MODEL_NAMES
+    from scaletrain.precision import POLICIES
+    print("models:     " + ", ".join(MODEL_NAMES))
+    print("data sets:  " + ", ".join(DATASETS))
+    print("precisions: " + ", ".join(POLICIES))
+    print("recipes:    " + ", ".join(recipe_names()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            from scaletrain.cli.train import run_train
+            return run_train(args, argv_given=len(argv) > 1)
+        return _list()
+    except UserError as exc:
+        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("scaletrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

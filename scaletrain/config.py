@@ -1,0 +1,227 @@
+"""Typed run configuration: nested dataclasses that TOML files and CLI flags map onto.
+
+Every field has a default and a one-line doc (the `doc` metadata), which the CLI reuses as help.
+`from_mapping` rejects unknown keys and wrong types, naming the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from scaletrain.errors import ConfigError
+
+
+def _f(default: Any, doc: str, **kwargs: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc}, **kwargs)
+    return field(default=default, metadata={"doc": doc}, **kwargs)
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    name: str = _f("cnn1d", "model from the registry, e.g. cnn1d, mlp, resnet, wrn-16-10, vit-tiny")
+    options: dict = _f({}, "model-specific keyword arguments, e.g. {channels = 64}")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    name: str = _f("mnist1d", "data set: mnist1d, digits, synthetic, mnist, fashion-mnist, cifar10, npz")
+    data_dir: str | None = _f(None, "folder (or .npz file) holding the data set's files")
+    download: bool = _f(False, "download missing MNIST/Fashion-MNIST files (checksum-verified)")
+    placement: str = _f("auto", "auto, device (whole set on the device) or stream (DataLoader)")
+    augment: list = _f([], "on-device augmentations: shift, flip")
+    shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation")
+    num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic)")
+    train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000)")
+    shape: list = _f([3, 32, 32], "sample shape for the synthetic data set")
+    num_classes: int = _f(10, "number of classes for the synthetic data set")
+    val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)")
+    num_workers: int = _f(0, "DataLoader worker processes for the streaming path")
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    optimizer: str = _f("adamw", "sgd (with momentum) or adamw")
+    lr: float = _f(1e-3, "peak learning rate")
+    weight_decay: float = _f(0.0, "decoupled weight decay (adamw) or L2 (sgd)")
+    momentum: float = _f(0.9, "SGD momentum")
+    nesterov: bool = _f(False, "Nesterov momentum for SGD")
+    betas: list = _f([0.9, 0.999], "AdamW betas")
+    lr_schedule: str = _f("constant", "constant, step, cosine or onecycle")
+    warmup_epochs: float = _f(0.0, "linear warm-up length in epochs")
+    step_milestones: list = _f([15, 25, 35], "epochs at which the step schedule multiplies the LR by step_gamma")
+    step_gamma: float = _f(0.1, "factor of the step schedule")
+    min_lr_ratio: float = _f(0.0, "final LR of cosine/onecycle as a fraction of the peak")
+    clip_grad_norm: float | None = _f(None, "clip the global gradient norm to this value")
+    grad_accum_steps: int = _f(1, "split each batch into this many micro-batches (same gradient, less memory)")
+
+
+@dataclass(kw_only=True, slots=True)
+class PrecisionConfig:
+    policy: str = _f("fp32", "fp32, tf32, bf16-mixed, fp16-mixed or bf16-true")
+    fp32_modules: list = _f([], "module names or class names kept in float32")
+    init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale")
+    growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "the model"})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "the data"})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"doc": "optimizer and schedule"})
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig, metadata={"doc": "numeric precision"})
+    epochs: int = _f(10, "maximum number of epochs")
+    batch_size: int = _f(128, "samples per optimizer step")
+    seed: int = _f(0, "seed for weights, data order and augmentation")
+    device: str = _f("auto", "auto, cpu, cuda or cuda:N")
+    steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)")
+    compile: bool = _f(False, "apply torch.compile to the model")
+    compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs")
+    cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)")
+    target_accuracy: float | None = _f(None, "stop once validation accuracy reaches this for `patience` epochs")
+    patience: int = _f(1, "epochs at or above the target before stopping")
+    early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss")
+    log_every: int = _f(50, "read the running loss back from the device every N steps")
+    run_dir: str | None = _f(None, "folder for this run's metrics, summary and model (default: ./scaletrain-runs/<name>)")
+    metrics_format: str = _f("jsonl", "per-epoch metrics log format: jsonl or csv")
+    summary_json: str | None = _f(None, "also write the run summary as JSON to this path")
+    progress: bool = _f(True, "show a progress bar when attached to a terminal")
+    save_model: bool = _f(True, "save the final model's state dict as model.pt in the run folder")
+
+    def validate(self) -> None:
+        """Checks values that the types alone do not constrain."""
+        checks = [
+            (self.epochs >= 1, "epochs", "must be at least 1"),
+            (self.batch_size >= 1, "batch_size", "must be at least 1"),
+            (self.steps_per_execution >= 1, "steps_per_execution", "must be at least 1"),
+            (self.patience >= 1, "patience", "must be at least 1"),
+            (self.log_every >= 1, "log_every", "must be at least 1"),
+            (self.optim.lr > 0, "optim.lr", "must be positive"),
+            (self.optim.grad_accum_steps >= 1, "optim.grad_accum_steps", "must be at least 1"),
+            (self.metrics_format in ("jsonl", "csv"), "metrics_format", "must be jsonl or csv"),
+            (self.data.placement in ("auto", "device", "stream"), "data.placement", "must be auto, device or stream"),
+            (self.target_accuracy is None or 0 < self.target_accuracy <= 1, "target_accuracy", "must be in (0, 1]"),
+        ]
+        for ok, key, problem in checks:
+            if not ok:
+                raise ConfigError(f"config key '{key}' {problem} (got {get_path(self, key)!r})")
+        if self.batch_size % self.optim.grad_accum_steps:
+            raise ConfigError(
+                f"batch_size {self.batch_size} is not divisible by optim.grad_accum_steps "
+                f"{self.optim.grad_accum_steps}; pick a batch size that is a multiple of it")
+        unknown_aug = set(self.data.augment) - {"shift", "flip"}
+        if unknown_aug:
+            raise ConfigError(f"config key 'data.augment' has unknown augmentation(s) {sorted(unknown_aug)}; "
+                              "valid: shift, flip")
+
+
+def get_path(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def set_path(obj: Any, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
+
+
+def field_docs(cls: type, prefix: str = "") -> dict[str, tuple[Any, str]]:
+    """Maps each dotted leaf key of a config class to (type, doc)."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, tuple[Any, str]] = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.update(field_docs(tp, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = (tp, f.metadata.get("doc", ""))
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if args:
+        return " or ".join(_type_name(a) for a in args)
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Checks (and, for int->float, widens) a value against a field type; raises ConfigError naming the key."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(value, option, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool:
+        ok = isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, tp)
+    if not ok:
+        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def from_mapping(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any:
+    """Builds (or updates `base` of) a config dataclass from a nested mapping, strictly."""
+    obj = base if base is not None else cls()
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key '{dotted}'; valid keys here: {', '.join(sorted(names))}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key '{dotted}' must be a table ([{dotted}])")
+            from_mapping(tp, value, f"{dotted}.", getattr(obj, key))
+        else:
+            setattr(obj, key, coerce(value, tp, dotted))
+    return obj
+
+
+def to_mapping(obj: Any) -> dict:
+    """The config as plain nested dicts (for TOML/JSON), None values dropped (TOML has no null)."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out[f.name] = to_mapping(value)
+        elif value is not None:
+            out[f.name] = value
+    return out
+
+
+def load_toml(path: str | Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass the path of a TOML file to --config")
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None

@@ -1,0 +1,95 @@
+"""In-memory data sets: a train and a test split of tensors, plus training-split statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from scaletrain.errors import DataError
+
+
+@dataclass(slots=True)
+class ArraySplit:
+    """Samples `x` (N, C, ...) and integer labels `y` (N,). Images may stay uint8 until the device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(slots=True)
+class Dataset:
+    name: str
+    train: ArraySplit
+    test: ArraySplit
+    num_classes: int
+    # Featurewise centring (seed 003): per-channel mean/std of the *training* split, shaped to
+    # broadcast against one sample (C, 1, ...).
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train.x.shape[1:])
+
+
+def as_features(x: np.ndarray | torch.Tensor, source: str) -> torch.Tensor:
+    """Converts features to a tensor; float64 becomes float32 explicitly (seed 000's pitfall:
+    a float64 input silently turns a mixed-precision run into a float64 one)."""
+    t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+    if t.dtype == torch.uint8:
+        return t
+    if not (t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64)):
+        raise DataError(f"{source}: features have unsupported dtype {t.dtype}")
+    return t.to(torch.float32)
+
+
+def as_labels(y: np.ndarray | torch.Tensor, n: int, num_classes: int | None, source: str) -> torch.Tensor:
+    """Checks labels are integers in [0, num_classes) and match the sample count."""
+    t = torch.from_numpy(np.ascontiguousarray(y)) if isinstance(y, np.ndarray) else y
+    if t.ndim != 1:
+        raise DataError(f"{source}: labels must be a 1-D array, got shape {tuple(t.shape)}")
+    if len(t) != n:
+        raise DataError(f"{source}: {len(t)} labels for {n} samples (shape mismatch)")
+    if t.is_floating_point():
+        if not torch.equal(t, t.round()):
+            raise DataError(f"{source}: labels must be integers, found fractional values")
+    t = t.to(torch.int64)
+    if len(t):
+        low, high = int(t.min()), int(t.max())
+        limit = num_classes if num_classes is not None else high + 1
+        if low < 0 or high >= limit:
+            bad = low if low < 0 else high
+            raise DataError(f"{source}: label {bad} is out of range [0, {limit})")
+    return t
+
+
+def with_channel_dim(x: torch.Tensor, sample_ndim: int) -> torch.Tensor:
+    """(N, L) -> (N, 1, L) and (N, H, W) -> (N, 1, H, W): models expect an explicit channel dim."""
+    return x.unsqueeze(1) if x.ndim == sample_ndim + 1 else x
+
+
+def make_dataset(name: str, train: ArraySplit, test: ArraySplit, num_classes: int) -> Dataset:
+    """Computes per-channel normalisation statistics from the training split only."""
+    if train.x.shape[1:] != test.x.shape[1:]:
+        raise DataError(f"{name}: train samples have shape {tuple(train.x.shape[1:])} but test samples "
+                        f"{tuple(test.x.shape[1:])} (shape mismatch)")
+    if len(train) == 0:
+        raise DataError(f"{name}: the training split is empty")
+    x = train.x.to(torch.float64)
+    dims = [0] + list(range(2, x.ndim))
+    mean = x.mean(dim=dims, keepdim=True)[0].to(torch.float32)
+    std = x.std(dim=dims, keepdim=True)[0].clamp_min(1e-6).to(torch.float32)
+    return Dataset(name=name, train=train, test=test, num_classes=num_classes, mean=mean, std=std)
+
+
+def random_split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int) -> tuple[ArraySplit, ArraySplit]:
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(y), generator=g)
+    n_test = max(1, round(len(y) * test_fraction))
+    test_idx, train_idx = perm[:n_test], perm[n_test:]
+    return ArraySplit(x[train_idx], y[train_idx]), ArraySplit(x[test_idx], y[test_idx])

@@ -1,0 +1,60 @@
+"""Data sets made locally, with no download: MNIST-1D, scikit-learn's digits, synthetic."""
+
+from __future__ import annotations
+
+import torch
+
+from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, make_dataset,
+                                     random_split, with_channel_dim)
+from scaletrain.errors import UserError
+
+
+def load_mnist1d(num_samples: int | None = None, seed: int = 42) -> Dataset:
+    """MNIST-1D (Greydanus & Kobak) generated with the package's own `make_dataset`.
+
+    Default 5,000 samples with an 80/20 split: the paper's 4,000 train / 1,000 test, length 40.
+    The generator's seed is fixed (42, the package default) so every run sees the same data set;
+    the run's seed governs weights and data order.
+    """
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset as make_mnist1d
+    except ImportError:
+        raise UserError("mnist1d: the 'mnist1d' package is not installed; "
+                        "run: pip install 'scaletrain[mnist1d]'") from None
+    args = get_dataset_args()
+    args.num_samples = num_samples or args.num_samples
+    args.seed = seed
+    raw = make_mnist1d(args)
+    # make_dataset returns float64 arrays; as_features converts them to float32 explicitly.
+    train = ArraySplit(with_channel_dim(as_features(raw["x"], "mnist1d"), 1),
+                       as_labels(raw["y"], len(raw["x"]), 10, "mnist1d"))
+    test = ArraySplit(with_channel_dim(as_features(raw["x_test"], "mnist1d"), 1),
+                      as_labels(raw["y_test"], len(raw["x_test"]), 10, "mnist1d"))
+    return make_dataset("mnist1d", train, test, num_classes=10)
+
+
+def load_digits(seed: int = 0) -> Dataset:
+    """scikit-learn's bundled 8x8 digits (1,797 samples), split 80/20 with a fixed seed."""
+    try:
+        from sklearn.datasets import load_digits as sk_load_digits
+    except ImportError:
+        raise UserError("digits: scikit-learn is not installed; run: pip install 'scaletrain[digits]'") from None
+    bunch = sk_load_digits()
+    x = as_features(bunch.images, "digits").unsqueeze(1)
+    y = as_labels(bunch.target, len(x), 10, "digits")
+    train, test = random_split(x, y, test_fraction=0.2, seed=seed)
+    return make_dataset("digits", train, test, num_classes=10)
+
+
+def load_synthetic(shape: list[int], num_samples: int | None, num_classes: int, seed: int = 0) -> Dataset:
+    """Random uint8 images and random labels of any shape: for measuring throughput only."""
+    if not shape or any(int(d) < 1 for d in shape):
+        raise UserError(f"synthetic: data.shape must be positive sizes like [3, 32, 32], got {shape}")
+    if num_classes < 2:
+        raise UserError(f"synthetic: data.num_classes must be at least 2, got {num_classes}")
+    n = num_samples or 10_000
+    g = torch.Generator().manual_seed(seed)
+    n_test = max(1, n // 10)
+    x = torch.randint(0, 256, (n + n_test, *shape), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, num_classes, (n + n_test,), generator=g)
+    return make_dataset("synthetic", ArraySplit(x[:n], y[:n]), ArraySplit(x[n:], y[n:]), num_classes)

@@ -1,0 +1,46 @@
+"""User data sets in .npz files: arrays `x` and `y`, optionally `x_test` and `y_test`."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from scaletrain.data.dataset import ArraySplit, as_features, as_labels, make_dataset, random_split
+from scaletrain.errors import DataError
+
+
+def load_npz(path: str | None, seed: int = 0):
+    if path is None:
+        raise DataError("npz: no file given; pass --data-dir PATH.npz (arrays x and y)")
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"{file}: file not found; pass the path of an .npz file with arrays x and y")
+    try:
+        with np.load(file, allow_pickle=False) as archive:
+            arrays = {k: archive[k] for k in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise DataError(f"{file}: not a readable .npz file ({exc})") from None
+    missing = [k for k in ("x", "y") if k not in arrays]
+    if missing:
+        raise DataError(f"{file}: missing array(s) {missing}; found {sorted(arrays)} "
+                        "(save with np.savez(path, x=..., y=...))")
+    x = as_features(arrays["x"], f"{file}[x]")
+    if x.ndim < 2:
+        raise DataError(f"{file}: x must have a sample dimension and features, got shape {tuple(x.shape)}")
+    if x.ndim == 2:  # (N, F) -> (N, 1, F): a one-channel sequence
+        x = x.unsqueeze(1)
+    y = as_labels(arrays["y"], len(x), None, f"{file}[y]")
+    if "x_test" in arrays or "y_test" in arrays:
+        if not ("x_test" in arrays and "y_test" in arrays):
+            raise DataError(f"{file}: x_test and y_test must come together")
+        xt = as_features(arrays["x_test"], f"{file}[x_test]")
+        xt = xt.unsqueeze(1) if xt.ndim == 2 else xt
+        num_classes = int(y.max()) + 1
+        yt = as_labels(arrays["y_test"], len(xt), num_classes, f"{file}[y_test]")
+        train, test = ArraySplit(x, y), ArraySplit(xt, yt)
+    else:
+        num_classes = int(y.max()) + 1
+        train, test = random_split(x, y, test_fraction=0.2, seed=seed)
+    return make_dataset(file.name, train, test, num_classes=max(num_classes, 2))

@@ -1,0 +1,36 @@
+"""Data sets by name."""
+
+from __future__ import annotations
+
+from scaletrain.data.cifar import load_cifar10
+from scaletrain.data.dataset import ArraySplit, Dataset, make_dataset
+from scaletrain.data.generated import load_digits, load_mnist1d, load_synthetic
+from scaletrain.data.idx import load_idx_dataset
+from scaletrain.data.npz import load_npz
+from scaletrain.errors import ConfigError
+
+DATASETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz")
+
+
+def load_dataset(cfg, seed: int = 0) -> Dataset:
+    """Loads the data set a DataConfig names, optionally cut to its first `train_subset` samples."""
+    name = cfg.name
+    if name == "mnist1d":
+        ds = load_mnist1d(cfg.num_samples)
+    elif name == "digits":
+        ds = load_digits(seed=0)
+    elif name == "synthetic":
+        ds = load_synthetic(cfg.shape, cfg.num_samples, cfg.num_classes, seed=seed)
+    elif name in ("mnist", "fashion-mnist"):
+        ds = load_idx_dataset(name, cfg.data_dir, cfg.download)
+    elif name == "cifar10":
+        ds = load_cifar10(cfg.data_dir)
+    elif name == "npz":
+        ds = load_npz(cfg.data_dir, seed=0)
+    else:
+        raise ConfigError(f"unknown data set '{name}'; choose one of: {', '.join(DATASETS)}")
+    if cfg.train_subset:
+        # The statistics stay those of the subset actually trained on.
+        sub = ArraySplit(ds.train.x[:cfg.train_subset], ds.train.y[:cfg.train_subset])
+        ds = make_dataset(ds.name, sub, ds.test, ds.num_classes)
+    return ds

@@ -1,0 +1,17 @@
+"""User-facing errors: the CLI prints their message on one line and exits non-zero."""
+
+
+class UserError(Exception):
+    """Bad input from the user (a path, a file, a config value). Printed without a traceback."""
+
+
+class ConfigError(UserError):
+    """An unknown config key, a wrong type, or a value out of range."""
+
+
+class DataError(UserError):
+    """A data file that is missing, truncated, malformed or inconsistent."""
+
+
+class NonFiniteLossError(UserError):
+    """The loss became inf/NaN in a precision mode that has no loss scaling to absorb it."""

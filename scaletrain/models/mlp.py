@@ -1,0 +1,27 @@
+"""A multi-layer perceptron over the flattened input."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: list[int] | None = None,
+                 dropout: float = 0.0):
+        super().__init__()
+        hidden = hidden if hidden is not None else [256, 256]
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = math.prod(input_shape)
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU(inplace=True)]
+            if dropout:
+                layers.append(nn.Dropout(dropout))
+            width = h
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))

@@ -1,0 +1,63 @@
+"""Optimizer construction: fused kernels with a device-tensor LR.
+
+Fused SGD/AdamW read `found_inf` on the device and leave weights and state untouched on an
+overflowing fp16 step, which is what lets the training step skip without a host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from scaletrain.errors import ConfigError
+
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    # Biases and norm scales (1-D tensors) are not decayed: decaying them only hurts accuracy.
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim > 1 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: bool = False) -> torch.optim.Optimizer:
+    """An optimizer whose every param group holds the same LR tensor on `device`.
+    `capturable` makes AdamW safe to record in a CUDA graph."""
+    lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device)
+    groups = _param_groups(model, cfg.weight_decay)
+    for g in groups:
+        g["lr"] = lr
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=True)
+        if cfg.momentum > 0:
+            # Fused SGD that skips its very first step (found_inf) leaves an uninitialised
+            # momentum buffer behind (seen on torch 2.13 CPU). A zero buffer is exactly the
+            # first-step semantics (buf = g) when dampening is 0, so create it up front.
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return opt
+    if cfg.optimizer == "adamw":
+        beta1, beta2 = cfg.betas
+        return torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), fused=True, capturable=capturable)
+    raise ConfigError(f"unknown optimizer '{cfg.optimizer}'; choose one of: {', '.join(OPTIMIZERS)}")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, value: torch.Tensor) -> None:
+    """Writes the LR into each group's tensor in place (no host sync, graph-capturable)."""
+    seen = set()
+    for g in optimizer.param_groups:
+        if id(g["lr"]) not in seen:
+            seen.add(id(g["lr"]))
+            g["lr"].copy_(value)
+
+
+def current_lr(optimizer: torch.optim.Optimizer) -> float:
+    lr = optimizer.param_groups[0]["lr"]
+    return float(lr) if isinstance(lr, torch.Tensor) else lr

@@ -1,0 +1,77 @@
+"""Learning-rate schedules as pure functions of a step counter that lives on the device.
+
+The counter advances only on applied optimizer steps (an fp16 step skipped for overflow does not
+move the schedule), and it is a device tensor, so computing the LR never waits on the host and
+the whole step can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from scaletrain.errors import ConfigError
+
+SCHEDULES = ("constant", "step", "cosine", "onecycle")
+
+
+@dataclass(frozen=True, slots=True)
+class LRSchedule:
+    kind: str
+    base_lr: float
+    total_steps: int
+    warmup_steps: int = 0
+    milestones: tuple[int, ...] = ()  # in steps, for kind == "step"
+    gamma: float = 0.1
+    min_lr_ratio: float = 0.0
+    onecycle_div: float = 25.0  # onecycle starts at base_lr / 25, as torch's OneCycleLR
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ConfigError(f"unknown lr_schedule '{self.kind}'; choose one of: {', '.join(SCHEDULES)}")
+
+    def __call__(self, step: torch.Tensor) -> torch.Tensor:
+        """LR for the optimizer step with (0-based) index `step`, as a float32 device tensor."""
+        s = step.to(torch.float32)
+        total = float(max(self.total_steps, 1))
+        if self.kind == "onecycle":
+            rise = float(max(self.warmup_steps, 1))
+            start = self.base_lr / self.onecycle_div
+            up = start + (self.base_lr - start) * torch.clamp(s / rise, max=1.0)
+            return torch.where(s < rise, up, self._cosine(s - rise, total - rise))
+        if self.kind == "constant":
+            lr = torch.full_like(s, self.base_lr)
+        elif self.kind == "step":
+            passed = sum((s >= m).to(torch.float32) for m in self.milestones) if self.milestones else s * 0
+            lr = self.base_lr * torch.pow(torch.full_like(s, self.gamma), passed)
+        else:  # cosine, after the warm-up
+            lr = self._cosine(s - self.warmup_steps, total - self.warmup_steps)
+        if self.warmup_steps > 0:
+            lr = lr * torch.clamp((s + 1) / self.warmup_steps, max=1.0)
+        return lr
+
+    def _cosine(self, s: torch.Tensor, span: float) -> torch.Tensor:
+        progress = torch.clamp(s / max(span, 1.0), 0.0, 1.0)
+        floor = self.base_lr * self.min_lr_ratio
+        return floor + (self.base_lr - floor) * 0.5 * (1.0 + torch.cos(math.pi * progress))
+
+    def value_at(self, step: int) -> float:
+        return float(self(torch.tensor(step)))
+
+
+def build_schedule(cfg, steps_per_epoch: int, epochs: int) -> LRSchedule:
+    """Turns the epoch-denominated OptimConfig into a step-denominated schedule."""
+    warmup = round(cfg.warmup_epochs * steps_per_epoch)
+    if cfg.lr_schedule == "onecycle" and warmup == 0:
+        warmup = round(0.3 * steps_per_epoch * epochs)  # torch OneCycleLR's pct_start
+    return LRSchedule(
+        kind=cfg.lr_schedule,
+        base_lr=cfg.lr,
+        total_steps=steps_per_epoch * epochs,
+        warmup_steps=warmup,
+        milestones=tuple(round(m * steps_per_epoch) for m in cfg.step_milestones),
+        gamma=cfg.step_gamma,
+        min_lr_ratio=cfg.min_lr_ratio,
+    )

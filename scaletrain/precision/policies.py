@@ -1,0 +1,75 @@
+"""Precision policies: one small class per `--precision` name, picked from a registry.
+
+A policy decides three things and nothing else: the dtype the parameters are stored in, the
+autocast region around the forward pass, and whether the loss is scaled. The loss itself is
+always computed in float32 by the training step (softmax in fp16 saturates; seed 000's advice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from scaletrain.errors import ConfigError
+from scaletrain.precision.float32_modules import keep_in_float32
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisionPolicy:
+    name: str
+    # dtype the forward's matmuls/convs run in under autocast; None means no autocast.
+    autocast_dtype: torch.dtype | None = None
+    # dtype the parameters (and so the optimizer state) are stored in.
+    param_dtype: torch.dtype = torch.float32
+    loss_scaling: bool = False
+    # TF32 lets float32 matmuls use tensor cores with a 10-bit mantissa (Ampere and newer).
+    allow_tf32: bool = False
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """Floating inputs are cast to this explicitly (never silently run in float64)."""
+        return self.param_dtype
+
+    def configure_backend(self) -> None:
+        """Sets the process-wide float32 matmul precision that this policy implies."""
+        torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
+        torch.backends.cudnn.allow_tf32 = self.allow_tf32
+        torch.set_float32_matmul_precision("high" if self.allow_tf32 else "highest")
+
+    def convert_module(self, model: nn.Module, fp32_modules: list[str] | tuple[str, ...] = ()) -> nn.Module:
+        """Casts parameters to the storage dtype and pins the opted-out modules to float32."""
+        if self.param_dtype != torch.float32:
+            model.to(self.param_dtype)
+        if fp32_modules:
+            # Under bf16-true the island's output goes back to bf16 so the next layer's
+            # bf16 weights see a matching input; under autocast, autocast handles the cast.
+            cast_back = self.param_dtype if self.param_dtype != torch.float32 else None
+            keep_in_float32(model, fp32_modules, cast_outputs_to=cast_back)
+        return model
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+
+POLICIES: dict[str, PrecisionPolicy] = {
+    p.name: p
+    for p in (
+        PrecisionPolicy(name="fp32"),
+        PrecisionPolicy(name="tf32", allow_tf32=True),
+        PrecisionPolicy(name="bf16-mixed", autocast_dtype=torch.bfloat16, allow_tf32=True),
+        PrecisionPolicy(name="fp16-mixed", autocast_dtype=torch.float16, loss_scaling=True, allow_tf32=True),
+        PrecisionPolicy(name="bf16-true", param_dtype=torch.bfloat16, allow_tf32=True),
+    )
+}
+
+
+def get_policy(name: str) -> PrecisionPolicy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown precision '{name}'; choose one of: {', '.join(POLICIES)}") from None

@@ -1,0 +1,112 @@
+"""The run summary: the headline numbers of a run, as a table and as JSON."""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from scaletrain.callbacks import StopAtAccuracy, Throughput
+
+
+@dataclass(slots=True)
+class RunSummary:
+    reached_target: bool | None
+    target_accuracy: float | None
+    time_to_target_s: float | None
+    best_val_accuracy: float
+    final_val_accuracy: float
+    images_per_sec: float | None
+    warmup_s: float
+    train_time_s: float
+    eval_time_s: float
+    wall_time_s: float
+    peak_memory_bytes: int
+    peak_memory_kind: str
+    precision: str
+    device: str
+    epochs_run: int
+    optimizer_steps: int
+    skipped_steps: int
+    model: str
+    data: str
+    batch_size: int
+    steps_per_execution: int
+    compile: bool
+    cuda_graphs: bool
+    torch_version: str
+    run_dir: str | None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None) -> RunSummary:
+    history = trainer.history
+    stopper = trainer.callbacks.find(StopAtAccuracy)
+    throughput = trainer.callbacks.find(Throughput)
+    accs = [h["val_accuracy"] for h in history]
+    last = history[-1] if history else {}
+    ips = throughput.steady_state() if throughput else None
+    return RunSummary(
+        reached_target=(stopper.reached_epoch is not None) if stopper else None,
+        target_accuracy=stopper.target if stopper else None,
+        time_to_target_s=stopper.time_to_target_s if stopper else None,
+        best_val_accuracy=max(accs) if accs else 0.0,
+        final_val_accuracy=accs[-1] if accs else 0.0,
+        images_per_sec=ips,
+        warmup_s=trainer.warmup_s,
+        train_time_s=trainer.clock.total,
+        eval_time_s=trainer.eval_time_s,
+        wall_time_s=wall_time_s,
+        peak_memory_bytes=trainer.peak_memory.read(),
+        peak_memory_kind=trainer.peak_memory.kind,
+        precision=cfg.precision.policy,
+        device=device_name(trainer.device),
+        epochs_run=len(history),
+        optimizer_steps=last.get("optimizer_steps", 0),
+        skipped_steps=last.get("skipped_steps", 0),
+        model=cfg.model.name,
+        data=cfg.data.name,
+        batch_size=cfg.batch_size,
+        steps_per_execution=cfg.steps_per_execution,
+        compile=cfg.compile,
+        cuda_graphs=trainer.use_graphs,
+        torch_version=torch.__version__,
+        run_dir=str(run_dir) if run_dir else None,
+    )
+
+
+def _fmt_time(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f} s"
+
+
+def print_summary(s: RunSummary, console: Console) -> None:
+    table = Table(title="Run summary", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    if s.target_accuracy is not None:
+        table.add_row("reached target", f"{'yes' if s.reached_target else 'no'} (val acc >= {s.target_accuracy})")
+        table.add_row("time to target", _fmt_time(s.time_to_target_s) + " (training time, evaluation excluded)")
+    table.add_row("best val accuracy", f"{s.best_val_accuracy:.4f}")
+    table.add_row("images/sec (steady state)", "-" if s.images_per_sec is None else f"{s.images_per_sec:,.0f}")
+    table.add_row("training time", _fmt_time(s.train_time_s))
+    table.add_row("evaluation time", _fmt_time(s.eval_time_s))
+    table.add_row("compile / warm-up", _fmt_time(s.warmup_s))
+    table.add_row("peak memory", f"{s.peak_memory_bytes / 2**20:,.1f} MiB ({s.peak_memory_kind})")
+    table.add_row("precision", s.precision)
+    table.add_row("skipped steps (fp16 overflow)", str(s.skipped_steps))
+    table.add_row("epochs run", str(s.epochs_run))
+    table.add_row("device", s.device)
+    console.print(table)

@@ -1,0 +1,80 @@
+"""The training step: forward under the precision policy, float32 loss, backward, optional fp16
+unscale/skip, clipping, device-side LR, optimizer step. No host synchronisation anywhere."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scaletrain.optim import LRSchedule, set_lr
+from scaletrain.precision import DynamicLossScaler, PrecisionPolicy
+from scaletrain.training.counters import DeviceCounters
+
+
+class TrainStep:
+    def __init__(self, model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer,
+                 schedule: LRSchedule, policy: PrecisionPolicy, counters: DeviceCounters,
+                 device: torch.device, scaler: DynamicLossScaler | None = None,
+                 clip_grad_norm: float | None = None, grad_accum_steps: int = 1,
+                 grads_to_none: bool = True):
+        self.model = model          # owns the parameters
+        self.forward = forward      # the callable to run: the model, or its compiled form
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.policy = policy
+        self.counters = counters
+        self.device = device
+        self.scaler = scaler
+        self.clip_grad_norm = clip_grad_norm
+        self.grad_accum_steps = grad_accum_steps
+        # A CUDA graph needs the gradient tensors to keep their addresses, so it zeroes in place.
+        self.grads_to_none = grads_to_none
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        c = self.counters
+        k = self.grad_accum_steps
+        micro = zip(x.chunk(k), y.chunk(k)) if k > 1 else ((x, y),)
+        for xm, ym in micro:
+            with self.policy.autocast(self.device):
+                logits = self.forward(xm)
+            # The loss and its softmax are always computed in float32.
+            loss = F.cross_entropy(logits.float(), ym)
+            scaled = loss / k if k > 1 else loss
+            if self.scaler is not None:
+                scaled = self.scaler.scale_loss(scaled)
+            scaled.backward()
+            with torch.no_grad():
+                c.loss_sum.add_(loss.detach() * ym.shape[0])
+                c.correct.add_((logits.detach().argmax(dim=-1) == ym).sum())
+                c.samples.add_(ym.shape[0])
+                if self.scaler is None:
+                    bad = ~torch.isfinite(loss.detach())
+                    c.first_nonfinite_step.copy_(
+                        torch.where(bad & (c.first_nonfinite_step < 0), c.step, c.first_nonfinite_step))
+        self._apply_update()
+
+    def _apply_update(self) -> None:
+        c = self.counters
+        found_inf = self.scaler.unscale_(self.params) if self.scaler is not None else None
+        if self.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm, foreach=True)
+        with torch.no_grad():
+            set_lr(self.optimizer, self.schedule(c.applied_steps))
+        if found_inf is not None:
+            # Fused optimizers read these attributes (the GradScaler protocol) and leave weights
+            # and state untouched when found_inf is 1.
+            self.optimizer.grad_scale = None
+            self.optimizer.found_inf = found_inf
+        self.optimizer.step()
+        with torch.no_grad():
+            if found_inf is not None:
+                self.scaler.update()
+                skipped = found_inf.to(torch.int64)
+                c.skipped.add_(skipped)
+                c.applied_steps.add_(1 - skipped)
+            else:
+                c.applied_steps.add_(1)
+            c.step.add_(1)
+        self.optimizer.zero_grad(set_to_none=self.grads_to_none)
