@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+from scaletrain.config import DataConfig, ModelConfig, OptimConfig, PrecisionConfig, TrainConfig
+from scaletrain.data import load_dataset
+
+
+@pytest.fixture(scope="session")
+def digits():
+    return load_dataset(DataConfig(name="digits"))
+
+
+def small_config(tmp_path, **overrides) -> TrainConfig:
+    """A quick MLP-on-digits configuration; keyword overrides set top-level fields."""
+    cfg = TrainConfig(
+        model=ModelConfig(name="mlp", options={"hidden": [64]}),
+        data=DataConfig(name="digits"),
+        optim=OptimConfig(optimizer="adamw", lr=3e-3),
+        precision=PrecisionConfig(policy="fp32"),
+        epochs=3, batch_size=64, progress=False, run_dir=str(tmp_path / "run"), device="cpu",
+    )
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+@pytest.fixture(autouse=True)
+def _restore_matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(before)
