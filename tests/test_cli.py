@@ -1,0 +1,110 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scaletrain.cli.main import main
+from scaletrain.cli.train import config_from_args
+from scaletrain.cli.main import build_parser
+from tests.test_data import make_idx_folder, write_idx
+
+REQUIRED_SUMMARY_KEYS = {"reached_target", "time_to_target_s", "best_val_accuracy", "images_per_sec", "warmup_s",
+                         "peak_memory_bytes", "precision", "device", "epochs_run", "skipped_steps"}
+
+
+def run_cli(*args, cwd=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def test_train_end_to_end_writes_summary_metrics_and_model(tmp_path):
+    summary = tmp_path / "out" / "summary.json"
+    result = run_cli("train", "--model", "mlp", "--data", "digits", "--epochs", "3", "--batch-size", "64",
+                     "--lr", "0.003", "--precision", "bf16-mixed", "--target-accuracy", "0.5",
+                     "--steps-per-execution", "2", "--run-dir", str(tmp_path / "run"),
+                     "--summary-json", str(summary), "--metrics-format", "csv", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(summary.read_text())
+    assert REQUIRED_SUMMARY_KEYS <= set(data)
+    assert data["precision"] == "bf16-mixed" and data["reached_target"] is True
+    assert 0 < data["time_to_target_s"] and data["images_per_sec"] > 0 and data["peak_memory_bytes"] > 0
+    assert "Run summary" in result.stdout and "images/sec" in result.stdout
+    csv_lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("epoch,") and len(csv_lines) == 1 + data["epochs_run"]
+    import torch
+    from scaletrain.models import build_model
+    state = torch.load(tmp_path / "run" / "model.pt")
+    build_model("mlp", (1, 8, 8), 10).load_state_dict(state)
+
+
+def test_toml_config_with_flag_override(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('epochs = 7\nbatch_size = 32\n[model]\nname = "mlp"\n[model.options]\nhidden = [16]\n'
+                      '[data]\nname = "digits"\n[optim]\nlr = 0.01\nlr_schedule = "cosine"\n')
+    args = build_parser().parse_args(["train", "--config", str(config), "--epochs", "2", "--lr", "0.5"])
+    cfg = config_from_args(args, argv_given=True)
+    assert (cfg.epochs, cfg.batch_size, cfg.optim.lr, cfg.optim.lr_schedule) == (2, 32, 0.5, "cosine")
+    assert cfg.model.options == {"hidden": [16]}
+
+
+def test_no_arguments_means_the_default_recipe():
+    cfg = config_from_args(build_parser().parse_args(["train"]), argv_given=False)
+    assert (cfg.model.name, cfg.data.name, cfg.target_accuracy) == ("cnn1d", "mnist1d", 0.94)
+
+
+def _bad_inputs(tmp_path):
+    (tmp_path / "unknown.toml").write_text("epochs = 2\nlearning_rate = 0.1\n")
+    (tmp_path / "nested.toml").write_text("[optim]\nlearning_rate = 0.1\n")
+    (tmp_path / "type.toml").write_text('epochs = "ten"\n')
+    (tmp_path / "broken.toml").write_text("epochs = = 2\n")
+    folder = make_idx_folder(tmp_path / "idx")
+    magic = make_idx_folder(tmp_path / "magic")
+    write_idx(magic / "t10k-images-idx3-ubyte.gz", np.zeros((16, 28, 28)), 2049, gz=True)
+    short = make_idx_folder(tmp_path / "short", gz=False)
+    write_idx(short / "train-labels-idx1-ubyte", np.zeros(64), 2049, cut=10)
+    labels = make_idx_folder(tmp_path / "labels")
+    write_idx(labels / "t10k-labels-idx1-ubyte.gz", np.full(16, 99), 2049, gz=True)
+    shape = make_idx_folder(tmp_path / "shape")
+    write_idx(shape / "t10k-images-idx3-ubyte.gz", np.zeros((16, 28, 27)), 2051, gz=True)
+    fashion = ["--data", "fashion-mnist", "--model", "mlp", "--epochs", "1"]
+    return [
+        (["--config", str(tmp_path / "unknown.toml")], "unknown config key 'learning_rate'"),
+        (["--config", str(tmp_path / "nested.toml")], "unknown config key 'optim.learning_rate'"),
+        (["--config", str(tmp_path / "type.toml")], "config key 'epochs' expects int, got str"),
+        (["--config", str(tmp_path / "broken.toml")], "is not valid TOML"),
+        (["--config", str(tmp_path / "absent.toml")], "absent.toml does not exist"),
+        (fashion + ["--data-dir", str(tmp_path / "nowhere")], "data folder not found"),
+        (fashion + ["--data-dir", str(magic)], "t10k-images-idx3-ubyte.gz: wrong magic number 2049"),
+        (fashion + ["--data-dir", str(short)], "train-labels-idx1-ubyte: truncated file"),
+        (fashion + ["--data-dir", str(labels)], "label 99 is out of range [0, 10)"),
+        (fashion + ["--data-dir", str(shape)], "shape mismatch"),
+        (fashion + ["--data-dir", str(folder), "--model", "nope"], "unknown model 'nope'"),
+        (["--model", "mlp", "--data", "digits", "--precision", "fp8"], "unknown precision 'fp8'"),
+        (["--model", "mlp", "--data", "digits", "--batch-size", "30", "--grad-accum-steps", "4"],
+         "batch_size 30 is not divisible by optim.grad_accum_steps 4"),
+        (["--model", "mlp", "--data", "digits", "--epochs", "0"], "config key 'epochs' must be at least 1"),
+        (["--model", "mlp", "--data", "digits", "--fp32-modules", "nothing"], "matches no module"),
+        (["--model", "wrn-16-10", "--data", "mnist1d"], "needs image samples"),
+    ]
+
+
+def test_each_bad_input_gives_one_clear_line_and_exit_2(tmp_path, capsys):
+    for argv, message in _bad_inputs(tmp_path):
+        code = main(["train", "--no-progress", "--run-dir", str(tmp_path / "r"), *argv])
+        err = capsys.readouterr().err
+        assert code == 2, (argv, err)
+        assert message in err, (argv, err)
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_bad_input_through_the_real_console_entry_point(tmp_path):
+    result = run_cli("train", "--data", "fashion-mnist", "--data-dir", str(tmp_path / "missing"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("scaletrain: error:") and "Traceback" not in result.stderr
+    result = run_cli("train", "--epochs", "many", cwd=tmp_path)
+    assert result.returncode == 2 and "invalid int value: 'many'" in result.stderr

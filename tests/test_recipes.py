@@ -1,0 +1,37 @@
+"""Real training to a target accuracy on 2 CPU cores."""
+
+import json
+import time
+
+import pytest
+
+from scaletrain.cli.main import main
+
+
+@pytest.mark.slow
+def test_default_recipe_reaches_94_percent_on_mnist1d(tmp_path, capsys):
+    summary = tmp_path / "summary.json"
+    start = time.perf_counter()
+    # The default recipe, as `scaletrain train` runs it, with only the output places moved.
+    code = main(["train", "--recipe", "mnist1d-cnn", "--run-dir", str(tmp_path / "run"),
+                 "--summary-json", str(summary), "--no-progress"])
+    elapsed = time.perf_counter() - start
+    assert code == 0
+    data = json.loads(summary.read_text())
+    with capsys.disabled():
+        print(f"\n[default recipe] MNIST-1D CNN: best test accuracy {data['best_val_accuracy']:.4f} after "
+              f"{data['epochs_run']} epochs; time to 94 %: {data['time_to_target_s']:.2f} s of training, "
+              f"{elapsed:.1f} s wall including data generation")
+    assert data["reached_target"] is True and data["best_val_accuracy"] >= 0.94
+
+
+@pytest.mark.slow
+def test_digits_mlp_reaches_97_percent(tmp_path):
+    summary = tmp_path / "summary.json"
+    code = main(["train", "--model", "mlp", "--data", "digits", "--epochs", "30", "--batch-size", "64",
+                 "--lr", "0.003", "--lr-schedule", "cosine", "--weight-decay", "0.01",
+                 "--target-accuracy", "0.97", "--patience", "2",
+                 "--run-dir", str(tmp_path / "run"), "--summary-json", str(summary), "--no-progress"])
+    assert code == 0
+    data = json.loads(summary.read_text())
+    assert data["best_val_accuracy"] >= 0.97 and data["reached_target"] is True
