@@ -42,7 +42,7 @@ class LRSchedule:
             up = start + (self.base_lr - start) * torch.clamp(s / rise, max=1.0)
             return torch.where(s < rise, up, self._cosine(s - rise, total - rise))
         if self.kind == "constant":
-            lr = torch.full_like(s, self.base_lr)
+            lr = torch.full_like(s, self.base_lr, dtype=torch.float32)
         elif self.kind == "step":
             passed = sum((s >= m).to(torch.float32) for m in self.milestones) if self.milestones else s * 0
             lr = self.base_lr * torch.pow(torch.full_like(s, self.gamma), passed)
@@ -56,6 +56,13 @@ class LRSchedule:
         progress = torch.clamp(s / max(span, 1.0), 0.0, 1.0)
         floor = self.base_lr * self.min_lr_ratio
         return floor + (self.base_lr - floor) * 0.5 * (1.0 + torch.cos(math.pi * progress))
+
+    def table(self, device: torch.device, offset: int = 0) -> torch.Tensor:
+        """LR of every optimizer step (plus one spare) as a device tensor indexed by the global
+        applied-step count; a schedule that starts after `offset` earlier steps pads the front."""
+        steps = torch.arange(self.total_steps + 1, device=device)
+        lrs = self(steps).to(torch.float32)
+        return torch.cat([lrs.new_zeros(offset), lrs]) if offset else lrs
 
     def value_at(self, step: int) -> float:
         return float(self(torch.tensor(step)))

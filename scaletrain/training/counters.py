@@ -1,5 +1,10 @@
-"""Device-resident training counters: the training step only ever adds to these tensors; the host
-reads them back in one transfer on log steps and at epoch end."""
+"""Device-resident training counters. The training step only writes into these tensors (a few
+tiny kernels per step); the host reads them back in one transfer on log steps and at epoch end.
+
+Each step's loss goes into its own slot of `step_losses` rather than into a running sum: one
+kernel instead of the half-dozen a finiteness flag would take, and the host can then name the
+exact step at which the loss stopped being finite, and keep the per-step loss curve.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +12,30 @@ import torch
 
 
 class DeviceCounters:
-    FIELDS = ("loss_sum", "correct", "samples", "skipped", "applied_steps", "step", "first_nonfinite_step")
-
-    def __init__(self, device: torch.device):
-        f32 = dict(dtype=torch.float32, device=device)
+    def __init__(self, device: torch.device, steps_per_epoch: int = 1):
         i64 = dict(dtype=torch.int64, device=device)
-        # Per-epoch sums (reset every epoch).
-        self.loss_sum = torch.zeros((), **f32)
-        self.correct = torch.zeros((), **i64)
-        self.samples = torch.zeros((), **i64)
+        self.step_losses = torch.zeros(max(steps_per_epoch, 1), dtype=torch.float32, device=device)
+        self.slot = torch.zeros(1, **i64)       # this epoch's next slot in step_losses
+        self.correct = torch.zeros((), **i64)   # this epoch's correct predictions
         # Run totals. `applied_steps` drives the LR schedule and skips fp16 overflow steps.
         self.skipped = torch.zeros((), **i64)
         self.applied_steps = torch.zeros((), **i64)
-        self.step = torch.zeros((), **i64)
-        self.first_nonfinite_step = torch.full((), -1, **i64)
+
+    def resize(self, steps_per_epoch: int) -> None:
+        self.step_losses = torch.zeros(max(steps_per_epoch, 1), dtype=torch.float32, device=self.slot.device)
 
     def reset_epoch(self) -> None:
-        self.loss_sum.zero_()
+        self.step_losses.zero_()
+        self.slot.zero_()
         self.correct.zero_()
-        self.samples.zero_()
 
-    def read(self) -> dict[str, float]:
-        """One device-to-host transfer for every counter."""
-        values = torch.stack([getattr(self, f).to(torch.float64) for f in self.FIELDS]).tolist()
-        return dict(zip(self.FIELDS, values))
+    def read(self, steps_done: int) -> dict:
+        """One device-to-host transfer: the losses of the first `steps_done` steps and the totals."""
+        totals = torch.stack([self.correct, self.skipped, self.applied_steps]).to(torch.float64)
+        values = torch.cat([self.step_losses[:steps_done].to(torch.float64), totals]).tolist()
+        losses, (correct, skipped, applied) = values[:steps_done], values[steps_done:]
+        return {"losses": losses, "correct": int(correct), "skipped": int(skipped), "applied_steps": int(applied)}
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f: getattr(self, f) for f in self.FIELDS}
+        return {"step_losses": self.step_losses, "slot": self.slot, "correct": self.correct,
+                "skipped": self.skipped, "applied_steps": self.applied_steps}

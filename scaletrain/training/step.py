@@ -17,7 +17,7 @@ class TrainStep:
                  schedule: LRSchedule, policy: PrecisionPolicy, counters: DeviceCounters,
                  device: torch.device, scaler: DynamicLossScaler | None = None,
                  clip_grad_norm: float | None = None, grad_accum_steps: int = 1,
-                 grads_to_none: bool = True):
+                 grads_to_none: bool = True, first_step: int = 0):
         self.model = model          # owns the parameters
         self.forward = forward      # the callable to run: the model, or its compiled form
         self.optimizer = optimizer
@@ -31,6 +31,9 @@ class TrainStep:
         # A CUDA graph needs the gradient tensors to keep their addresses, so it zeroes in place.
         self.grads_to_none = grads_to_none
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # The whole schedule, precomputed on the device: the step's LR is one lookup by the
+        # applied-step counter (two kernels) instead of a dozen scalar ops every step.
+        self.lr_table = schedule.table(device, offset=first_step)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         c = self.counters
@@ -46,13 +49,8 @@ class TrainStep:
                 scaled = self.scaler.scale_loss(scaled)
             scaled.backward()
             with torch.no_grad():
-                c.loss_sum.add_(loss.detach() * ym.shape[0])
+                c.step_losses.index_add_(0, c.slot, (loss.detach() / k).view(1))
                 c.correct.add_((logits.detach().argmax(dim=-1) == ym).sum())
-                c.samples.add_(ym.shape[0])
-                if self.scaler is None:
-                    bad = ~torch.isfinite(loss.detach())
-                    c.first_nonfinite_step.copy_(
-                        torch.where(bad & (c.first_nonfinite_step < 0), c.step, c.first_nonfinite_step))
         self._apply_update()
 
     def _apply_update(self) -> None:
@@ -61,7 +59,7 @@ class TrainStep:
         if self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm, foreach=True)
         with torch.no_grad():
-            set_lr(self.optimizer, self.schedule(c.applied_steps))
+            set_lr(self.optimizer, self.lr_table[c.applied_steps])
         if found_inf is not None:
             # Fused optimizers read these attributes (the GradScaler protocol) and leave weights
             # and state untouched when found_inf is 1.
@@ -76,5 +74,5 @@ class TrainStep:
                 c.applied_steps.add_(1 - skipped)
             else:
                 c.applied_steps.add_(1)
-            c.step.add_(1)
+            c.slot.add_(1)
         self.optimizer.zero_grad(set_to_none=self.grads_to_none)

@@ -6,6 +6,7 @@ compilation, then CUDA-graph capture of the whole step); the model itself stays 
 
 from __future__ import annotations
 
+import math
 import time
 from itertools import islice
 
@@ -89,9 +90,13 @@ class Trainer:
             raise ConfigError(f"batch_size {cfg.batch_size} is larger than the {len(dataset.train)} "
                               "training samples; use a smaller --batch-size")
         schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs)
+        self.counters.resize(self.steps_per_epoch)
+        # A second fit() starts a fresh schedule after the optimizer steps already taken.
+        first_step = int(self.counters.applied_steps)
         self.train_step = TrainStep(self.model, self.forward, self.optimizer, schedule, self.policy,
                                     self.counters, self.device, self.scaler, cfg.optim.clip_grad_norm,
-                                    cfg.optim.grad_accum_steps, grads_to_none=not self.use_graphs)
+                                    cfg.optim.grad_accum_steps, grads_to_none=not self.use_graphs,
+                                    first_step=first_step)
         self.peak_memory.reset()
         self.warmup_s = self._warm_up(train_loader, val_loader)
         self.callbacks.call("on_train_begin", self)
@@ -133,6 +138,7 @@ class Trainer:
         self.model.train()
         batches = iter(loader)
         epoch_step, next_log = 0, cfg.log_every
+        first_global_step = self.global_step
         self.clock.start()
         while chunk := list(islice(batches, cfg.steps_per_execution)):
             self.callbacks.call("on_train_batch_begin", self, self.global_step)
@@ -143,34 +149,36 @@ class Trainer:
             batch_logs = {"epoch_step": epoch_step}
             if epoch_step >= next_log:  # a log step: the only reads inside the epoch
                 next_log += cfg.log_every
-                values = c.read()
-                self._check_finite(values)
-                batch_logs["loss"] = values["loss_sum"] / max(values["samples"], 1)
+                losses = c.read(epoch_step)["losses"]
+                self._check_finite(losses, first_global_step)
+                batch_logs["loss"] = sum(losses[-cfg.log_every:]) / len(losses[-cfg.log_every:])
             self.callbacks.call("on_train_batch_end", self, self.global_step, batch_logs)
         epoch_time = self.clock.stop()
-        values = c.read()
-        self._check_finite(values)
-        samples = int(values["samples"])
+        values = c.read(epoch_step)
+        self._check_finite(values["losses"], first_global_step)
+        samples = epoch_step * cfg.batch_size
         return {
             "epoch": epoch + 1,
-            "train_loss": values["loss_sum"] / max(samples, 1),
+            "train_loss": sum(values["losses"]) / max(epoch_step, 1),
             "train_accuracy": values["correct"] / max(samples, 1),
             "lr": current_lr(self.optimizer),
             "samples": samples,
             "epoch_train_time_s": epoch_time,
             "cumulative_train_time_s": self.clock.total,
-            "skipped_steps": int(values["skipped"]),
-            "optimizer_steps": int(values["applied_steps"]),
+            "skipped_steps": values["skipped"],
+            "optimizer_steps": values["applied_steps"],
             **({"loss_scale": float(self.scaler.scale)} if self.scaler else {}),
         }
 
-    def _check_finite(self, values: dict) -> None:
-        bad = int(values["first_nonfinite_step"])
-        if bad >= 0:
+    def _check_finite(self, losses: list[float], first_global_step: int) -> None:
+        """Under fp16-mixed an overflow is the loss scaler's business; elsewhere it is fatal."""
+        if self.scaler is not None:
+            return
+        bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+        if bad is not None:
             raise NonFiniteLossError(
-                f"the loss became inf/NaN at training step {bad + 1} under precision "
-                f"'{self.policy.name}'; lower --lr, add --clip-grad-norm, or use --precision fp16-mixed "
-                "only with loss scaling")
+                f"the loss became inf/NaN at training step {first_global_step + bad + 1} under precision "
+                f"'{self.policy.name}'; lower --lr, add --clip-grad-norm, or check the data for inf/NaN")
 
     # ------------------------------------------------------------- evaluate
     @torch.no_grad()
