@@ -187,3 +187,13 @@ def test_compiled_run_matches_eager_and_reports_warmup(tmp_path, digits):
     assert compiled.warmup_s > eager.warmup_s
     we, wc = weights(eager.model), weights(compiled.model)
     assert all(torch.allclose(we[k], wc[k], atol=1e-4) for k in we)
+
+
+def test_a_second_fit_continues_training_with_a_fresh_schedule(tmp_path, digits):
+    cfg = small_config(tmp_path, epochs=1, optim=OptimConfig(lr=3e-3, lr_schedule="cosine"))
+    trainer = fit(cfg, digits)
+    first = trainer.history[-1]["val_accuracy"]
+    trainer.fit(digits)
+    assert len(trainer.history) == 2
+    assert trainer.history[-1]["optimizer_steps"] == 2 * trainer.steps_per_epoch
+    assert trainer.history[-1]["val_accuracy"] >= first - 0.02

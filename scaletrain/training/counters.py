@@ -23,6 +23,7 @@ class DeviceCounters:
 
     def resize(self, steps_per_epoch: int) -> None:
         self.step_losses = torch.zeros(max(steps_per_epoch, 1), dtype=torch.float32, device=self.slot.device)
+        self.reset_epoch()
 
     def reset_epoch(self) -> None:
         self.step_losses.zero_()

@@ -49,7 +49,8 @@ class TrainStep:
                 scaled = self.scaler.scale_loss(scaled)
             scaled.backward()
             with torch.no_grad():
-                c.step_losses.index_add_(0, c.slot, (loss.detach() / k).view(1))
+                step_loss = loss.detach() / k if k > 1 else loss.detach()
+                c.step_losses.index_add_(0, c.slot, step_loss.view(1))
                 c.correct.add_((logits.detach().argmax(dim=-1) == ym).sum())
         self._apply_update()
 

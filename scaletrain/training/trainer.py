@@ -90,7 +90,7 @@ class Trainer:
             raise ConfigError(f"batch_size {cfg.batch_size} is larger than the {len(dataset.train)} "
                               "training samples; use a smaller --batch-size")
         schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs)
-        self.counters.resize(self.steps_per_epoch)
+        self.counters.resize(self.steps_per_epoch)  # also empties the per-step loss slots
         # A second fit() starts a fresh schedule after the optimizer steps already taken.
         first_step = int(self.counters.applied_steps)
         self.train_step = TrainStep(self.model, self.forward, self.optimizer, schedule, self.policy,
