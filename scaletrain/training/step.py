@@ -60,7 +60,8 @@ class TrainStep:
         if self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm, foreach=True)
         with torch.no_grad():
-            set_lr(self.optimizer, self.lr_table[c.applied_steps])
+            # index_select, not Python indexing: a 0-d index tensor must never become a host int.
+            set_lr(self.optimizer, torch.index_select(self.lr_table, 0, c.applied_steps.view(1)).view(()))
         if found_inf is not None:
             # Fused optimizers read these attributes (the GradScaler protocol) and leave weights
             # and state untouched when found_inf is 1.
