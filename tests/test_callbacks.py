@@ -1,0 +1,47 @@
+import io
+import json
+import re
+
+import pytest
+import torch
+from rich.console import Console
+
+from scaletrain.callbacks import MetricsLog, ProgressBar, Throughput, TotalTime
+from scaletrain.config import PrecisionConfig
+from tests.conftest import small_config
+from tests.helpers import fit, weights
+
+
+def test_reporting_callbacks_in_a_real_run(tmp_path, digits):
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    meter, total = Throughput(console), TotalTime(console)
+    log = MetricsLog(tmp_path / "m.jsonl")
+    trainer = fit(small_config(tmp_path, epochs=3, log_every=5), digits,
+                  [meter, total, log, ProgressBar(console, show_bar=True)])
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.getvalue())  # drop terminal styling
+    assert "Epoch 1:" in text and "(warm-up epoch)" in text and "Epoch 2:" in text
+    assert text.count("(warm-up epoch)") == 1
+    assert "Cumulative training time after epoch 3" in text and "Cumulative training time:" in text
+    assert len(meter.per_epoch) == 3
+    assert min(meter.per_epoch[1:]) <= meter.steady_state() <= max(meter.per_epoch[1:])
+    assert total.after_epoch == sorted(total.after_epoch) and total.after_epoch[-1] == pytest.approx(
+        trainer.clock.total)
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+    assert {"train_loss", "val_accuracy", "images_per_sec", "cumulative_train_time_s"} <= set(records[0])
+    # Evaluation is not training time: the clock total is the sum of the epochs' training loops.
+    assert trainer.clock.total == pytest.approx(sum(r["epoch_train_time_s"] for r in records))
+    assert trainer.eval_time_s == pytest.approx(sum(r["eval_time_s"] for r in records))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_fused_steps_equal_unfused_on_each_device(tmp_path, digits, device):
+    """On CUDA, steps_per_execution > 1 replays a captured CUDA graph of the whole step."""
+    base = dict(epochs=2, device=device, precision=PrecisionConfig(policy="bf16-mixed"))
+    a = fit(small_config(tmp_path, steps_per_execution=1, **base), digits)
+    b = fit(small_config(tmp_path, steps_per_execution=4, **base), digits)
+    assert b.use_graphs == (device == "cuda")
+    wa, wb = weights(a.model), weights(b.model)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-4) for k in wa)
