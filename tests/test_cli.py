@@ -108,3 +108,10 @@ def test_bad_input_through_the_real_console_entry_point(tmp_path):
     assert result.stderr.strip().startswith("scaletrain: error:") and "Traceback" not in result.stderr
     result = run_cli("train", "--epochs", "many", cwd=tmp_path)
     assert result.returncode == 2 and "invalid int value: 'many'" in result.stderr
+
+
+def test_model_option_flag_is_read_as_toml():
+    args = build_parser().parse_args(["train", "--model", "mlp", "--model-option", "hidden=[32, 16]",
+                                      "--model-option", "dropout=0.1"])
+    cfg = config_from_args(args, argv_given=True)
+    assert cfg.model.options == {"hidden": [32, 16], "dropout": 0.1}

@@ -11,7 +11,12 @@ import argparse
 import typing
 from importlib import resources
 
-from scaletrain.config import TrainConfig, field_docs, from_mapping, load_toml, set_path
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from scaletrain.config import TrainConfig, field_docs, from_mapping, load_toml, set_path, to_mapping
 from scaletrain.errors import ConfigError
 
 DEFAULT_RECIPE = "mnist1d-cnn"
@@ -51,7 +56,6 @@ def _option_parser(text: str):
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected key=value, got '{text}'")
     key, value = text.split("=", 1)
-    import tomllib
     try:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
@@ -95,7 +99,6 @@ def config_from_args(args: argparse.Namespace, argv_given: bool) -> TrainConfig:
     for key, value in values.get("model_options") or []:
         cfg.model.options[key] = value
     # Re-check the merged result field by field, so a flag and a file are held to the same types.
-    from scaletrain.config import to_mapping
     from_mapping(TrainConfig, to_mapping(cfg))
     cfg.validate()
     return cfg
