@@ -59,6 +59,8 @@ class OptimConfig:
     min_lr_ratio: float = _f(0.0, "final LR of cosine/onecycle as a fraction of the peak")
     clip_grad_norm: float | None = _f(None, "clip the global gradient norm to this value")
     grad_accum_steps: int = _f(1, "split each batch into this many micro-batches (same gradient, less memory)")
+    lr_scaling: str = _f("none", "scale the LR with the number of replicas: none, linear or sqrt")
+    lr_scaling_warmup_epochs: float = _f(1.0, "ramp from the base LR to the scaled LR over this many epochs (Goyal et al.)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,13 +72,38 @@ class PrecisionConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class DistributedConfig:
+    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single or ddp")
+    nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent")
+    max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure")
+    backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo")
+    grad_compression: str = _f("none", "all-reduce gradients in 16 bits: none, bf16 or fp16 (a DDP comm hook)")
+    sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm, CUDA only)")
+    bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB")
+    init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)")
+    step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast")
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    every: int = _f(0, "save a checkpoint every N optimizer steps (0: only at the end when a folder is set)")
+    dir: str | None = _f(None, "checkpoint folder (default: <run folder>/checkpoints)")
+    keep: int = _f(3, "keep the newest K complete checkpoints")
+    resume: str | None = _f(None, "'auto' (newest complete checkpoint of the run folder) or a checkpoint folder")
+
+
+@dataclass(kw_only=True, slots=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "the model"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "the data"})
     optim: OptimConfig = field(default_factory=OptimConfig, metadata={"doc": "optimizer and schedule"})
     precision: PrecisionConfig = field(default_factory=PrecisionConfig, metadata={"doc": "numeric precision"})
+    distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={"doc": "devices and processes"})
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "checkpoints and resume"})
     epochs: int = _f(10, "maximum number of epochs")
-    batch_size: int = _f(128, "samples per optimizer step")
+    batch_size: int = _f(128, "global batch: samples per optimizer step over all replicas")
+    per_replica_batch_size: int | None = _f(None, "fix the per-replica batch instead (global = replicas x this)")
+    accumulate_to_global: bool = _f(False, "with both batch sizes fixed, make up the global batch by gradient accumulation")
     seed: int = _f(0, "seed for weights, data order and augmentation")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
     steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)")
@@ -103,6 +130,12 @@ class TrainConfig:
             (self.log_every >= 1, "log_every", "must be at least 1"),
             (self.optim.lr > 0, "optim.lr", "must be positive"),
             (self.optim.grad_accum_steps >= 1, "optim.grad_accum_steps", "must be at least 1"),
+            (self.distributed.nproc >= 1, "distributed.nproc", "must be at least 1"),
+            (self.distributed.max_restarts >= 0, "distributed.max_restarts", "must be at least 0"),
+            (self.distributed.init_timeout_s > 0, "distributed.init_timeout_s", "must be positive"),
+            (self.distributed.step_timeout_s > 0, "distributed.step_timeout_s", "must be positive"),
+            (self.checkpoint.every >= 0, "checkpoint.every", "must be at least 0"),
+            (self.checkpoint.keep >= 1, "checkpoint.keep", "must be at least 1"),
             (self.metrics_format in ("jsonl", "csv"), "metrics_format", "must be jsonl or csv"),
             (self.data.placement in ("auto", "device", "stream"), "data.placement", "must be auto, device or stream"),
             (self.target_accuracy is None or 0 < self.target_accuracy <= 1, "target_accuracy", "must be in (0, 1]"),
@@ -110,10 +143,15 @@ class TrainConfig:
         for ok, key, problem in checks:
             if not ok:
                 raise ConfigError(f"config key '{key}' {problem} (got {get_path(self, key)!r})")
-        if self.batch_size % self.optim.grad_accum_steps:
-            raise ConfigError(
-                f"batch_size {self.batch_size} is not divisible by optim.grad_accum_steps "
-                f"{self.optim.grad_accum_steps}; pick a batch size that is a multiple of it")
+        choices = [("optim.lr_scaling", ("none", "linear", "sqrt")),
+                   ("distributed.backend", ("auto", "nccl", "gloo")),
+                   ("distributed.grad_compression", ("none", "bf16", "fp16"))]
+        for key, allowed in choices:
+            if get_path(self, key) not in allowed:
+                raise ConfigError(f"config key '{key}' must be one of {', '.join(allowed)} (got {get_path(self, key)!r})")
+        if self.checkpoint.resume not in (None, "auto") and not Path(self.checkpoint.resume).is_dir():
+            raise ConfigError(f"--resume {self.checkpoint.resume}: no such checkpoint folder; pass 'auto' or the "
+                              "folder of a complete checkpoint (one holding a COMMITTED file)")
         unknown_aug = set(self.data.augment) - {"shift", "flip"}
         if unknown_aug:
             raise ConfigError(f"config key 'data.augment' has unknown augmentation(s) {sorted(unknown_aug)}; "

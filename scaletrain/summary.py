@@ -41,6 +41,13 @@ class RunSummary:
     cuda_graphs: bool
     torch_version: str
     run_dir: str | None
+    strategy: str = "single"
+    world_size: int = 1
+    per_replica_batch_size: int = 0
+    grad_accum_steps: int = 1
+    restarts: int = 0               # torchrun restarts of the worker group before this attempt finished
+    resumed_from: str | None = None
+    checkpoints_saved: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -52,7 +59,7 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None) -> RunSummary:
+def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None, restarts: int = 0) -> RunSummary:
     history = trainer.history
     stopper = trainer.callbacks.find(StopAtAccuracy)
     throughput = trainer.callbacks.find(Throughput)
@@ -79,12 +86,19 @@ def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None)
         skipped_steps=last.get("skipped_steps", 0),
         model=cfg.model.name,
         data=cfg.data.name,
-        batch_size=cfg.batch_size,
+        batch_size=trainer.batch.global_batch,
         steps_per_execution=cfg.steps_per_execution,
         compile=cfg.compile,
         cuda_graphs=trainer.use_graphs,
         torch_version=torch.__version__,
         run_dir=str(run_dir) if run_dir else None,
+        strategy=trainer.strategy.name,
+        world_size=trainer.strategy.world_size,
+        per_replica_batch_size=trainer.batch.per_replica,
+        grad_accum_steps=trainer.batch.accum_steps,
+        restarts=restarts,
+        resumed_from=trainer.resumed_from,
+        checkpoints_saved=trainer.checkpointer.saves if trainer.checkpointer else 0,
     )
 
 
@@ -106,6 +120,10 @@ def print_summary(s: RunSummary, console: Console) -> None:
     table.add_row("compile / warm-up", _fmt_time(s.warmup_s))
     table.add_row("peak memory", f"{s.peak_memory_bytes / 2**20:,.1f} MiB ({s.peak_memory_kind})")
     table.add_row("precision", s.precision)
+    if s.world_size > 1 or s.strategy != "single":
+        table.add_row("strategy", f"{s.strategy} x {s.world_size} (per-replica batch {s.per_replica_batch_size})")
+    if s.restarts or s.resumed_from:
+        table.add_row("restarts / resumed from", f"{s.restarts} / {s.resumed_from or '-'}")
     table.add_row("skipped steps (fp16 overflow)", str(s.skipped_steps))
     table.add_row("epochs run", str(s.epochs_run))
     table.add_row("device", s.device)

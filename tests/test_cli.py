@@ -86,7 +86,7 @@ def _bad_inputs(tmp_path):
         (fashion + ["--data-dir", str(folder), "--model", "nope"], "unknown model 'nope'"),
         (["--model", "mlp", "--data", "digits", "--precision", "fp8"], "unknown precision 'fp8'"),
         (["--model", "mlp", "--data", "digits", "--batch-size", "30", "--grad-accum-steps", "4"],
-         "batch_size 30 is not divisible by optim.grad_accum_steps 4"),
+         "global batch 30 does not divide across 1 replica(s) x 4 accumulation steps; use --batch-size 28 or 32"),
         (["--model", "mlp", "--data", "digits", "--epochs", "0"], "config key 'epochs' must be at least 1"),
         (["--model", "mlp", "--data", "digits", "--fp32-modules", "nothing"], "matches no module"),
         (["--model", "wrn-16-10", "--data", "mnist1d"], "needs image samples"),

@@ -27,6 +27,12 @@ class Throughput:
             mark = " (warm-up epoch)" if epoch == 0 else ""
             self.console.print(f"Epoch {epoch + 1}: {ips:,.0f} images/sec{mark}")
 
+    def state_dict(self) -> dict:
+        return {"per_epoch": self.per_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.per_epoch = list(state["per_epoch"])
+
     def steady_state(self) -> float | None:
         values = self.per_epoch[1:] or self.per_epoch
         return statistics.median(values) if values else None
@@ -62,6 +68,14 @@ class StopAtAccuracy:
             self.stopped_epoch = epoch
             trainer.stop_training = True
 
+    def state_dict(self) -> dict:
+        return {"met_in_a_row": self.met_in_a_row, "reached_epoch": self.reached_epoch,
+                "time_to_target_s": self.time_to_target_s, "stopped_epoch": self.stopped_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
     def on_train_end(self, trainer, logs: dict) -> None:
         if self.verbose and self.stopped_epoch is not None:
             self.console.print(f"Reached {self.monitor} >= {self.target} for {self.patience} epoch(s): "
@@ -81,6 +95,12 @@ class TotalTime:
         if self.verbose:
             self.console.print(f"Cumulative training time after epoch {epoch + 1}: "
                                f"{logs['cumulative_train_time_s']:.2f} s")
+
+    def state_dict(self) -> dict:
+        return {"after_epoch": self.after_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.after_epoch = list(state["after_epoch"])
 
     def on_train_end(self, trainer, logs: dict) -> None:
         if self.verbose and self.after_epoch:
@@ -111,3 +131,10 @@ class EarlyStopping:
         if self.bad_epochs >= self.patience:
             self.stopped_epoch = epoch
             trainer.stop_training = True
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "bad_epochs": self.bad_epochs, "stopped_epoch": self.stopped_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)

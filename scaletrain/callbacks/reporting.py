@@ -60,6 +60,10 @@ class MetricsLog:
         self.path.write_text("")
         self.columns: list[str] | None = None
 
+    def on_train_begin(self, trainer) -> None:
+        for epoch, logs in enumerate(trainer.history):  # a resumed run: the epochs before the resume
+            self.on_epoch_end(trainer, epoch, logs)
+
     def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
         record = {k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool)) or v is None}
         with self.path.open("a", newline="") as fh:

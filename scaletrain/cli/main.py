@@ -12,7 +12,9 @@ def build_parser() -> argparse.ArgumentParser:
     from scaletrain.cli.train import add_train_arguments
     parser = argparse.ArgumentParser(prog="scaletrain", description="Fast, honestly measured training.")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a model (no arguments: the default MNIST-1D recipe)")
+    # No abbreviations: the launcher passes a worker's arguments through verbatim.
+    train = sub.add_parser("train", help="train a model (no arguments: the default MNIST-1D recipe)",
+                           allow_abbrev=False)
     add_train_arguments(train)
     sub.add_parser("list", help="list the models, data sets, precisions and recipes")
     return parser
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             from scaletrain.cli.train import run_train
-            return run_train(args, argv_given=len(argv) > 1)
+            return run_train(args, argv[1:])
         return _list()
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)

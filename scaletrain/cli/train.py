@@ -21,7 +21,9 @@ from scaletrain.errors import ConfigError
 
 DEFAULT_RECIPE = "mnist1d-cnn"
 # Flags whose name is not simply the field's last name.
-FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision"}
+FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
+              "checkpoint.every": "--checkpoint-every", "checkpoint.dir": "--checkpoint-dir",
+              "checkpoint.keep": "--keep-checkpoints", "checkpoint.resume": "--resume"}
 LIST_ITEM_TYPES = {"data.augment": str, "data.shape": int, "optim.betas": float,
                    "optim.step_milestones": float, "precision.fp32_modules": str}
 
@@ -104,8 +106,17 @@ def config_from_args(args: argparse.Namespace, argv_given: bool) -> TrainConfig:
     return cfg
 
 
-def run_train(args: argparse.Namespace, argv_given: bool) -> int:
-    from scaletrain.run import run_training
-    cfg = config_from_args(args, argv_given)
+def run_train(args: argparse.Namespace, argv: list[str]) -> int:
+    """`argv`: the arguments after `train`."""
+    from scaletrain.distributed.launch import inside_worker, launch
+    from scaletrain.run import _resolve_run_dir, run_training
+    cfg = config_from_args(args, argv_given=len(argv) > 0)
+    if cfg.distributed.nproc > 1 and not inside_worker():
+        # Checked and resolved once here, so every worker (and every restart) agrees on them.
+        from scaletrain.distributed.env import DistEnv
+        worker_argv = list(argv) + ["--run-dir", str(_resolve_run_dir(cfg, DistEnv()))]
+        if not argv:
+            worker_argv += ["--recipe", DEFAULT_RECIPE]
+        return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv)
     run_training(cfg)
     return 0

@@ -2,8 +2,9 @@
 
 Both yield (x, y) already on the device, normalised with the training split's statistics and cast
 to the precision policy's input dtype, with augmentation applied on the device. Shuffling is
-seeded per epoch (seed + epoch), so a run is reproducible and a later data-parallel shard can
-derive its order from the same numbers.
+seeded per epoch, identically on every rank; each rank takes its slice of every global batch
+(`distributed.sharding`). Augmentation is reseeded per (epoch, batch, rank), so a run resumed at
+any step draws exactly the augmentations the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from scaletrain.data.augment import DeviceAugment
 from scaletrain.data.dataset import ArraySplit
+from scaletrain.distributed.sharding import rank_positions
 
 
 @dataclass(slots=True)
@@ -28,32 +30,55 @@ class Normalizer:
 
 
 class _BatchSource:
-    """What both loaders share: batch counting, per-epoch seeding, normalise-then-augment."""
+    """What both loaders share: batch counting, per-epoch seeding, sharding, normalise-then-augment.
+
+    `batch_size` is this rank's batch; with `world_size` ranks a step consumes
+    `batch_size * world_size` samples of the epoch's permutation.
+    """
 
     def __init__(self, split: ArraySplit, batch_size: int, device: torch.device, normalizer: Normalizer,
                  shuffle: bool, drop_last: bool, augment: list[str] | tuple[str, ...] = (), shift: int = 0,
-                 seed: int = 0):
+                 seed: int = 0, rank: int = 0, world_size: int = 1):
+        if world_size > 1 and not drop_last:
+            raise ValueError("sharded loading needs drop_last (every rank takes equal slices)")
         self.split, self.batch_size, self.device = split, batch_size, device
         self.shuffle, self.drop_last, self.seed, self.epoch = shuffle, drop_last, seed, 0
+        self.rank, self.world_size, self.start_batch = rank, world_size, 0
         self.normalizer = Normalizer(normalizer.mean.to(device), normalizer.std.to(device), normalizer.dtype)
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.augment = DeviceAugment(augment, shift, self.generator) if augment else None
+        self.generator = torch.Generator(device=device).manual_seed(seed)   # the order: same on every rank
+        self.augment_generator = torch.Generator(device=device)
+        self.augment = DeviceAugment(augment, shift, self.augment_generator) if augment else None
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Next iteration yields epoch `epoch`'s batches from index `start_batch` on (for resume)."""
+        self.epoch, self.start_batch = epoch, start_batch
         self.generator.manual_seed(self.seed * 100_003 + epoch)
 
     def __len__(self) -> int:
         n = len(self.split)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        global_batch = self.batch_size * self.world_size
+        return n // global_batch if self.drop_last else -(-n // self.batch_size)
 
     @property
     def num_samples(self) -> int:
         return len(self) * self.batch_size if self.drop_last else len(self.split)
 
-    def _finish(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _order(self, generator: torch.Generator, device) -> torch.Tensor:
+        """This rank's sample indices for the epoch, from `start_batch` on, batch after batch."""
+        n = len(self.split)
+        order = (torch.randperm(n, device=device, generator=generator) if self.shuffle
+                 else torch.arange(n, device=device))
+        if self.world_size > 1:
+            order = order[rank_positions(len(self), self.batch_size, self.rank, self.world_size).to(device)]
+        elif self.drop_last:
+            order = order[:len(self) * self.batch_size]
+        return order[self.start_batch * self.batch_size:]
+
+    def _finish(self, x: torch.Tensor, y: torch.Tensor, batch_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.normalizer(x)
         if self.augment is not None:
+            self.augment_generator.manual_seed(
+                ((self.seed * 100_003 + self.epoch) * 1_000_003 + batch_index) * 1_009 + self.rank)
             x = self.augment(x)
         return x, y
 
@@ -67,12 +92,23 @@ class DeviceLoader(_BatchSource):
         self.y = split.y.to(self.device)
 
     def __iter__(self):
-        n = len(self.y)
-        order = (torch.randperm(n, device=self.device, generator=self.generator) if self.shuffle
-                 else torch.arange(n, device=self.device))
-        for i in range(len(self)):
+        order = self._order(self.generator, self.device)
+        for i in range(len(self) - self.start_batch):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]
-            yield self._finish(self.x[idx], self.y[idx])
+            yield self._finish(self.x[idx], self.y[idx], self.start_batch + i)
+
+
+class _Positions(torch.utils.data.Sampler):
+    """Hands the DataLoader the loader's current index order."""
+
+    def __init__(self, source: "StreamingLoader"):
+        self.source = source
+
+    def __iter__(self):
+        return iter(self.source._order(self.source.host_generator, "cpu").tolist())
+
+    def __len__(self) -> int:
+        return (len(self.source) - self.source.start_batch) * self.source.batch_size
 
 
 class StreamingLoader(_BatchSource):
@@ -84,13 +120,12 @@ class StreamingLoader(_BatchSource):
         cuda = self.device.type == "cuda"
         self.host_generator = torch.Generator()
         self.loader = DataLoader(TensorDataset(split.x, split.y), batch_size=self.batch_size,
-                                 shuffle=self.shuffle, drop_last=self.drop_last, num_workers=num_workers,
-                                 pin_memory=cuda, generator=self.host_generator,
-                                 persistent_workers=num_workers > 0)
+                                 sampler=_Positions(self), drop_last=False, num_workers=num_workers,
+                                 pin_memory=cuda, persistent_workers=num_workers > 0)
         self.copy_stream = torch.cuda.Stream(self.device) if cuda else None
 
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        super().set_epoch(epoch, start_batch)
         self.host_generator.manual_seed(self.seed * 100_003 + epoch)
 
     def _to_device(self, batch):
@@ -100,24 +135,26 @@ class StreamingLoader(_BatchSource):
         with torch.cuda.stream(self.copy_stream):
             return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
-    def _ready(self, x, y):
+    def _ready(self, x, y, batch_index: int):
         if self.copy_stream is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(self.copy_stream)
             x.record_stream(current)
             y.record_stream(current)
-        return self._finish(x, y)
+        return self._finish(x, y, batch_index)
 
     def __iter__(self):
         batches = iter(self.loader)
         first = next(batches, None)
         if first is None:
             return
+        index = self.start_batch
         ahead = self._to_device(first)
         for batch in batches:
             current, ahead = ahead, self._to_device(batch)
-            yield self._ready(*current)
-        yield self._ready(*ahead)
+            yield self._ready(*current, index)
+            index += 1
+        yield self._ready(*ahead, index)
 
 
 def choose_placement(requested: str, split_bytes: int, device: torch.device) -> str:

@@ -27,6 +27,8 @@ class LRSchedule:
     gamma: float = 0.1
     min_lr_ratio: float = 0.0
     onecycle_div: float = 25.0  # onecycle starts at base_lr / 25, as torch's OneCycleLR
+    replica_scale: float = 1.0   # LR multiplier for data parallelism (linear: N replicas, sqrt: sqrt(N))
+    scale_warmup_steps: int = 0  # ramp the multiplier from 1 to replica_scale over these steps
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
@@ -34,6 +36,15 @@ class LRSchedule:
 
     def __call__(self, step: torch.Tensor) -> torch.Tensor:
         """LR for the optimizer step with (0-based) index `step`, as a float32 device tensor."""
+        lr = self._base(step)
+        if self.replica_scale == 1.0:
+            return lr
+        # Goyal et al.'s gradual warm-up: start at the single-replica LR, reach k times it linearly.
+        s = step.to(torch.float32)
+        ramp = torch.clamp((s + 1) / max(self.scale_warmup_steps, 1), max=1.0) if self.scale_warmup_steps else 1.0
+        return lr * (1.0 + (self.replica_scale - 1.0) * ramp)
+
+    def _base(self, step: torch.Tensor) -> torch.Tensor:
         s = step.to(torch.float32)
         total = float(max(self.total_steps, 1))
         if self.kind == "onecycle":
@@ -68,7 +79,18 @@ class LRSchedule:
         return float(self(torch.tensor(step)))
 
 
-def build_schedule(cfg, steps_per_epoch: int, epochs: int) -> LRSchedule:
+def replica_lr_scale(rule: str, replicas: int) -> float:
+    """The LR multiplier for `replicas` data-parallel replicas under a scaling rule."""
+    if rule == "linear":
+        return float(replicas)
+    if rule == "sqrt":
+        return math.sqrt(replicas)
+    if rule == "none":
+        return 1.0
+    raise ConfigError(f"unknown lr_scaling '{rule}'; choose one of: none, linear, sqrt")
+
+
+def build_schedule(cfg, steps_per_epoch: int, epochs: int, replicas: int = 1) -> LRSchedule:
     """Turns the epoch-denominated OptimConfig into a step-denominated schedule."""
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     if cfg.lr_schedule == "onecycle" and warmup == 0:
@@ -81,4 +103,6 @@ def build_schedule(cfg, steps_per_epoch: int, epochs: int) -> LRSchedule:
         milestones=tuple(round(m * steps_per_epoch) for m in cfg.step_milestones),
         gamma=cfg.step_gamma,
         min_lr_ratio=cfg.min_lr_ratio,
+        replica_scale=replica_lr_scale(cfg.lr_scaling, replicas),
+        scale_warmup_steps=round(cfg.lr_scaling_warmup_epochs * steps_per_epoch),
     )

@@ -30,10 +30,18 @@ class DeviceCounters:
         self.slot.zero_()
         self.correct.zero_()
 
-    def read(self, steps_done: int) -> dict:
-        """One device-to-host transfer: the losses of the first `steps_done` steps and the totals."""
+    def read(self, steps_done: int, strategy=None) -> dict:
+        """One device-to-host transfer: the losses of the first `steps_done` steps and the totals.
+        With a data-parallel strategy the values are first reduced over ranks (one all-reduce):
+        losses averaged, correct counts summed; skipped/applied steps are the same on every rank
+        (gradients, hence overflow flags, are all-reduced) and are averaged back to themselves."""
         totals = torch.stack([self.correct, self.skipped, self.applied_steps]).to(torch.float64)
-        values = torch.cat([self.step_losses[:steps_done].to(torch.float64), totals]).tolist()
+        values = torch.cat([self.step_losses[:steps_done].to(torch.float64), totals])
+        if strategy is not None and strategy.world_size > 1:
+            strategy.all_reduce_sum_(values)
+            values /= strategy.world_size
+            values[steps_done] *= strategy.world_size  # correct: a sum, not a mean
+        values = values.tolist()
         losses, (correct, skipped, applied) = values[:steps_done], values[steps_done:]
         return {"losses": losses, "correct": int(correct), "skipped": int(skipped), "applied_steps": int(applied)}
 

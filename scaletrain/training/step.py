@@ -3,6 +3,8 @@ unscale/skip, clipping, device-side LR, optimizer step. No host synchronisation 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,7 +19,7 @@ class TrainStep:
                  schedule: LRSchedule, policy: PrecisionPolicy, counters: DeviceCounters,
                  device: torch.device, scaler: DynamicLossScaler | None = None,
                  clip_grad_norm: float | None = None, grad_accum_steps: int = 1,
-                 grads_to_none: bool = True, first_step: int = 0):
+                 grads_to_none: bool = True, first_step: int = 0, no_sync=None):
         self.model = model          # owns the parameters
         self.forward = forward      # the callable to run: the model, or its compiled form
         self.optimizer = optimizer
@@ -31,6 +33,8 @@ class TrainStep:
         # A CUDA graph needs the gradient tensors to keep their addresses, so it zeroes in place.
         self.grads_to_none = grads_to_none
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # Gradient accumulation under data parallelism: only the last micro-batch all-reduces.
+        self.no_sync = no_sync or contextlib.nullcontext
         # The whole schedule, precomputed on the device: the step's LR is one lookup by the
         # applied-step counter (two kernels) instead of a dozen scalar ops every step.
         self.lr_table = schedule.table(device, offset=first_step)
@@ -39,15 +43,16 @@ class TrainStep:
         c = self.counters
         k = self.grad_accum_steps
         micro = zip(x.chunk(k), y.chunk(k)) if k > 1 else ((x, y),)
-        for xm, ym in micro:
-            with self.policy.autocast(self.device):
-                logits = self.forward(xm)
-            # The loss and its softmax are always computed in float32.
-            loss = F.cross_entropy(logits.float(), ym)
-            scaled = loss / k if k > 1 else loss
-            if self.scaler is not None:
-                scaled = self.scaler.scale_loss(scaled)
-            scaled.backward()
+        for i, (xm, ym) in enumerate(micro):
+            with self.no_sync() if i < k - 1 else contextlib.nullcontext():
+                with self.policy.autocast(self.device):
+                    logits = self.forward(xm)
+                # The loss and its softmax are always computed in float32.
+                loss = F.cross_entropy(logits.float(), ym)
+                scaled = loss / k if k > 1 else loss
+                if self.scaler is not None:
+                    scaled = self.scaler.scale_loss(scaled)
+                scaled.backward()
             with torch.no_grad():
                 step_loss = loss.detach() / k if k > 1 else loss.detach()
                 c.step_losses.index_add_(0, c.slot, step_loss.view(1))

@@ -1,7 +1,9 @@
-"""The Trainer: fit / evaluate / predict for one device.
+"""The Trainer: fit / evaluate / predict, on one device or as one replica of many.
 
 Transforms are applied in one place, in a fixed order (precision conversion of the weights, then
-compilation, then CUDA-graph capture of the whole step); the model itself stays a plain module.
+the strategy's compile-and-wrap, then CUDA-graph capture of the whole step); the model itself
+stays a plain module, and `self.model` is always the bare module (its state dict has no
+wrapper prefixes).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from torch import nn
 from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig
 from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
+from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
+from scaletrain.distributed.sharding import eval_range
 from scaletrain.errors import ConfigError, NonFiniteLossError
 from scaletrain.optim import build_optimizer, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
@@ -27,30 +31,32 @@ from scaletrain.training.memory import PeakMemory
 from scaletrain.training.snapshot import TrainingSnapshot, init_optimizer_state
 from scaletrain.training.step import TrainStep
 
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device '{name}' was asked for but CUDA is not available; use --device cpu")
-    return device
+__all__ = ["Trainer", "resolve_device"]
 
 
 class Trainer:
-    def __init__(self, model: nn.Module, config: TrainConfig | None = None, callbacks=()):
+    def __init__(self, model: nn.Module, config: TrainConfig | None = None, callbacks=(),
+                 strategy: Strategy | None = None, checkpointer=None):
         self.config = config or TrainConfig()
         self.config.validate()
         cfg = self.config
-        self.device = resolve_device(cfg.device)
+        if strategy is None:
+            strategy = build_strategy(cfg.distributed)
+            strategy.setup(cfg.device)
+        self.strategy = strategy
+        self.device = strategy.device
+        self.batch = plan_batch(cfg.batch_size, cfg.per_replica_batch_size, strategy.world_size,
+                                cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
         self.policy = get_policy(cfg.precision.policy)
         self.policy.configure_backend()
         torch.manual_seed(cfg.seed)
         self.model = self.policy.convert_module(model, cfg.precision.fp32_modules).to(self.device)
         self.callbacks = CallbackList(callbacks)
-        self.use_graphs = bool(cfg.cuda_graphs if cfg.cuda_graphs is not None
-                               else cfg.steps_per_execution > 1) and self.device.type == "cuda"
-        self.forward = torch.compile(self.model, mode=cfg.compile_mode) if cfg.compile else self.model
+        self.checkpointer = checkpointer
+        self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)
+                           and self.device.type == "cuda" and strategy.supports_cuda_graphs)
+        compile_fn = (lambda m: torch.compile(m, mode=cfg.compile_mode)) if cfg.compile else (lambda m: m)
+        self.forward, self.eval_forward = strategy.prepare(self.model, compile_fn)
         self.optimizer = build_optimizer(cfg.optim, self.model, self.device, capturable=self.use_graphs)
         init_optimizer_state(self.optimizer)
         self.scaler = (DynamicLossScaler(self.device, cfg.precision.init_scale,
@@ -63,53 +69,73 @@ class Trainer:
         self.warmup_s = 0.0
         self.eval_time_s = 0.0
         self.global_step = 0
+        self.epoch = 0           # the epoch being trained (0-based)
+        self.epoch_step = 0      # optimizer steps done in it
         self.steps_per_epoch = 0
+        self.resumed_from: str | None = None
         self.normalizer: Normalizer | None = None
         self.peak_memory = PeakMemory(self.device)
         self._step = None
 
     # ------------------------------------------------------------------ data
     def _loader(self, split: ArraySplit, train: bool) -> DeviceLoader | StreamingLoader:
-        cfg, data = self.config, self.config.data
-        batch = cfg.batch_size if train else (data.val_batch_size or cfg.batch_size)
+        cfg, data, s = self.config, self.config.data, self.strategy
+        if train:
+            batch, shard = self.batch.per_replica, dict(rank=s.rank, world_size=s.world_size)
+        else:
+            # Each rank evaluates one contiguous range; the sums are all-reduced afterwards.
+            start, end = eval_range(len(split), s.rank, s.world_size)
+            split = split if s.world_size == 1 else ArraySplit(split.x[start:end], split.y[start:end])
+            batch, shard = data.val_batch_size or self.batch.per_replica, {}
         placement = choose_placement(data.placement, split.x.nbytes + split.y.nbytes, self.device)
         cls = DeviceLoader if placement == "device" else StreamingLoader
         kwargs = {} if cls is DeviceLoader else {"num_workers": data.num_workers}
         return cls(split, batch, self.device, self.normalizer, shuffle=train, drop_last=train,
-                   augment=data.augment if train else (), shift=data.shift, seed=cfg.seed, **kwargs)
+                   augment=data.augment if train else (), shift=data.shift, seed=cfg.seed, **shard, **kwargs)
 
     # ----------------------------------------------------------------- train
     def fit(self, dataset: Dataset) -> list[dict]:
-        """Trains on `dataset.train`, evaluating on `dataset.test` after every epoch."""
+        """Trains on `dataset.train`, evaluating on `dataset.test` after every epoch. With a
+        checkpointer that has something to resume, continues from it exactly."""
         cfg = self.config
         self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype)
         train_loader = self._loader(dataset.train, train=True)
         val_loader = self._loader(dataset.test, train=False)
         self.steps_per_epoch = len(train_loader)
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"batch_size {cfg.batch_size} is larger than the {len(dataset.train)} "
+            raise ConfigError(f"global batch {self.batch.global_batch} is larger than the {len(dataset.train)} "
                               "training samples; use a smaller --batch-size")
-        schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs)
+        schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs, replicas=self.strategy.world_size)
         self.counters.resize(self.steps_per_epoch)  # also empties the per-step loss slots
         # A second fit() starts a fresh schedule after the optimizer steps already taken.
         first_step = int(self.counters.applied_steps)
         self.train_step = TrainStep(self.model, self.forward, self.optimizer, schedule, self.policy,
                                     self.counters, self.device, self.scaler, cfg.optim.clip_grad_norm,
-                                    cfg.optim.grad_accum_steps, grads_to_none=not self.use_graphs,
-                                    first_step=first_step)
+                                    self.batch.accum_steps, grads_to_none=not self.use_graphs,
+                                    first_step=first_step, no_sync=self.strategy.no_sync)
         self.peak_memory.reset()
         self.warmup_s = self._warm_up(train_loader, val_loader)
+        self.strategy.after_first_step()
+        position = self.checkpointer.restore(self) if self.checkpointer else None
+        start_epoch, start_step = (position.epoch, position.epoch_step) if position else (0, 0)
+        self.resumed_from = position.resumed_from if position else None
         self.callbacks.call("on_train_begin", self)
-        logs: dict = {}
-        for epoch in range(cfg.epochs):
-            train_loader.set_epoch(epoch)
+        logs: dict = self.history[-1] if self.history else {}
+        for epoch in range(start_epoch, cfg.epochs):
+            if self.stop_training:
+                break
+            self.epoch = epoch
+            train_loader.set_epoch(epoch, start_step)
             self.callbacks.call("on_epoch_begin", self, epoch)
-            logs = self._train_epoch(train_loader, epoch)
+            logs = self._train_epoch(train_loader, epoch, start_step)
+            start_step = 0
             logs.update(self.evaluate_loader(val_loader))
             self.callbacks.call("on_epoch_end", self, epoch, logs)
             self.history.append(logs)
-            if self.stop_training:
-                break
+        self.epoch, self.epoch_step = len(self.history), 0
+        if self.checkpointer is not None and self.checkpointer.every > 0 \
+                and self.checkpointer.last_saved_step != self.global_step:
+            self.checkpointer.save(self)  # the final state, so a resumed finished run has nothing left to do
         self.callbacks.call("on_train_end", self, logs)
         return self.history
 
@@ -127,18 +153,20 @@ class Trainer:
             for _ in range(2 if self.config.compile else 1):
                 self.train_step(x, y)
             self._step = self.train_step
-        self.evaluate_loader(val_loader, max_batches=1)
+        self.evaluate_loader(val_loader, max_batches=1, reduce=False)
         snapshot.restore()
         self.clock.now()  # synchronise before reading the warm-up time
         return time.perf_counter() - start
 
-    def _train_epoch(self, loader, epoch: int) -> dict:
+    def _train_epoch(self, loader, epoch: int, start_step: int = 0) -> dict:
         cfg, c = self.config, self.counters
-        c.reset_epoch()
+        if start_step == 0:
+            c.reset_epoch()  # a resumed epoch keeps the restored losses of its first steps
         self.model.train()
         batches = iter(loader)
-        epoch_step, next_log = 0, cfg.log_every
-        first_global_step = self.global_step
+        epoch_step = self.epoch_step = start_step
+        next_log = (start_step // cfg.log_every + 1) * cfg.log_every
+        first_global_step = self.global_step - start_step
         self.clock.start()
         while chunk := list(islice(batches, cfg.steps_per_execution)):
             self.callbacks.call("on_train_batch_begin", self, self.global_step)
@@ -146,23 +174,28 @@ class Trainer:
                 self._step(x, y)
             epoch_step += len(chunk)
             self.global_step += len(chunk)
+            self.epoch_step = epoch_step
             batch_logs = {"epoch_step": epoch_step}
             if epoch_step >= next_log:  # a log step: the only reads inside the epoch
                 next_log += cfg.log_every
-                losses = c.read(epoch_step)["losses"]
+                losses = c.read(epoch_step, self.strategy)["losses"]
                 self._check_finite(losses, first_global_step)
                 batch_logs["loss"] = sum(losses[-cfg.log_every:]) / len(losses[-cfg.log_every:])
             self.callbacks.call("on_train_batch_end", self, self.global_step, batch_logs)
+            if self.checkpointer is not None and self.checkpointer.due(self.global_step, len(chunk)):
+                self.clock.stop()  # checkpoint writing is not training time
+                self.checkpointer.save(self)
+                self.clock.start()
         epoch_time = self.clock.stop()
-        values = c.read(epoch_step)
+        values = c.read(epoch_step, self.strategy)
         self._check_finite(values["losses"], first_global_step)
-        samples = epoch_step * cfg.batch_size
+        samples = epoch_step * self.batch.global_batch
         return {
             "epoch": epoch + 1,
             "train_loss": sum(values["losses"]) / max(epoch_step, 1),
             "train_accuracy": values["correct"] / max(samples, 1),
             "lr": current_lr(self.optimizer),
-            "samples": samples,
+            "samples": (epoch_step - start_step) * self.batch.global_batch,  # trained in this process
             "epoch_train_time_s": epoch_time,
             "cumulative_train_time_s": self.clock.total,
             "skipped_steps": values["skipped"],
@@ -182,24 +215,25 @@ class Trainer:
 
     # ------------------------------------------------------------- evaluate
     @torch.no_grad()
-    def evaluate_loader(self, loader, max_batches: int | None = None) -> dict:
-        """Loss and accuracy over a loader, summed on the device and read once. Not timed as
-        training: the training clock is stopped while this runs."""
+    def evaluate_loader(self, loader, max_batches: int | None = None, reduce: bool = True) -> dict:
+        """Loss and accuracy over a loader, summed on the device and read once; under data
+        parallelism each rank holds its own range and the sums are all-reduced, so every sample
+        counts exactly once. Not timed as training: the training clock is stopped meanwhile."""
         self.callbacks.call("on_validation_begin", self)
         start = self.clock.now()
         was_training = self.model.training
         self.model.eval()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        correct = torch.zeros((), dtype=torch.int64, device=self.device)
-        count = 0
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
         for x, y in islice(loader, max_batches):
             with self.policy.autocast(self.device):
-                logits = self.forward(x)
-            loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
-            correct += (logits.argmax(dim=-1) == y).sum()
-            count += y.shape[0]
+                logits = self.eval_forward(x)
+            sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+            sums[1] += (logits.argmax(dim=-1) == y).sum()
+            sums[2] += y.shape[0]
         self.model.train(was_training)
-        loss, right = torch.stack([loss_sum, correct.to(torch.float64)]).tolist()
+        if reduce and self.strategy.world_size > 1:
+            self.strategy.all_reduce_sum_(sums)
+        loss, right, count = sums.tolist()
         logs = {"val_loss": loss / max(count, 1), "val_accuracy": right / max(count, 1)}
         elapsed = self.clock.now() - start
         if max_batches is None:
@@ -230,6 +264,6 @@ class Trainer:
         out = []
         for chunk in x.split(batch_size):
             with self.policy.autocast(self.device):
-                logits = self.forward(normalizer(chunk.to(self.device)))
+                logits = self.eval_forward(normalizer(chunk.to(self.device)))
             out.append(torch.softmax(logits.float(), dim=-1).cpu())
         return torch.cat(out) if out else torch.empty(0)

@@ -1,0 +1,94 @@
+"""Periodic checkpoints and resume for the Trainer, through torch.distributed.checkpoint.
+
+Saving is collective: every rank enters `save` at the same global step (the step count is the
+same everywhere), writes its part, and the chief then commits and prunes. Loading picks the newest
+complete checkpoint ('auto') or a named one, loads in place, and hands the trainer the loop
+position to continue from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from scaletrain.checkpoint.state import apply_rng, host_state, restore_host_state, tensor_state
+from scaletrain.checkpoint.store import CheckpointStore
+from scaletrain.errors import ConfigError
+
+
+@dataclass(slots=True)
+class Position:
+    epoch: int = 0
+    epoch_step: int = 0
+    resumed_from: str | None = None
+
+
+class Checkpointer:
+    def __init__(self, store: CheckpointStore, every: int = 0, resume: str | None = None):
+        self.store = store
+        self.every = every
+        self.resume = resume
+        self.last_saved_step: int | None = None
+        self.saves = 0
+
+    def due(self, global_step: int, steps_just_run: int) -> bool:
+        """True when a multiple of `every` was crossed by the last execution of steps."""
+        if self.every <= 0:
+            return False
+        return global_step // self.every > (global_step - steps_just_run) // self.every
+
+    def save(self, trainer) -> Path:
+        strategy = trainer.strategy
+        step = trainer.global_step
+        path = self.store.path_for(step)
+        if strategy.is_chief and path.exists() and not self.store.is_complete(path):
+            import shutil
+            shutil.rmtree(path)  # a half-written leftover of a crash at this same step
+        strategy.barrier()
+        state = {**tensor_state(trainer, strategy.rank), "host": host_state(trainer)}
+        dcp.save(state, checkpoint_id=str(path))  # returns once every rank's part and the metadata are written
+        if strategy.is_chief:
+            self.store.commit(path, {"global_step": step, "epoch": trainer.epoch, "epoch_step": trainer.epoch_step,
+                                     "world_size": strategy.world_size, "global_batch": trainer.batch.global_batch,
+                                     "steps_per_epoch": trainer.steps_per_epoch})
+            self.store.prune()
+        self.last_saved_step = step
+        self.saves += 1
+        return path
+
+    def find(self) -> Path | None:
+        """The checkpoint to resume from, or None to start fresh."""
+        if self.resume is None:
+            return None
+        if self.resume == "auto":
+            return self.store.latest()
+        path = Path(self.resume)
+        if not CheckpointStore.is_complete(path):
+            raise ConfigError(f"--resume {path}: not a complete checkpoint (no COMMITTED file); "
+                              "pass 'auto' to take the newest complete one")
+        return path
+
+    def restore(self, trainer) -> Position:
+        path = self.find()
+        if path is None:
+            return Position()
+        meta = CheckpointStore.read_meta(path)
+        expected = {"global_batch": trainer.batch.global_batch, "steps_per_epoch": trainer.steps_per_epoch}
+        for key, value in expected.items():
+            if meta[key] != value:
+                raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {value}; "
+                                  "resume with the same global batch and data")
+        rank = trainer.strategy.rank
+        state = tensor_state(trainer, rank)
+        if rank >= meta["world_size"]:  # more ranks than when saved: no RNG state for this one
+            del state[f"rng_rank{rank}"]
+        state["host"] = {"json": ""}
+        dcp.load(state, checkpoint_id=str(path))
+        values = restore_host_state(trainer, state["host"]["json"])
+        if f"rng_rank{rank}" in state:
+            apply_rng(state[f"rng_rank{rank}"])
+        self.last_saved_step = values["global_step"]
+        return Position(values["epoch"], values["epoch_step"], str(path))

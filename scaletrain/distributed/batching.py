@@ -1,0 +1,76 @@
+"""Global batch, per-replica batch and gradient accumulation: the user fixes one, the rest follow.
+
+    global batch = replicas x per-replica batch,  per-replica batch = accumulation steps x micro-batch
+
+DDP averages gradients over replicas and the step averages over micro-batches, so one optimizer
+step always sees the mean gradient of `global_batch` samples, whatever the split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaletrain.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    global_batch: int   # samples per optimizer step, all replicas together
+    per_replica: int    # samples one replica processes per optimizer step
+    accum_steps: int    # micro-batches per replica per optimizer step
+    replicas: int
+
+    @property
+    def micro_batch(self) -> int:
+        return self.per_replica // self.accum_steps
+
+    def describe(self) -> str:
+        text = f"global batch {self.global_batch} = {self.replicas} replica(s) x {self.per_replica}"
+        if self.accum_steps > 1:
+            text += f" (micro-batch {self.micro_batch} x {self.accum_steps} accumulation steps)"
+        return text
+
+
+def _nearby_multiples(value: int, unit: int) -> str:
+    below = (value // unit) * unit
+    options = [v for v in (below, below + unit) if v > 0]
+    return " or ".join(str(v) for v in options)
+
+
+def plan_batch(global_batch: int, per_replica_batch: int | None, replicas: int, accum_steps: int = 1,
+               accumulate_to_global: bool = False) -> BatchPlan:
+    """Resolves the batch sizes for `replicas` replicas, or raises a ConfigError that suggests valid sizes.
+
+    - only the global batch: it is split evenly across replicas;
+    - a per-replica batch: the global batch follows from it (global = replicas x per-replica);
+    - both, with `accumulate_to_global`: the global batch is held fixed and gradient
+      accumulation makes up the difference (per-replica batch = micro-batch per step).
+    """
+    if replicas < 1:
+        raise ConfigError(f"the number of replicas must be at least 1 (got {replicas})")
+    if per_replica_batch is not None and per_replica_batch < 1:
+        raise ConfigError(f"config key 'per_replica_batch_size' must be at least 1 (got {per_replica_batch})")
+    if per_replica_batch is not None and accumulate_to_global:
+        unit = per_replica_batch * replicas
+        if global_batch % unit:
+            raise ConfigError(
+                f"global batch {global_batch} is not a multiple of {replicas} replica(s) x per-replica batch "
+                f"{per_replica_batch} = {unit}, so gradient accumulation cannot make it up; use --batch-size "
+                f"{_nearby_multiples(global_batch, unit)}")
+        steps = global_batch // unit
+        return BatchPlan(global_batch, per_replica_batch * steps, steps, replicas)
+    if per_replica_batch is not None:
+        if per_replica_batch % accum_steps:
+            raise ConfigError(
+                f"per-replica batch {per_replica_batch} is not divisible by optim.grad_accum_steps {accum_steps}; "
+                f"use --per-replica-batch-size {_nearby_multiples(per_replica_batch, accum_steps)}")
+        return BatchPlan(per_replica_batch * replicas, per_replica_batch, accum_steps, replicas)
+    unit = replicas * accum_steps
+    if global_batch % unit:
+        what = f"{replicas} replica(s)" + (f" x {accum_steps} accumulation steps" if accum_steps > 1 else "")
+        raise ConfigError(
+            f"global batch {global_batch} does not divide across {what}; use --batch-size "
+            f"{_nearby_multiples(global_batch, unit)}, or fix --per-replica-batch-size instead"
+            + (" (add --accumulate-to-global to keep this global batch with gradient accumulation)"
+               if replicas > 1 else ""))
+    return BatchPlan(global_batch, global_batch // replicas, accum_steps, replicas)

@@ -1,0 +1,95 @@
+"""SCALETRAIN_CLUSTER: a TF_CONFIG-shaped cluster spec for users coming from TensorFlow.
+
+    {"cluster": {"chief": ["host0:port"], "worker": ["host1:port", "host2:port"]},
+     "task": {"type": "worker", "index": 0}}
+
+Tasks are ordered chief first, then workers, as MultiWorkerMirroredStrategy orders them; a task's
+position in that order is its rank, the first address is the rendezvous (c10d store) address.
+Parameter servers and evaluators are TensorFlow roles that synchronous data parallelism has no use
+for; naming one is an error rather than a silently ignored task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from scaletrain.errors import ConfigError
+
+ENV_VAR = "SCALETRAIN_CLUSTER"
+ROLES = ("chief", "worker")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    addresses: tuple[str, ...]   # every task's host:port, in rank order
+    rank: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.addresses)
+
+    @property
+    def master_addr(self) -> str:
+        return self.addresses[0].rsplit(":", 1)[0]
+
+    @property
+    def master_port(self) -> int:
+        return int(self.addresses[0].rsplit(":", 1)[1])
+
+    def torch_env(self) -> dict[str, str]:
+        """The environment variables torch.distributed's env:// initialisation reads."""
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+
+
+def _fail(problem: str) -> ConfigError:
+    return ConfigError(f"{ENV_VAR} {problem}; expected e.g. "
+                       '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, "task": {"type": "worker", "index": 0}}')
+
+
+def parse_cluster_spec(text: str) -> ClusterSpec:
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _fail(f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    if not isinstance(spec, dict):
+        raise _fail("must be a JSON object")
+    for key in ("cluster", "task"):
+        if not isinstance(spec.get(key), dict):
+            raise _fail(f"has no '{key}' object")
+    cluster, task = spec["cluster"], spec["task"]
+    unsupported = sorted(set(cluster) - set(ROLES))
+    if unsupported:
+        raise _fail(f"names task type(s) {unsupported} that data-parallel training does not use (only chief, worker)")
+    addresses: list[str] = []
+    offsets: dict[str, int] = {}
+    for role in ROLES:
+        hosts = cluster.get(role, [])
+        if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+            raise _fail(f"cluster.{role} must be a list of \"host:port\" strings")
+        offsets[role] = len(addresses)
+        addresses.extend(hosts)
+    if not addresses:
+        raise _fail("lists no tasks in cluster.worker")
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise _fail(f"has address '{address}' that is not host:port")
+    for key in ("type", "index"):
+        if key not in task:
+            raise _fail(f"has no task.{key}")
+    role, index = task["type"], task["index"]
+    if role not in ROLES or role not in cluster:
+        raise _fail(f"has task.type '{role}' that is not a task type of its cluster ({', '.join(r for r in ROLES if r in cluster)})")
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise _fail(f"has task.index {index!r} that is not an integer")
+    if not 0 <= index < len(cluster[role]):
+        raise _fail(f"has task.index {index} out of range: cluster.{role} has {len(cluster[role])} task(s)")
+    return ClusterSpec(addresses=tuple(addresses), rank=offsets[role] + index)
+
+
+def cluster_from_env(environ=os.environ) -> ClusterSpec | None:
+    text = environ.get(ENV_VAR)
+    return parse_cluster_spec(text) if text else None

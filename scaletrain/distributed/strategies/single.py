@@ -1,0 +1,35 @@
+"""One process, one device: the strategy every other one reduces to when the world has one rank."""
+
+from __future__ import annotations
+
+import torch
+
+from scaletrain.distributed.strategies.base import Strategy
+from scaletrain.errors import ConfigError
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device '{name}' was asked for but CUDA is not available; use --device cpu")
+    return device
+
+
+class SingleDevice(Strategy):
+    name = "single"
+
+    def setup(self, device_request: str) -> torch.device:
+        if self.env.world_size > 1:
+            raise ConfigError(f"strategy 'single' was asked for but this job has {self.env.world_size} processes; "
+                              "use --strategy ddp (or auto)")
+        self.device = resolve_device(device_request)
+        return self.device
+
+    def prepare(self, model, compile_fn):
+        forward = compile_fn(model)
+        return forward, forward
