@@ -83,12 +83,12 @@ class Checkpointer:
                                   "resume with the same global batch and data")
         rank = trainer.strategy.rank
         state = tensor_state(trainer, rank)
-        if rank >= meta["world_size"]:  # more ranks than when saved: no RNG state for this one
-            del state[f"rng_rank{rank}"]
+        if rank >= meta["world_size"]:  # more ranks than when saved: nothing of this rank's own
+            del state[f"rank{rank}"]
         state["host"] = {"json": ""}
         dcp.load(state, checkpoint_id=str(path))
         values = restore_host_state(trainer, state["host"]["json"])
-        if f"rng_rank{rank}" in state:
-            apply_rng(state[f"rng_rank{rank}"])
+        if f"rank{rank}" in state:
+            apply_rng(state[f"rank{rank}"]["rng"])
         self.last_saved_step = values["global_step"]
         return Position(values["epoch"], values["epoch_step"], str(path))

@@ -36,13 +36,19 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
+RUN_COUNTERS = ("applied_steps", "skipped", "slot")  # the same on every rank
+
+
 def tensor_state(trainer, rank: int) -> dict:
+    counters = trainer.counters.tensors()
     return {
         "model": trainer.model.state_dict(),
         "optimizer": _optimizer_tensors(trainer),
-        "counters": trainer.counters.tensors(),
+        "counters": {k: v for k, v in counters.items() if k in RUN_COUNTERS},
         "scaler": trainer.scaler.state_tensors() if trainer.scaler is not None else {},
-        f"rng_rank{rank}": _rng_tensors(),
+        # Per rank: each rank's RNG, and the loss and correct counts of its own shard so far.
+        f"rank{rank}": {"rng": _rng_tensors(),
+                        "epoch_counters": {k: v for k, v in counters.items() if k not in RUN_COUNTERS}},
     }
 
 

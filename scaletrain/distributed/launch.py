@@ -64,6 +64,10 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str]) -
     if wants_cuda and torch.cuda.device_count() < nproc:
         raise ConfigError(f"--nproc {nproc} needs {nproc} GPUs on this host, it has {torch.cuda.device_count()}; "
                           f"use --nproc {max(torch.cuda.device_count(), 1)} or --device cpu")
+    # torchrun shares its rendezvous TCPStore with the workers by default, and after a restart the
+    # new workers can read the dead ones' addresses from it (pytorch/pytorch#135712, #167288:
+    # gloo/NCCL then fail with "connection refused"). A store per attempt avoids that.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     args = get_args_parser().parse_args(torchrun_arguments(nproc, max_restarts, worker_argv))
     try:
         run(args)

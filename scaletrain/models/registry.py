@@ -1,4 +1,5 @@
-"""Models by name: `cnn1d`, `mlp`, `resnet`, `resnet-18`, `wrn`, `wrn-D-K`, `vit`, `vit-PRESET`.
+"""Models by name: `cnn1d`, `mlp`, `resnet`, `resnet-18`, `wrn`, `wrn-D-K`, `vit`, `vit-PRESET`,
+or a user's own builder as `package.module:function`.
 
 Every builder takes the data's sample shape and class count, plus the model's own options
 (from `[model.options]` in a config), and returns a plain nn.Module.
@@ -6,6 +7,7 @@ Every builder takes the data's sample shape and class count, plus the model's ow
 
 from __future__ import annotations
 
+import importlib
 import re
 
 from torch import nn
@@ -16,7 +18,20 @@ from scaletrain.models.mlp import MLP
 from scaletrain.models.vit import PRESETS, VisionTransformer
 
 MODEL_NAMES = ("cnn1d", "mlp", "resnet", "resnet-18", "wrn", "wrn-D-K (e.g. wrn-16-10)", "vit",
-               *(f"vit-{p}" for p in PRESETS))
+               *(f"vit-{p}" for p in PRESETS), "module:function (your own builder)")
+
+
+def _import_builder(name: str):
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"model '{name}': cannot import module '{module_name}' ({exc}); "
+                          "is it on PYTHONPATH?") from None
+    builder = getattr(module, attr, None)
+    if not callable(builder):
+        raise ConfigError(f"model '{name}': module '{module_name}' has no function '{attr}'")
+    return builder
 
 
 def _need_image(name: str, shape: tuple[int, ...]) -> None:
@@ -34,6 +49,11 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 
 
 def _build(name: str, shape: tuple[int, ...], classes: int, options: dict) -> nn.Module:
+    if ":" in name:  # a user's builder: f(input_shape, num_classes, **options) -> nn.Module
+        model = _import_builder(name)(shape, classes, **options)
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model '{name}' returned {type(model).__name__}, not a torch.nn.Module")
+        return model
     if name == "cnn1d":
         if len(shape) != 2:
             raise ConfigError(f"model 'cnn1d' needs sequence samples (C, L); this data set has shape {shape}")

@@ -57,8 +57,19 @@ class DDPStrategy(Strategy):
                 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
             # A generous first timeout covers compilation and data loading before the first
             # collective; after_first_step() shortens it so a dead peer is noticed quickly.
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=self.config.init_timeout_s),
-                                    device_id=self.device if self.device.type == "cuda" else None)
+            timeout = datetime.timedelta(seconds=self.config.init_timeout_s)
+            device_id = self.device if self.device.type == "cuda" else None
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                # Plain `torchrun` shares its rendezvous store with the workers and keeps it across
+                # restarts; keys of a dead attempt would be read by the next one (pytorch#135712).
+                # Our own launcher turns the sharing off; here every attempt gets its own prefix.
+                store = dist.PrefixStore(f"scaletrain/attempt_{self.env.restart_count}", dist.TCPStore(
+                    os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.env.world_size,
+                    is_master=False, timeout=timeout))
+                dist.init_process_group(backend, store=store, rank=self.env.rank, world_size=self.env.world_size,
+                                        timeout=timeout, device_id=device_id)
+            else:
+                dist.init_process_group(backend, timeout=timeout, device_id=device_id)
             self.owns_group = True
         return self.device
 

@@ -1,0 +1,28 @@
+"""A torchrun worker built on the Python API (the tests launch it with the real `torchrun`).
+
+Trains the digits MLP with the `ddp` strategy, then writes this rank's weights and the sharded
+evaluation of the final model to OUT/rank{r}.pt, so the test can compare replicas with each other
+and with a single-process evaluation.
+"""
+
+import sys
+
+import torch
+
+from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from scaletrain.data import load_dataset
+from scaletrain.models import build_model
+from scaletrain.training import Trainer
+
+out = sys.argv[1]
+cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [64]}), data=DataConfig(name="digits"),
+                  optim=OptimConfig(lr=3e-3), epochs=2, batch_size=64, progress=False, device="cpu")
+cfg.distributed.strategy = "ddp"
+dataset = load_dataset(cfg.data)
+torch.manual_seed(cfg.seed)
+model = build_model("mlp", dataset.input_shape, dataset.num_classes, hidden=[64])
+trainer = Trainer(model, cfg)
+trainer.fit(dataset)
+result = {"state": trainer.model.state_dict(), "eval": trainer.evaluate(dataset), "history": trainer.history}
+torch.save(result, f"{out}/rank{trainer.strategy.rank}.pt")
+trainer.strategy.teardown()

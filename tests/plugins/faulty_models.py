@@ -1,0 +1,49 @@
+"""Model builders for the multi-process tests, loaded by the real CLI as `faulty_models:NAME`
+(tests put this folder on PYTHONPATH). Each is the library's MLP with a forward pre-hook (so its
+state dict is exactly the plain MLP's); the fault fires inside a real training step of a real
+worker process."""
+
+import os
+import time
+
+from torch import nn
+
+from scaletrain.models.mlp import MLP
+
+
+def _Wrapped(model: nn.Module, on_forward) -> nn.Module:
+    calls = [0]
+
+    def hook(module, args):
+        if module.training:
+            calls[0] += 1
+            on_forward(calls[0])
+
+    model.register_forward_pre_hook(hook)
+    return model
+
+
+def slow_mlp(shape, classes, delay_s=0.01, **options):
+    """An MLP whose every training forward sleeps, so a run lasts long enough to be killed mid-way."""
+    return _Wrapped(MLP(shape, classes, **options), lambda call: time.sleep(delay_s))
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def raising_mlp(shape, classes, rank=1, at_call=5, **options):
+    """Raises in the training forward number `at_call` of rank `rank`."""
+    def fault(call):
+        if _rank() == rank and call == at_call:
+            raise RuntimeError(f"injected failure on rank {rank} at forward {call}")
+    return _Wrapped(MLP(shape, classes, **options), fault)
+
+
+def hanging_mlp(shape, classes, rank=1, at_call=5, **options):
+    """Hangs (sleeps for an hour) in training forward number `at_call` of rank `rank`: a dead peer
+    that never closes its sockets, which only a collective timeout can detect."""
+    def fault(call):
+        if _rank() == rank and call == at_call:
+            time.sleep(3600)
+    return _Wrapped(MLP(shape, classes, **options), fault)

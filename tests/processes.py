@@ -1,0 +1,98 @@
+"""Running the real CLI and the real torchrun launcher as subprocesses, and finding their workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PLUGINS = Path(__file__).parent / "plugins"
+# Small and quick: the MLP on digits, no progress bar.
+DIGITS_MLP = ["--model", "mlp", "--model-option", "hidden=[64]", "--data", "digits", "--no-progress",
+              "--lr", "0.003"]
+
+
+def cli_env(**extra) -> dict:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
+                          cwd=cwd, env=cli_env(**env), timeout=timeout)
+
+
+def start(args, cwd, log: Path, **env) -> subprocess.Popen:
+    """Starts the CLI in its own process group (so a test can always clean it up)."""
+    fh = log.open("w")
+    return subprocess.Popen([sys.executable, "-m", "scaletrain", *args], stdout=fh, stderr=subprocess.STDOUT,
+                            cwd=cwd, env=cli_env(**env), start_new_session=True)
+
+
+def children(pid: int) -> list[int]:
+    """PIDs whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for p in frontier for c in children(p)]
+        found += kids
+        frontier = kids
+    return found
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILLs the CLI and every process under it (the elastic agent starts its workers in new
+    process groups, so killing the group alone would leave them behind)."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def wait_for(condition, timeout: float, what: str, poll: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def committed_steps(checkpoint_dir: Path) -> list[int]:
+    if not checkpoint_dir.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in checkpoint_dir.glob("step-*") if (p / "COMMITTED").is_file())
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
