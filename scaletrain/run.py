@@ -123,7 +123,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
         console.print(f"torchrun restart {env.restart_count}: resuming from the newest complete checkpoint")
     trainer.fit(dataset)
     if trainer.resumed_from:
-        console.print(f"resumed from {trainer.resumed_from}")
+        console.print(f"resumed from {trainer.resumed_from}", soft_wrap=True)
     summary = build_summary(trainer, cfg, wall_time_s=time.perf_counter() - wall_start, run_dir=run_dir,
                             restarts=env.restart_count)
     if strategy.is_chief:

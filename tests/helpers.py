@@ -12,9 +12,9 @@ def make_mlp(dataset, seed=0, hidden=(64,)):
     return build_model("mlp", dataset.input_shape, dataset.num_classes, hidden=list(hidden))
 
 
-def fit(cfg, dataset, callbacks=(), model=None):
+def fit(cfg, dataset, callbacks=(), model=None, ckpt=None):
     model = model if model is not None else make_mlp(dataset, cfg.seed)
-    trainer = Trainer(model, cfg, callbacks)
+    trainer = Trainer(model, cfg, callbacks, checkpointer=ckpt)
     trainer.fit(dataset)
     return trainer
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from processes import (DIGITS_MLP, PLUGINS, children, cli_env, committed_steps, kill_group, metrics, run, start,
+from tests.processes import (DIGITS_MLP, PLUGINS, children, cli_env, committed_steps, kill_group, metrics, run, start,
                        summary, wait_for)
 from scaletrain.models import build_model
 
@@ -157,3 +157,32 @@ def test_bf16_gradient_compression_trains_close_to_full_precision(tmp_path):
     assert a["train_loss"] != b["train_loss"]  # the hook really ran: bf16 rounding changes the numbers
     assert a["train_loss"] == pytest.approx(b["train_loss"], rel=0.05)
     assert b["val_accuracy"] == pytest.approx(a["val_accuracy"], abs=0.05)
+
+
+def test_kill_during_a_checkpoint_write_leaves_the_newest_complete_one_readable(tmp_path):
+    run_dir = tmp_path / "r"
+    ckpts = run_dir / "checkpoints"
+    args = ["train", *DIGITS_MLP, "--model-option", "hidden=[1024,1024]", "--epochs", "20", "--batch-size", "64",
+            "--checkpoint-every", "1", "--keep-checkpoints", "2", "--run-dir", str(run_dir)]
+
+    def caught_mid_write():
+        done = committed_steps(ckpts)
+        if not done:
+            return None
+        for folder in ckpts.glob("step-*"):
+            if int(folder.name[5:]) > done[-1] and not (folder / "COMMITTED").exists() and any(folder.iterdir()):
+                return folder
+        return None
+
+    proc = start(args, tmp_path, tmp_path / "log")
+    try:
+        partial = wait_for(caught_mid_write, 120, "a checkpoint folder being written", poll=0.001)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        kill_group(proc)
+    assert not (partial / "COMMITTED").exists()
+    newest = committed_steps(ckpts)[-1]
+    assert newest < int(partial.name[5:])
+    resumed = run(args + ["--resume", "auto", "--epochs", "1"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"step-{newest:09d}" in resumed.stdout

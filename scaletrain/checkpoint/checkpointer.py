@@ -8,6 +8,8 @@ position to continue from.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,14 @@ import torch.distributed.checkpoint as dcp
 from scaletrain.checkpoint.state import apply_rng, host_state, restore_host_state, tensor_state
 from scaletrain.checkpoint.store import CheckpointStore
 from scaletrain.errors import ConfigError
+
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """DCP warns on every call without a process group; one process is a case we mean."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process.*")
+        yield
 
 
 @dataclass(slots=True)
@@ -49,7 +59,8 @@ class Checkpointer:
             shutil.rmtree(path)  # a half-written leftover of a crash at this same step
         strategy.barrier()
         state = {**tensor_state(trainer, strategy.rank), "host": host_state(trainer)}
-        dcp.save(state, checkpoint_id=str(path))  # returns once every rank's part and the metadata are written
+        with _single_process_quiet():
+            dcp.save(state, checkpoint_id=str(path))  # returns once every rank's part and the metadata are written
         if strategy.is_chief:
             self.store.commit(path, {"global_step": step, "epoch": trainer.epoch, "epoch_step": trainer.epoch_step,
                                      "world_size": strategy.world_size, "global_batch": trainer.batch.global_batch,
@@ -86,7 +97,8 @@ class Checkpointer:
         if rank >= meta["world_size"]:  # more ranks than when saved: nothing of this rank's own
             del state[f"rank{rank}"]
         state["host"] = {"json": ""}
-        dcp.load(state, checkpoint_id=str(path))
+        with _single_process_quiet():
+            dcp.load(state, checkpoint_id=str(path))
         values = restore_host_state(trainer, state["host"]["json"])
         if f"rank{rank}" in state:
             apply_rng(state[f"rank{rank}"]["rng"])

@@ -1,0 +1,145 @@
+"""Units of the distributed layer that need no second process: cluster spec, batch plan, LR
+scaling, sharding arithmetic, the checkpoint store's publishing rules, resume in one process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from scaletrain.checkpoint import Checkpointer, CheckpointStore
+from scaletrain.cli.main import main
+from scaletrain.distributed.batching import plan_batch
+from scaletrain.distributed.cluster import parse_cluster_spec
+from scaletrain.distributed.env import dist_env
+from scaletrain.distributed.launch import strip_launcher_flags, torchrun_arguments
+from scaletrain.distributed.sharding import eval_range, rank_positions
+from scaletrain.errors import ConfigError
+from scaletrain.optim.schedules import LRSchedule
+from tests.conftest import small_config
+from tests.helpers import fit
+
+
+def _spec(cluster, task):
+    return json.dumps({"cluster": cluster, "task": task})
+
+
+def test_cluster_spec_maps_to_rank_world_size_and_rendezvous():
+    spec = parse_cluster_spec(_spec({"chief": ["a:1000"], "worker": ["b:1001", "c:1002"]},
+                                    {"type": "worker", "index": 1}))
+    assert (spec.rank, spec.world_size, spec.master_addr, spec.master_port) == (2, 3, "a", 1000)
+    env = {"SCALETRAIN_CLUSTER": _spec({"worker": ["h0:29500", "h1:29500"]}, {"type": "worker", "index": 1})}
+    d = dist_env(env)
+    assert (d.rank, d.world_size, env["MASTER_ADDR"], env["MASTER_PORT"]) == (1, 2, "h0", "29500")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    (json.dumps({"task": {"type": "worker", "index": 0}}), "has no 'cluster' object"),
+    (json.dumps({"cluster": {"worker": ["a:1"]}}), "has no 'task' object"),
+    (_spec({"worker": ["a:1"]}, {"type": "worker"}), "has no task.index"),
+    (_spec({"worker": ["a:1"]}, {"index": 0}), "has no task.type"),
+    (_spec({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 2}), "task.index 2 out of range"),
+    (_spec({"worker": ["a:1"]}, {"type": "worker", "index": "0"}), "is not an integer"),
+    (_spec({"worker": ["a:1"]}, {"type": "chief", "index": 0}), "task.type 'chief' that is not"),
+    (_spec({"worker": ["a:1"], "ps": ["p:2"]}, {"type": "worker", "index": 0}), "task type(s) ['ps']"),
+    (_spec({"worker": ["nohost"]}, {"type": "worker", "index": 0}), "'nohost' that is not host:port"),
+    (_spec({"worker": []}, {"type": "worker", "index": 0}), "lists no tasks"),
+])
+def test_bad_cluster_specs_name_the_problem(text, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        parse_cluster_spec(text)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_cluster_spec_through_the_cli_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SCALETRAIN_CLUSTER", "{oops")
+    code = main(["train", "--model", "mlp", "--data", "digits", "--epochs", "1", "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and "SCALETRAIN_CLUSTER is not valid JSON" in err and err.count("\n") == 1
+
+
+def test_cluster_spec_turns_nproc_into_a_multi_host_torchrun(monkeypatch):
+    monkeypatch.setenv("SCALETRAIN_CLUSTER", _spec({"worker": ["h0:29400", "h1:29400"]}, {"type": "worker", "index": 1}))
+    args = torchrun_arguments(4, 2, ["--epochs", "3", "--nproc", "4", "--max-restarts=2"])
+    assert args[args.index("--nnodes") + 1] == "2" and args[args.index("--node-rank") + 1] == "1"
+    assert args[args.index("--rdzv-endpoint") + 1] == "h0:29400"
+    assert args[-3:] == ["train", "--epochs", "3"]
+    assert strip_launcher_flags(["--nproc", "2", "--lr", "1", "--max-restarts=3"]) == ["--lr", "1"]
+
+
+def test_batch_plan_fixes_one_size_and_derives_the_rest():
+    assert plan_batch(256, None, 4).per_replica == 64
+    assert plan_batch(999, 32, 4).global_batch == 128                  # per-replica fixed
+    plan = plan_batch(512, 32, 4, accumulate_to_global=True)            # both fixed: accumulation
+    assert (plan.global_batch, plan.per_replica, plan.accum_steps, plan.micro_batch) == (512, 128, 4, 32)
+    with pytest.raises(ConfigError, match="global batch 100 does not divide across 8 replica"):
+        plan_batch(100, None, 8)
+    with pytest.raises(ConfigError, match="use --batch-size 96 or 104"):
+        plan_batch(100, None, 8)
+    with pytest.raises(ConfigError, match="use --batch-size 384 or 512"):
+        plan_batch(500, 32, 4, accumulate_to_global=True)
+    with pytest.raises(ConfigError, match="per-replica batch 30 is not divisible"):
+        plan_batch(64, 30, 2, accum_steps=4)
+
+
+def test_indivisible_global_batch_is_a_clear_error_before_launching(tmp_path, capsys):
+    code = main(["train", "--model", "mlp", "--data", "digits", "--nproc", "3", "--batch-size", "64",
+                 "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    # The launcher checks the plan itself: 64 over 3 replicas fails before any worker starts.
+    assert code == 2 and "global batch 64 does not divide across 3 replica(s); use --batch-size 63 or 66" in err
+
+
+def test_lr_scaling_ramps_from_the_base_lr_to_k_times_it():
+    s = LRSchedule("constant", 0.1, total_steps=100, replica_scale=4.0, scale_warmup_steps=10)
+    lrs = [s.value_at(i) for i in range(12)]
+    assert lrs[0] == pytest.approx(0.1 * (1 + 3 * 0.1))
+    assert lrs[9] == pytest.approx(0.4) and lrs[11] == pytest.approx(0.4)
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
+
+
+def test_sharding_gives_each_rank_its_slice_of_every_global_batch():
+    r0, r1 = rank_positions(3, 4, 0, 2).tolist(), rank_positions(3, 4, 1, 2).tolist()
+    assert r0 == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19]
+    assert r1 == [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
+    ranges = [eval_range(359, r, 4) for r in range(4)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == 359
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def test_incomplete_checkpoints_are_ignored_and_old_ones_pruned(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (10, 20, 30):
+        store.path_for(step).mkdir()
+        store.commit(store.path_for(step), {"global_step": step})
+    store.path_for(40).mkdir()                       # a save that died before its commit
+    (store.path_for(40) / "__0_0.distcp").write_bytes(b"partial")
+    assert store.latest() == store.path_for(30)
+    store.prune()
+    assert [p.name for p in store.complete()] == ["step-000000020", "step-000000030"]
+    assert store.path_for(40).exists()                # newer than the newest complete: may still be in flight
+    store.path_for(5).mkdir()                         # an old leftover is removed
+    store.prune()
+    assert not store.path_for(5).exists()
+
+
+def test_single_process_resume_is_bitwise_and_bad_resume_paths_are_errors(tmp_path, digits):
+    full_cfg = small_config(tmp_path / "a", epochs=3)
+    full_cfg.checkpoint.every = 9
+    store = CheckpointStore(tmp_path / "a" / "ck", keep=10)
+    full = fit(full_cfg, digits, ckpt=Checkpointer(store, every=9))
+    # A second run resumes from the checkpoint at step 18 (mid epoch 1) and finishes the job.
+    resumed_cfg = small_config(tmp_path / "b", epochs=3)
+    resumed = fit(resumed_cfg, digits, ckpt=Checkpointer(store, resume=str(store.path_for(18))))
+    assert resumed.resumed_from == str(store.path_for(18))
+    for a, b in zip(full.history, resumed.history, strict=True):
+        assert (a["train_loss"], a["val_loss"], a["lr"]) == (b["train_loss"], b["val_loss"], b["lr"])
+    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()))
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        fit(small_config(tmp_path / "c"), digits, ckpt=Checkpointer(store, resume=str(tmp_path)))
+    other = small_config(tmp_path / "d", batch_size=32)
+    with pytest.raises(ConfigError, match="global_batch 64, this run has 32"):
+        fit(other, digits, ckpt=Checkpointer(store, resume="auto"))
