@@ -7,10 +7,9 @@ import platform
 import statistics
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-# Dense peaks of an H100 SXM (MEASURE.md), FLOP/s.
-H100_PEAK = {"fp32": 67e12, "tf32": 495e12, "bf16-mixed": 989e12, "fp16-mixed": 989e12, "bf16-true": 989e12}
+from scaletrain.planning.hardware import H100_PEAK  # noqa: F401  (re-exported for the benchmarks)
+from scaletrain.planning.measure import train_flops_per_sample  # noqa: F401
 
 
 def environment(device: torch.device) -> dict:
@@ -22,16 +21,6 @@ def environment(device: torch.device) -> dict:
     else:
         info["device"] = f"cpu {platform.machine()} ({torch.get_num_threads()} threads)"
     return info
-
-
-def train_flops_per_sample(model: torch.nn.Module, sample_shape, device) -> float:
-    """Forward + backward FLOPs of one sample, counted by FlopCounterMode on a batch of 2."""
-    x = torch.randn(2, *sample_shape, device=device)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        model(x).float().sum().backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / 2
 
 
 def mfu(images_per_sec: float, flops_per_sample: float, precision: str, device: torch.device) -> float | None:

@@ -113,6 +113,7 @@ class TrainConfig:
     target_accuracy: float | None = _f(None, "stop once validation accuracy reaches this for `patience` epochs")
     patience: int = _f(1, "epochs at or above the target before stopping")
     early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss")
+    eval_each_epoch: bool = _f(True, "evaluate on the test split after every epoch (off: training only, e.g. to time steps)")
     log_every: int = _f(50, "read the running loss back from the device every N steps")
     run_dir: str | None = _f(None, "folder for this run's metrics, summary and model (default: ./scaletrain-runs/<name>)")
     metrics_format: str = _f("jsonl", "per-epoch metrics log format: jsonl or csv")

@@ -63,7 +63,7 @@ def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None,
     history = trainer.history
     stopper = trainer.callbacks.find(StopAtAccuracy)
     throughput = trainer.callbacks.find(Throughput)
-    accs = [h["val_accuracy"] for h in history]
+    accs = [h["val_accuracy"] for h in history if "val_accuracy" in h]
     last = history[-1] if history else {}
     ips = throughput.steady_state() if throughput else None
     return RunSummary(

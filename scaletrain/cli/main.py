@@ -16,7 +16,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model (no arguments: the default MNIST-1D recipe)",
                            allow_abbrev=False)
     add_train_arguments(train)
-    sub.add_parser("list", help="list the models, data sets, precisions and recipes")
+    from scaletrain.cli.scaling import add_scaling_arguments
+    scaling = sub.add_parser("scaling", help="measure one device and predict data-parallel speedup on 1..64 devices",
+                             allow_abbrev=False)
+    add_scaling_arguments(scaling)
+    sub.add_parser("list", help="list the models, data sets, precisions, strategies and recipes")
     return parser
 
 
@@ -28,6 +32,8 @@ def _list() -> int:
     print("models:     " + ", ".join(MODEL_NAMES))
     print("data sets:  " + ", ".join(DATASETS))
     print("precisions: " + ", ".join(POLICIES))
+    from scaletrain.distributed import STRATEGIES
+    print("strategies: auto, " + ", ".join(STRATEGIES))
     print("recipes:    " + ", ".join(recipe_names()))
     return 0
 
@@ -39,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from scaletrain.cli.train import run_train
             return run_train(args, argv[1:])
+        if args.command == "scaling":
+            from scaletrain.cli.scaling import run_scaling
+            return run_scaling(args, argv[1:])
         return _list()
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)

@@ -129,7 +129,8 @@ class Trainer:
             self.callbacks.call("on_epoch_begin", self, epoch)
             logs = self._train_epoch(train_loader, epoch, start_step)
             start_step = 0
-            logs.update(self.evaluate_loader(val_loader))
+            if cfg.eval_each_epoch:
+                logs.update(self.evaluate_loader(val_loader))
             self.callbacks.call("on_epoch_end", self, epoch, logs)
             self.history.append(logs)
         self.epoch, self.epoch_step = len(self.history), 0
@@ -153,7 +154,8 @@ class Trainer:
             for _ in range(2 if self.config.compile else 1):
                 self.train_step(x, y)
             self._step = self.train_step
-        self.evaluate_loader(val_loader, max_batches=1, reduce=False)
+        if self.config.eval_each_epoch:
+            self.evaluate_loader(val_loader, max_batches=1, reduce=False)
         snapshot.restore()
         self.clock.now()  # synchronise before reading the warm-up time
         return time.perf_counter() - start

@@ -1,0 +1,83 @@
+"""`scaletrain scaling`: measure one device, predict 1..64 devices (see planning/scaling.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from scaletrain.errors import ConfigError
+from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
+from scaletrain.planning.scaling import ScalingInputs, device_counts, explain, predict
+
+
+def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
+    from scaletrain.cli.train import add_train_arguments
+    add_train_arguments(parser)
+    g = parser.add_argument_group("scaling prediction")
+    g.add_argument("--interconnect", default=None, choices=list(INTERCONNECTS),
+                   help="link between devices of one host (default: nvlink-h100 on CUDA, pcie4 otherwise)")
+    g.add_argument("--network", default="100g", choices=list(INTERCONNECTS), help="link between hosts")
+    g.add_argument("--devices-per-host", type=int, default=8)
+    g.add_argument("--max-devices", type=int, default=64)
+    g.add_argument("--overlap", type=float, default=0.8,
+                   help="largest fraction of the all-reduce that can hide behind the backward pass")
+    g.add_argument("--measure-steps", type=int, default=20, help="timed steps on one device")
+    g.add_argument("--step-time-ms", type=float, default=None,
+                   help="use this single-device step time instead of the measured one (e.g. from a GPU run)")
+    g.add_argument("--assume-h100-mfu", type=float, default=None, metavar="FRACTION",
+                   help="instead of measuring, assume an H100 at this fraction of its dense peak for the "
+                        "precision (step time from the counted FLOPs)")
+    g.add_argument("--json", action="store_true", help="print one JSON record per device count")
+
+
+def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
+    from scaletrain.cli.train import config_from_args
+    from scaletrain.planning.measure import measure_single_device
+    cfg = config_from_args(args, argv_given=True)
+    for name, value, low in (("--devices-per-host", args.devices_per_host, 1), ("--max-devices", args.max_devices, 1),
+                             ("--measure-steps", args.measure_steps, 2)):
+        if value < low:
+            raise ConfigError(f"{name} must be at least {low} (got {value})")
+    if not 0 <= args.overlap <= 1:
+        raise ConfigError(f"--overlap must be between 0 and 1 (got {args.overlap})")
+    # The table has nine columns: give it room when the output is not a terminal (logs, CI).
+    console = Console(quiet=args.json, width=None if sys.stdout.isatty() else 140)
+    console.print(f"measuring {cfg.model.name} at batch {cfg.batch_size} ({cfg.precision.policy}) on one device...")
+    m = measure_single_device(cfg, steps=args.measure_steps)
+    step_time, source = m.step_time_s, f"measured on {m.device}"
+    if args.step_time_ms is not None:
+        step_time, source = args.step_time_ms / 1e3, "given with --step-time-ms"
+    elif args.assume_h100_mfu is not None:
+        peak = H100_PEAK[cfg.precision.policy]
+        step_time = m.flops_per_sample * cfg.batch_size / (peak * args.assume_h100_mfu)
+        source = f"assumed: H100 at {args.assume_h100_mfu:.0%} of {peak / 1e12:.0f} TFLOP/s"
+    intra = args.interconnect or ("nvlink-h100" if m.device.startswith(("NVIDIA", "cuda")) else "pcie4")
+    inputs = ScalingInputs(step_time_s=step_time, per_device_batch=cfg.batch_size, grad_bytes=m.grad_bytes,
+                           intra=get_interconnect(intra), network=get_interconnect(args.network),
+                           devices_per_host=args.devices_per_host, overlap=args.overlap,
+                           compression=cfg.distributed.grad_compression,
+                           bucket_bytes=int(cfg.distributed.bucket_cap_mb * 2**20))
+    points = [predict(inputs, n) for n in device_counts(args.max_devices)]
+    if args.json:
+        print(json.dumps([{**p.to_dict(), "step_time_source": source, "per_device_batch": cfg.batch_size,
+                           "grad_bytes": m.grad_bytes, "interconnect": intra, "network": args.network}
+                          for p in points], indent=2))
+        return 0
+    table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size} per device, {cfg.precision.policy}; "
+                        f"{intra} within a host ({args.devices_per_host}/host), {args.network} between hosts; "
+                        f"step time {source}")
+    for col in ("devices", "hosts", "link", "all-reduce ms", "exposed ms", "step ms", "images/s", "speedup",
+                "efficiency"):
+        table.add_column(col, justify="right")
+    for p in points:
+        table.add_row(str(p.devices), str(p.hosts), p.link, f"{p.allreduce_s * 1e3:.2f}",
+                      f"{p.exposed_comm_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}", f"{p.images_per_sec:,.0f}",
+                      f"{p.speedup:.2f}x", f"{p.efficiency:.0%}")
+    console.print(table)
+    for line in explain(inputs, points):
+        console.print(line, soft_wrap=True)
+    return 0

@@ -1,0 +1,63 @@
+"""Measurements the planners start from: one device's step time, gradient bytes, FLOPs."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from scaletrain.callbacks import Throughput
+from scaletrain.config import TrainConfig
+from scaletrain.data import load_dataset
+from scaletrain.distributed.env import DistEnv
+from scaletrain.distributed.strategies.single import SingleDevice
+from scaletrain.models import build_model
+from scaletrain.training import Trainer
+
+
+def train_flops_per_sample(model: torch.nn.Module, sample_shape, device) -> float:
+    """Forward + backward FLOPs of one sample, counted by FlopCounterMode on a batch of 2."""
+    x = torch.randn(2, *sample_shape, device=device)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(x).float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / 2
+
+
+@dataclass(frozen=True, slots=True)
+class StepMeasurement:
+    step_time_s: float
+    batch_size: int
+    grad_bytes: int
+    params: int
+    device: str
+    flops_per_sample: float
+    sample_shape: tuple[int, ...]
+
+
+def measure_single_device(cfg: TrainConfig, steps: int = 20) -> StepMeasurement:
+    """Times `steps` training steps of `cfg` on one device with the real trainer (an untimed
+    warm-up epoch first, evaluation off), and counts the gradient bytes DDP would all-reduce."""
+    cfg = copy.deepcopy(cfg)
+    cfg.epochs, cfg.eval_each_epoch, cfg.progress, cfg.save_model = 2, False, False, False
+    cfg.per_replica_batch_size = None
+    cfg.data.train_subset = cfg.batch_size * steps
+    dataset = load_dataset(cfg.data, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
+    strategy = SingleDevice(cfg.distributed, DistEnv())
+    strategy.setup(cfg.device)
+    throughput = Throughput(verbose=False)
+    trainer = Trainer(model, cfg, [throughput], strategy=strategy)
+    trainer.fit(dataset)
+    # Under autocast the weights, hence the gradients DDP reduces, stay float32; bf16-true halves them.
+    grad_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
+    flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device)
+    from scaletrain.summary import device_name
+    return StepMeasurement(step_time_s=cfg.batch_size / throughput.steady_state(), batch_size=cfg.batch_size,
+                           grad_bytes=grad_bytes, params=sum(p.numel() for p in trainer.model.parameters()),
+                           device=device_name(trainer.device), flops_per_sample=flops,
+                           sample_shape=tuple(dataset.input_shape))

@@ -1,0 +1,75 @@
+"""The scaling predictor: its formulas exactly, its explanations, and the real command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scaletrain.cli.main import main
+from scaletrain.planning.hardware import get_interconnect
+from scaletrain.planning.scaling import ScalingInputs, device_counts, explain, predict
+
+MiB = 2**20
+
+
+def _inputs(**kw):
+    base = dict(step_time_s=0.100, per_device_batch=128, grad_bytes=400 * MiB, intra=get_interconnect("nvlink-h100"),
+                network=get_interconnect("100g"), devices_per_host=8, overlap=0.8)
+    return ScalingInputs(**{**base, **kw})
+
+
+def test_ring_allreduce_formula_overlap_and_speedup_exactly():
+    inp = _inputs()
+    p = predict(inp, 4)
+    S, B, a = 400 * MiB, 370e9, 5e-6
+    buckets = 16  # 400 MiB in 25 MiB buckets
+    assert p.bandwidth_s == pytest.approx(2 * 3 / 4 * S / B)
+    assert p.latency_s == pytest.approx(buckets * 2 * 3 * a)
+    hidden = min(0.8 * p.allreduce_s, 2 / 3 * 0.100)
+    assert p.exposed_comm_s == pytest.approx(p.allreduce_s - hidden)
+    assert p.speedup == pytest.approx(4 * 0.100 / (0.100 + p.exposed_comm_s))
+    assert p.efficiency == pytest.approx(p.speedup / 4)
+    assert predict(inp, 1).speedup == 1.0 and predict(inp, 1).allreduce_s == 0.0
+
+
+def test_hosts_use_the_slower_network_and_bf16_halves_the_bytes():
+    inp = _inputs()
+    assert predict(inp, 8).link == "nvlink-h100" and predict(inp, 16).link == "100g"
+    assert predict(inp, 16).hosts == 2
+    packed = predict(_inputs(compression="bf16"), 16)
+    assert packed.bandwidth_s == pytest.approx(predict(inp, 16).bandwidth_s / 2)
+    assert device_counts(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_explains_why_two_devices_can_be_slower_than_one():
+    inp = _inputs(step_time_s=0.002, intra=get_interconnect("pcie4"))  # tiny compute, big gradients
+    points = [predict(inp, n) for n in device_counts(8)]
+    assert points[1].speedup < 1
+    text = " ".join(explain(inp, points))
+    assert "why are 2 devices slower than 1?" in text and "--grad-compression bf16" in text
+    fast = _inputs(step_time_s=5.0)
+    text = " ".join(explain(fast, [predict(fast, n) for n in device_counts(8)]))
+    assert "stays at or above 90 %" in text
+
+
+def test_scaling_command_measures_and_prints_json(tmp_path, capsys):
+    code = main(["scaling", "--model", "mlp", "--data", "digits", "--batch-size", "64", "--device", "cpu",
+                 "--measure-steps", "5", "--max-devices", "8", "--json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["devices"] for r in records] == [1, 2, 4, 8]
+    for r in records:
+        assert {"devices", "step_time_s", "speedup", "efficiency"} <= r.keys()
+    assert records[0]["speedup"] == 1.0 and records[0]["step_time_s"] > 0
+    assert records[0]["grad_bytes"] == 4 * sum((64 * 256 + 256, 256 * 256 + 256, 256 * 10 + 10))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--overlap", "1.5"], "--overlap must be between 0 and 1"),
+    (["--max-devices", "0"], "--max-devices must be at least 1"),
+])
+def test_scaling_bad_inputs(argv, message, capsys):
+    code = main(["scaling", "--model", "mlp", "--data", "digits", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
