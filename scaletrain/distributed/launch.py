@@ -50,8 +50,10 @@ def torchrun_arguments(nproc: int, max_restarts: int, worker_argv: list[str]) ->
     else:
         # Every host runs this same command; the cluster spec says which host it is and where to meet.
         rdzv_id = hashlib.sha1(",".join(spec.addresses).encode()).hexdigest()[:12]
+        # --local-addr: advertise the spec's own address rather than whatever the hostname resolves to.
         args += ["--nnodes", str(spec.world_size), "--node-rank", str(spec.rank), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", spec.addresses[0], "--rdzv-id", rdzv_id]
+                 "--rdzv-endpoint", spec.addresses[0], "--rdzv-id", rdzv_id,
+                 "--local-addr", spec.addresses[spec.rank].rsplit(":", 1)[0]]
     return args + ["-m", "scaletrain", "train", *strip_launcher_flags(worker_argv)]
 
 
