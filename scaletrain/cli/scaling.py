@@ -46,8 +46,10 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         raise ConfigError(f"--overlap must be between 0 and 1 (got {args.overlap})")
     # The table has nine columns: give it room when the output is not a terminal (logs, CI).
     console = Console(quiet=args.json, width=None if sys.stdout.isatty() else 140)
-    console.print(f"measuring {cfg.model.name} at batch {cfg.batch_size} ({cfg.precision.policy}) on one device...")
-    m = measure_single_device(cfg, steps=args.measure_steps)
+    given = args.step_time_ms is not None or args.assume_h100_mfu is not None
+    console.print(f"{'counting' if given else 'measuring'} {cfg.model.name} at batch {cfg.batch_size} "
+                  f"({cfg.precision.policy}) on one device...")
+    m = measure_single_device(cfg, steps=args.measure_steps, time_steps=not given)
     step_time, source = m.step_time_s, f"measured on {m.device}"
     if args.step_time_ms is not None:
         step_time, source = args.step_time_ms / 1e3, "given with --step-time-ms"

@@ -38,9 +38,10 @@ class StepMeasurement:
     sample_shape: tuple[int, ...]
 
 
-def measure_single_device(cfg: TrainConfig, steps: int = 20) -> StepMeasurement:
+def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = True) -> StepMeasurement:
     """Times `steps` training steps of `cfg` on one device with the real trainer (an untimed
-    warm-up epoch first, evaluation off), and counts the gradient bytes DDP would all-reduce."""
+    warm-up epoch first, evaluation off), and counts the gradient bytes DDP would all-reduce.
+    With `time_steps=False` only the counting is done (step_time_s is then nan)."""
     cfg = copy.deepcopy(cfg)
     cfg.epochs, cfg.eval_each_epoch, cfg.progress, cfg.save_model = 2, False, False, False
     cfg.per_replica_batch_size = None
@@ -52,12 +53,14 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20) -> StepMeasurement:
     strategy.setup(cfg.device)
     throughput = Throughput(verbose=False)
     trainer = Trainer(model, cfg, [throughput], strategy=strategy)
-    trainer.fit(dataset)
+    if time_steps:
+        trainer.fit(dataset)
     # Under autocast the weights, hence the gradients DDP reduces, stay float32; bf16-true halves them.
     grad_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
     flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device)
     from scaletrain.summary import device_name
-    return StepMeasurement(step_time_s=cfg.batch_size / throughput.steady_state(), batch_size=cfg.batch_size,
+    step_time = cfg.batch_size / throughput.steady_state() if time_steps else float("nan")
+    return StepMeasurement(step_time_s=step_time, batch_size=cfg.batch_size,
                            grad_bytes=grad_bytes, params=sum(p.numel() for p in trainer.model.parameters()),
                            device=device_name(trainer.device), flops_per_sample=flops,
                            sample_shape=tuple(dataset.input_shape))
