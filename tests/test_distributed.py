@@ -49,8 +49,12 @@ def test_two_ranks_with_batch_b_equal_one_rank_with_batch_2b(tmp_path):
 
 
 def test_exported_model_loads_into_the_bare_model_without_a_process_group(tmp_path):
-    result = run(["train", *DIGITS_MLP, "--epochs", "1", "--nproc", "2", "--run-dir", str(tmp_path / "r")], tmp_path)
+    result = run(["train", *DIGITS_MLP, "--epochs", "2", "--nproc", "2", "--lr-scaling", "linear",
+                  "--lr-scaling-warmup-epochs", "0.5", "--run-dir", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stderr
+    # Linear LR scaling: 2 replicas double the LR once the warm-up is over.
+    assert "lr: 0.003 x 2 (linear scaling for 2 replicas) = 0.006" in result.stdout
+    assert [m["lr"] for m in metrics(tmp_path / "r")] == pytest.approx([0.006, 0.006])
     assert not torch.distributed.is_initialized()
     state = _weights(tmp_path / "r" / "model.pt")
     assert not any(k.startswith("module.") for k in state)
@@ -186,3 +190,25 @@ def test_kill_during_a_checkpoint_write_leaves_the_newest_complete_one_readable(
     resumed = run(args + ["--resume", "auto", "--epochs", "1"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert f"step-{newest:09d}" in resumed.stdout
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_one_rank_ddp_equals_single_device_training(tmp_path, device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    common = ["train", *DIGITS_MLP, "--epochs", "2", "--device", device]
+    single = run(common + ["--strategy", "single", "--run-dir", str(tmp_path / "single")], tmp_path)
+    ddp = run(common + ["--strategy", "ddp", "--run-dir", str(tmp_path / "ddp")], tmp_path)
+    assert single.returncode == 0 and ddp.returncode == 0, ddp.stderr
+    assert summary(tmp_path / "ddp")["strategy"] == "ddp"
+    for a, b in zip(metrics(tmp_path / "single"), metrics(tmp_path / "ddp"), strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
+        assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
+
+
+def test_sync_batchnorm_on_cpu_is_a_clear_error(tmp_path):
+    result = run(["train", "--model", "resnet", "--data", "synthetic", "--shape", "3,8,8", "--num-samples", "64",
+                  "--batch-size", "16", "--epochs", "1", "--no-progress", "--strategy", "ddp", "--device", "cpu",
+                  "--sync-batchnorm", "--run-dir", str(tmp_path / "r")], tmp_path)
+    assert result.returncode == 2
+    assert "--sync-batchnorm needs CUDA devices" in result.stderr and "Traceback" not in result.stderr
