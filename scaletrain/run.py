@@ -55,7 +55,7 @@ def latest_resumable_run(cfg: TrainConfig) -> Path | None:
     return None
 
 
-def _resolve_run_dir(cfg: TrainConfig, env: DistEnv) -> Path:
+def resolve_run_dir(cfg: TrainConfig, env: DistEnv) -> Path:
     if cfg.run_dir:
         return Path(cfg.run_dir)
     if cfg.checkpoint.resume == "auto" and not cfg.checkpoint.dir:
@@ -93,7 +93,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
     dataset = load_dataset(cfg.data, seed=cfg.seed)
     torch.manual_seed(cfg.seed)  # the same initial weights for every precision, fusing choice and rank
     model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
-    run_dir = Path(strategy.broadcast_object(str(_resolve_run_dir(cfg, env)) if strategy.is_chief else None))
+    run_dir = Path(strategy.broadcast_object(str(resolve_run_dir(cfg, env)) if strategy.is_chief else None))
     if strategy.is_chief:
         run_dir.mkdir(parents=True, exist_ok=True)
     # Measuring and stopping callbacks run on every rank (a stop must be taken by all of them, and

@@ -108,24 +108,10 @@ def config_from_args(args: argparse.Namespace, argv_given: bool) -> TrainConfig:
 
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     """`argv`: the arguments after `train`."""
-    from scaletrain.distributed.launch import inside_worker, launch
-    from scaletrain.run import _resolve_run_dir, run_training
+    from scaletrain.distributed.launch import inside_worker, launch_from_config
+    from scaletrain.run import run_training
     cfg = config_from_args(args, argv_given=len(argv) > 0)
     if cfg.distributed.nproc > 1 and not inside_worker():
-        # Checked and resolved once here, so every worker (and every restart) agrees on them.
-        from scaletrain.distributed import plan_batch
-        from scaletrain.distributed.cluster import cluster_from_env
-        from scaletrain.distributed.env import DistEnv
-        spec = cluster_from_env()
-        replicas = cfg.distributed.nproc * (spec.world_size if spec else 1)
-        if cfg.distributed.strategy == "single":
-            raise ConfigError(f"--strategy single cannot run on --nproc {cfg.distributed.nproc} processes; "
-                              "use --strategy ddp (or auto)")
-        plan_batch(cfg.batch_size, cfg.per_replica_batch_size, replicas, cfg.optim.grad_accum_steps,
-                   cfg.accumulate_to_global)
-        worker_argv = list(argv) + ["--run-dir", str(_resolve_run_dir(cfg, DistEnv()))]
-        if not argv:
-            worker_argv += ["--recipe", DEFAULT_RECIPE]
-        return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv)
+        return launch_from_config(cfg, list(argv) if argv else ["--recipe", DEFAULT_RECIPE])
     run_training(cfg)
     return 0

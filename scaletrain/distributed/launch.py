@@ -57,6 +57,26 @@ def torchrun_arguments(nproc: int, max_restarts: int, worker_argv: list[str]) ->
     return args + ["-m", "scaletrain", "train", *strip_launcher_flags(worker_argv)]
 
 
+def launch_from_config(cfg, argv: list[str]) -> int:
+    """Checks what every worker would check, resolves the run folder once (so every worker and
+    every restart shares it), then launches. `argv`: the user's `train` arguments."""
+    from scaletrain.distributed.batching import plan_batch
+    from scaletrain.distributed.env import DistEnv
+    from scaletrain.run import resolve_run_dir
+    spec = cluster_from_env()
+    replicas = cfg.distributed.nproc * (spec.world_size if spec else 1)
+    if cfg.distributed.strategy == "single":
+        raise ConfigError(f"--strategy single cannot run on --nproc {cfg.distributed.nproc} processes; "
+                          "use --strategy ddp (or auto)")
+    plan_batch(cfg.batch_size, cfg.per_replica_batch_size, replicas, cfg.optim.grad_accum_steps,
+               cfg.accumulate_to_global)
+    if cfg.distributed.max_restarts > 0 and cfg.checkpoint.every <= 0:
+        print("scaletrain: note: --max-restarts without --checkpoint-every: a restarted group starts over",
+              file=sys.stderr)
+    worker_argv = argv + ["--run-dir", str(resolve_run_dir(cfg, DistEnv()))]
+    return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv)
+
+
 def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str]) -> int:
     """Runs the elastic agent in this process; returns the job's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
