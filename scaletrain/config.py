@@ -78,7 +78,7 @@ class DistributedConfig:
     max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure")
     backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo")
     grad_compression: str = _f("none", "all-reduce gradients in 16 bits: none, bf16 or fp16 (a DDP comm hook)")
-    sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm, CUDA only)")
+    sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm on CUDA, an all-reduce batch norm on CPU)")
     bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB")
     init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)")
     step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast")

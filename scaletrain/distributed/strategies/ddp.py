@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scaletrain.distributed.comm_hooks import compression_hook
 from scaletrain.distributed.strategies.base import Strategy
+from scaletrain.distributed.sync_batchnorm import convert_to_global_batchnorm
 from scaletrain.distributed.strategies.single import resolve_device
 from scaletrain.errors import ConfigError
 
@@ -75,10 +76,9 @@ class DDPStrategy(Strategy):
 
     def prepare(self, model: nn.Module, compile_fn):
         if self.config.sync_batchnorm:
-            if self.device.type != "cuda":
-                raise ConfigError("--sync-batchnorm needs CUDA devices (torch's SyncBatchNorm is GPU-only); "
-                                  "drop it for CPU runs")
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            # In place: the trainer's bare model (eval, export) keeps the converted layers.
+            model = (nn.SyncBatchNorm.convert_sync_batchnorm(model) if self.device.type == "cuda"
+                     else convert_to_global_batchnorm(model))
         self.ddp = DistributedDataParallel(
             model, device_ids=[self.device] if self.device.type == "cuda" else None,
             bucket_cap_mb=self.config.bucket_cap_mb, gradient_as_bucket_view=True)
