@@ -90,6 +90,14 @@ def _bad_inputs(tmp_path):
         (["--model", "mlp", "--data", "digits", "--epochs", "0"], "config key 'epochs' must be at least 1"),
         (["--model", "mlp", "--data", "digits", "--fp32-modules", "nothing"], "matches no module"),
         (["--model", "wrn-16-10", "--data", "mnist1d"], "needs image samples"),
+        (["--model", "mlp", "--data", "digits", "--strategy", "zero9"], "unknown strategy 'zero9'"),
+        (["--model", "mlp", "--data", "digits", "--resume", str(tmp_path / "nope")], "no such checkpoint folder"),
+        (["--model", "mlp", "--data", "digits", "--grad-compression", "int4"],
+         "'distributed.grad_compression' must be one of none, bf16, fp16"),
+        (["--model", "mlp", "--data", "digits", "--nproc", "0"], "'distributed.nproc' must be at least 1"),
+        (["--model", "mlp", "--data", "digits", "--nproc", "2", "--strategy", "single"],
+         "--strategy single cannot run on --nproc 2 processes"),
+        (["--model", "no_such_module:build", "--data", "digits"], "cannot import module 'no_such_module'"),
     ]
 
 
