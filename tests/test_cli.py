@@ -2,10 +2,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
-import pytest
 
 from scaletrain.cli.main import main
 from scaletrain.cli.train import config_from_args

@@ -9,11 +9,11 @@ position to continue from.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import torch.distributed.checkpoint as dcp
 
 from scaletrain.checkpoint.state import apply_rng, host_state, restore_host_state, tensor_state
@@ -55,7 +55,6 @@ class Checkpointer:
         step = trainer.global_step
         path = self.store.path_for(step)
         if strategy.is_chief and path.exists() and not self.store.is_complete(path):
-            import shutil
             shutil.rmtree(path)  # a half-written leftover of a crash at this same step
         strategy.barrier()
         state = {**tensor_state(trainer, strategy.rank), "host": host_state(trainer)}

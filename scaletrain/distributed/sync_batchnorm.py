@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
-import torch.nn.functional as F
 from torch import nn
 
 
