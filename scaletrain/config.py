@@ -73,7 +73,7 @@ class PrecisionConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DistributedConfig:
-    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single or ddp")
+    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single, ddp, zero1, zero2 or fsdp")
     nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent")
     max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure")
     backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo")
@@ -82,6 +82,12 @@ class DistributedConfig:
     bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB")
     init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)")
     step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast")
+
+
+@dataclass(kw_only=True, slots=True)
+class MemoryConfig:
+    activation_checkpointing: bool = _f(False, "keep only each repeated block's input and recompute its activations in the backward pass")
+    block_classes: list = _f([], "class names of the model's repeated blocks for activation checkpointing and fsdp (default: found automatically)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -100,6 +106,7 @@ class TrainConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig, metadata={"doc": "numeric precision"})
     distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={"doc": "devices and processes"})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "checkpoints and resume"})
+    memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"doc": "activation checkpointing"})
     epochs: int = _f(10, "maximum number of epochs")
     batch_size: int = _f(128, "global batch: samples per optimizer step over all replicas")
     per_replica_batch_size: int | None = _f(None, "fix the per-replica batch instead (global = replicas x this)")

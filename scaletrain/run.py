@@ -126,6 +126,8 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
         console.print(f"resumed from {trainer.resumed_from}", soft_wrap=True)
     summary = build_summary(trainer, cfg, wall_time_s=time.perf_counter() - wall_start, run_dir=run_dir,
                             restarts=env.restart_count)
+    # Collective where parameters are sharded: every rank takes part, the chief writes.
+    weights = strategy.full_state_dict(trainer.model) if cfg.save_model else None
     if strategy.is_chief:
         (run_dir / "config.json").write_text(json.dumps(config_mod.to_mapping(cfg), indent=2))
         (run_dir / "summary.json").write_text(summary.to_json())
@@ -134,6 +136,6 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
             Path(cfg.summary_json).write_text(summary.to_json())
         if cfg.save_model:
             # The bare module's weights: no DDP `module.` prefix, loads without a process group.
-            torch.save(trainer.model.state_dict(), run_dir / "model.pt")
+            torch.save(weights, run_dir / "model.pt")
         print_summary(summary, console)
     return summary, trainer

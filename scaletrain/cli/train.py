@@ -25,7 +25,8 @@ FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy"
               "checkpoint.every": "--checkpoint-every", "checkpoint.dir": "--checkpoint-dir",
               "checkpoint.keep": "--keep-checkpoints", "checkpoint.resume": "--resume"}
 LIST_ITEM_TYPES = {"data.augment": str, "data.shape": int, "optim.betas": float,
-                   "optim.step_milestones": float, "precision.fp32_modules": str}
+                   "optim.step_milestones": float, "precision.fp32_modules": str,
+                   "memory.block_classes": str}
 
 
 def recipe_names() -> list[str]:

@@ -14,10 +14,10 @@ from scaletrain.errors import ConfigError
 OPTIMIZERS = ("sgd", "adamw")
 
 
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def _param_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]:
     # Biases and norm scales (1-D tensors) are not decayed: decaying them only hurts accuracy.
     decay, no_decay = [], []
-    for p in model.parameters():
+    for p in params:
         if p.requires_grad:
             (decay if p.ndim > 1 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}]
@@ -26,11 +26,13 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: bool = False,
+                    params: list[nn.Parameter] | None = None) -> torch.optim.Optimizer:
     """An optimizer whose every param group holds the same LR tensor on `device`.
-    `capturable` makes AdamW safe to record in a CUDA graph."""
+    `capturable` makes AdamW safe to record in a CUDA graph; `params` (default: all of the
+    model's) is the subset this rank updates under optimizer-state sharding."""
     lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device)
-    groups = _param_groups(model, cfg.weight_decay)
+    groups = _param_groups(list(model.parameters()) if params is None else params, cfg.weight_decay)
     for g in groups:
         g["lr"] = lr
     if cfg.optimizer == "sgd":

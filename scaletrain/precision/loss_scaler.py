@@ -34,7 +34,10 @@ class DynamicLossScaler:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
         for p in params:
             if p.grad is not None:
-                by_dtype[p.grad.dtype].append(p.grad)
+                # A sharded (DTensor) gradient is checked shard by shard; the strategy then takes
+                # the max of the flags over ranks.
+                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                by_dtype[grad.dtype].append(grad)
         for grads in by_dtype.values():
             torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, inv_scale)
         return self.found_inf

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scaletrain.distributed.strategies.base import Strategy
 from scaletrain.optim import LRSchedule, set_lr
 from scaletrain.precision import DynamicLossScaler, PrecisionPolicy
 from scaletrain.training.counters import DeviceCounters
@@ -19,7 +20,7 @@ class TrainStep:
                  schedule: LRSchedule, policy: PrecisionPolicy, counters: DeviceCounters,
                  device: torch.device, scaler: DynamicLossScaler | None = None,
                  clip_grad_norm: float | None = None, grad_accum_steps: int = 1,
-                 grads_to_none: bool = True, first_step: int = 0, no_sync=None):
+                 grads_to_none: bool = True, first_step: int = 0, strategy: Strategy | None = None):
         self.model = model          # owns the parameters
         self.forward = forward      # the callable to run: the model, or its compiled form
         self.optimizer = optimizer
@@ -33,8 +34,9 @@ class TrainStep:
         # A CUDA graph needs the gradient tensors to keep their addresses, so it zeroes in place.
         self.grads_to_none = grads_to_none
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # Gradient accumulation under data parallelism: only the last micro-batch all-reduces.
-        self.no_sync = no_sync or contextlib.nullcontext
+        # The strategy's hooks into the step: no_sync for accumulation micro-batches (only the
+        # last one communicates), the overflow flag's reduction, ZeRO-1's post-step broadcast.
+        self.strategy = strategy or Strategy(None, None)
         # The whole schedule, precomputed on the device: the step's LR is one lookup by the
         # applied-step counter (two kernels) instead of a dozen scalar ops every step.
         self.lr_table = schedule.table(device, offset=first_step)
@@ -44,7 +46,7 @@ class TrainStep:
         k = self.grad_accum_steps
         micro = zip(x.chunk(k), y.chunk(k)) if k > 1 else ((x, y),)
         for i, (xm, ym) in enumerate(micro):
-            with self.no_sync() if i < k - 1 else contextlib.nullcontext():
+            with self.strategy.no_sync() if i < k - 1 else contextlib.nullcontext():
                 with self.policy.autocast(self.device):
                     logits = self.forward(xm)
                 # The loss and its softmax are always computed in float32.
@@ -61,7 +63,9 @@ class TrainStep:
 
     def _apply_update(self) -> None:
         c = self.counters
-        found_inf = self.scaler.unscale_(self.params) if self.scaler is not None else None
+        found_inf = None
+        if self.scaler is not None:
+            found_inf = self.strategy.reduce_found_inf_(self.scaler.unscale_(self.params))
         if self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm, foreach=True)
         with torch.no_grad():
@@ -73,6 +77,7 @@ class TrainStep:
             self.optimizer.grad_scale = None
             self.optimizer.found_inf = found_inf
         self.optimizer.step()
+        self.strategy.after_optimizer_step()
         with torch.no_grad():
             if found_inf is not None:
                 self.scaler.update()
@@ -82,4 +87,10 @@ class TrainStep:
             else:
                 c.applied_steps.add_(1)
             c.slot.add_(1)
-        self.optimizer.zero_grad(set_to_none=self.grads_to_none)
+        # Every parameter's gradient, not only the optimizer's: under ZeRO-1 a rank's optimizer
+        # holds a partition, but DDP accumulates into all gradients.
+        if self.grads_to_none:
+            for p in self.params:
+                p.grad = None
+        else:
+            torch._foreach_zero_([p.grad for p in self.params if p.grad is not None])

@@ -23,6 +23,7 @@ from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, Strea
 from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
 from scaletrain.distributed.sharding import eval_range
 from scaletrain.errors import ConfigError, NonFiniteLossError
+from scaletrain.memory.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.optim import build_optimizer, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.training.clock import DeviceClock
@@ -56,8 +57,14 @@ class Trainer:
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)
                            and self.device.type == "cuda" and strategy.supports_cuda_graphs)
         compile_fn = (lambda m: torch.compile(m, mode=cfg.compile_mode)) if cfg.compile else (lambda m: m)
-        self.forward, self.eval_forward = strategy.prepare(self.model, compile_fn)
-        self.optimizer = build_optimizer(cfg.optim, self.model, self.device, capturable=self.use_graphs)
+        # The transforms' order: precision (above), activation checkpointing, then the strategy's
+        # wrapping or sharding together with compilation.
+        self.checkpointed_blocks = (apply_activation_checkpointing(self.model, cfg.memory.block_classes)
+                                    if cfg.memory.activation_checkpointing else [])
+        self.forward, self.eval_forward = strategy.prepare(self.model, compile_fn, cfg.memory.block_classes,
+                                                           self.policy)
+        self.optimizer = build_optimizer(cfg.optim, self.model, self.device, capturable=self.use_graphs,
+                                         params=strategy.optimizer_parameters(self.model))
         init_optimizer_state(self.optimizer)
         self.scaler = (DynamicLossScaler(self.device, cfg.precision.init_scale,
                                          growth_interval=cfg.precision.growth_interval)
@@ -112,7 +119,7 @@ class Trainer:
         self.train_step = TrainStep(self.model, self.forward, self.optimizer, schedule, self.policy,
                                     self.counters, self.device, self.scaler, cfg.optim.clip_grad_norm,
                                     self.batch.accum_steps, grads_to_none=not self.use_graphs,
-                                    first_step=first_step, no_sync=self.strategy.no_sync)
+                                    first_step=first_step, strategy=self.strategy)
         self.peak_memory.reset()
         self.warmup_s = self._warm_up(train_loader, val_loader)
         self.strategy.after_first_step()
@@ -147,6 +154,7 @@ class Trainer:
         extra = {**self.counters.tensors(), **(self.scaler.state_tensors() if self.scaler else {})}
         snapshot = TrainingSnapshot(self.model, self.optimizer, extra)
         x, y = next(iter(train_loader))
+        self._pad_input = x[:1]
         if self.use_graphs:
             from scaletrain.training.cuda_graphs import CudaGraphStep
             self._step = CudaGraphStep(self.train_step, x, y)
@@ -226,12 +234,16 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        x = None
         for x, y in islice(loader, max_batches):
             with self.policy.autocast(self.device):
                 logits = self.eval_forward(x)
             sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
             sums[1] += (logits.argmax(dim=-1) == y).sum()
             sums[2] += y.shape[0]
+        if self.strategy.eval_in_lockstep and max_batches is None:
+            self._pad_eval_forwards(len(loader), x)
+        self.strategy.after_evaluation(self.model)
         self.model.train(was_training)
         if reduce and self.strategy.world_size > 1:
             self.strategy.all_reduce_sum_(sums)
@@ -243,6 +255,17 @@ class Trainer:
             logs["eval_time_s"] = elapsed
         self.callbacks.call("on_validation_end", self, logs)
         return logs
+
+    def _pad_eval_forwards(self, batches_run: int, last_x: torch.Tensor | None) -> None:
+        """Sharded parameters are gathered inside the forward, a collective: a rank whose evaluation
+        range has fewer batches runs forwards whose outputs are discarded until all ranks ran as
+        many (the counts differ by at most one batch)."""
+        most = torch.tensor([batches_run], device=self.device)
+        self.strategy.all_reduce_max_(most)
+        pad_input = last_x[:1] if last_x is not None else self._pad_input
+        for _ in range(int(most) - batches_run):
+            with self.policy.autocast(self.device):
+                self.eval_forward(pad_input)
 
     def evaluate(self, dataset: Dataset, split: str = "test") -> dict:
         """Loss and accuracy of the current model on a split of `dataset`."""
@@ -268,4 +291,5 @@ class Trainer:
             with self.policy.autocast(self.device):
                 logits = self.eval_forward(normalizer(chunk.to(self.device)))
             out.append(torch.softmax(logits.float(), dim=-1).cpu())
+        self.strategy.after_evaluation(self.model)
         return torch.cat(out) if out else torch.empty(0)

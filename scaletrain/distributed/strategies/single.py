@@ -30,6 +30,6 @@ class SingleDevice(Strategy):
         self.device = resolve_device(device_request)
         return self.device
 
-    def prepare(self, model, compile_fn):
+    def prepare(self, model, compile_fn, block_classes=(), policy=None):
         forward = compile_fn(model)
         return forward, forward

@@ -1,0 +1,92 @@
+"""The part every multi-process strategy shares: joining the process group (NCCL on CUDA, gloo on
+CPU), timeouts that notice a dead peer, and the small collectives the trainer needs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from scaletrain.distributed.strategies.base import Strategy
+from scaletrain.distributed.strategies.single import resolve_device
+from scaletrain.errors import ConfigError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ProcessGroupStrategy(Strategy):
+    """Base of ddp, zero1, zero2 and fsdp: one process per device, joined in one process group."""
+    # Capturing collectives in a CUDA graph needs a static communication layout and is not
+    # verified here; the step runs eagerly (or compiled) under every multi-process strategy.
+    supports_cuda_graphs = False
+
+    def __init__(self, config, env):
+        super().__init__(config, env)
+        self.owns_group = False
+
+    def setup(self, device_request: str) -> torch.device:
+        if device_request == "auto":
+            device_request = "cuda" if torch.cuda.is_available() else "cpu"
+        base = resolve_device(device_request)
+        if base.type == "cuda":
+            if self.env.local_rank >= torch.cuda.device_count():
+                raise ConfigError(f"local rank {self.env.local_rank} has no GPU: this host has "
+                                  f"{torch.cuda.device_count()}; start at most that many processes per host")
+            self.device = torch.device("cuda", self.env.local_rank)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = base
+        backend = self.config.backend if self.config.backend != "auto" else (
+            "nccl" if self.device.type == "cuda" else "gloo")
+        if not dist.is_initialized():
+            if "MASTER_ADDR" not in os.environ:  # a one-process DDP run outside any launcher
+                os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+            # A generous first timeout covers compilation and data loading before the first
+            # collective; after_first_step() shortens it so a dead peer is noticed quickly.
+            timeout = datetime.timedelta(seconds=self.config.init_timeout_s)
+            device_id = self.device if self.device.type == "cuda" else None
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                # Plain `torchrun` shares its rendezvous store with the workers and keeps it across
+                # restarts; keys of a dead attempt would be read by the next one (pytorch#135712).
+                # Our own launcher turns the sharing off; here every attempt gets its own prefix.
+                store = dist.PrefixStore(f"scaletrain/attempt_{self.env.restart_count}", dist.TCPStore(
+                    os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.env.world_size,
+                    is_master=False, timeout=timeout))
+                dist.init_process_group(backend, store=store, rank=self.env.rank, world_size=self.env.world_size,
+                                        timeout=timeout, device_id=device_id)
+            else:
+                dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+            self.owns_group = True
+        return self.device
+
+    def after_first_step(self) -> None:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+        _set_pg_timeout(datetime.timedelta(seconds=self.config.step_timeout_s), None)
+
+    def teardown(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_group = False
+
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
+    def broadcast_object(self, obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier()

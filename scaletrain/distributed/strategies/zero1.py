@@ -1,0 +1,57 @@
+"""ZeRO stage 1: DDP's replicated parameters and all-reduced gradients, with the optimizer state
+sharded. Each rank owns a partition of the parameters (greedy by size, as torch's
+ZeroRedundancyOptimizer partitions them), holds optimizer state for those only, updates them,
+and broadcasts them to the others after the step.
+
+The same algorithm as ZeroRedundancyOptimizer, kept as a strategy hook rather than an optimizer
+wrapper because the training step hands the fused optimizer a device-side overflow flag and a
+shared LR tensor, and checkpoints name optimizer state by parameter: with a plain torch optimizer
+over the owned parameters all three work unchanged, and DCP reshards the state by name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from scaletrain.distributed.strategies.ddp import DDPStrategy
+
+
+def partition_parameters(params: list[nn.Parameter], world_size: int) -> list[int]:
+    """Owner rank of each parameter: largest first, each to the rank with the fewest elements so
+    far (ties: the lowest rank). Deterministic, so every rank computes the same owners."""
+    loads = [0] * world_size
+    owners = [0] * len(params)
+    for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
+        rank = min(range(world_size), key=lambda r: loads[r])
+        owners[i] = rank
+        loads[rank] += params[i].numel()
+    return owners
+
+
+class Zero1Strategy(DDPStrategy):
+    name = "zero1"
+
+    def prepare(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
+        params = [p for p in model.parameters() if p.requires_grad]
+        owners = partition_parameters(params, self.world_size)
+        self.owned_by = [[p for p, o in zip(params, owners) if o == r] for r in range(self.world_size)]
+        return super().prepare(model, compile_fn)
+
+    def optimizer_parameters(self, model: nn.Module) -> list[nn.Parameter]:
+        return self.owned_by[self.rank]
+
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        # One coalesced broadcast per owner, all in flight at once.
+        pending = []
+        for owner, params in enumerate(self.owned_by):
+            if params:
+                flat = _flatten_dense_tensors([p.detach() for p in params])
+                pending.append((params, flat, dist.broadcast(flat, src=owner, async_op=True)))
+        for params, flat, work in pending:
+            work.wait()
+            for p, value in zip(params, _unflatten_dense_tensors(flat, params)):
+                p.copy_(value)
