@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed.checkpoint as dcp
 
 from scaletrain.checkpoint.state import apply_rng, host_state, restore_host_state, tensor_state
@@ -34,6 +35,19 @@ class Position:
     epoch: int = 0
     epoch_step: int = 0
     resumed_from: str | None = None
+
+
+@torch.no_grad()
+def merge_epoch_counters(live: dict[str, torch.Tensor], saved: list[dict[str, torch.Tensor]],
+                         saved_world: int, world: int) -> None:
+    """Resuming mid-epoch on a different number of ranks: the epoch's loss and accuracy so far
+    must still count every saved rank once. Rank 0 takes the sums (losses rescaled, since the
+    trainer averages per-step losses over the ranks it has), every other rank starts from zero."""
+    for name, tensor in live.items():
+        tensor.zero_()
+        if saved:
+            total = sum(part[name] for part in saved)
+            tensor.copy_(total * world / saved_world if tensor.is_floating_point() else total)
 
 
 class Checkpointer:
@@ -91,15 +105,29 @@ class Checkpointer:
             if meta[key] != value:
                 raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {value}; "
                                   "resume with the same global batch and data")
-        rank = trainer.strategy.rank
+        rank, world = trainer.strategy.rank, trainer.strategy.world_size
+        saved_world = meta["world_size"]
         state = tensor_state(trainer, rank)
-        if rank >= meta["world_size"]:  # more ranks than when saved: nothing of this rank's own
-            del state[f"rank{rank}"]
+        # Model and optimizer tensors reshard by name (DCP). Per-rank parts: this rank's RNG where
+        # the saved job had this rank; its epoch counters as they were when the world size is
+        # unchanged, else merged (see merge_epoch_counters).
+        own = state.pop(f"rank{rank}")
+        if rank < saved_world:
+            state[f"rank{rank}"] = {"rng": own["rng"]}
+        if saved_world == world:
+            state.setdefault(f"rank{rank}", {})["epoch_counters"] = own["epoch_counters"]
+        elif rank == 0:
+            for k in range(saved_world):
+                state.setdefault(f"rank{k}", {})["epoch_counters"] = {
+                    name: torch.zeros_like(t) for name, t in own["epoch_counters"].items()}
         state["host"] = {"json": ""}
         with _single_process_quiet():
             dcp.load(state, checkpoint_id=str(path))
         values = restore_host_state(trainer, state["host"]["json"])
-        if f"rank{rank}" in state:
+        if "rng" in state.get(f"rank{rank}", {}):
             apply_rng(state[f"rank{rank}"]["rng"])
+        if saved_world != world:
+            saved = [state[f"rank{k}"]["epoch_counters"] for k in range(saved_world)] if rank == 0 else []
+            merge_epoch_counters(own["epoch_counters"], saved, saved_world, world)
         self.last_saved_step = values["global_step"]
         return Position(values["epoch"], values["epoch_step"], str(path))
