@@ -114,6 +114,8 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
                   f"({len(dataset.train)} train / {len(dataset.test)} test), {cfg.precision.policy} on "
                   f"{trainer.device}, strategy {strategy.name}, run folder {run_dir}", soft_wrap=True)
     console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
+    for advice in trainer.alignment_advice:
+        console.print(f"note: {advice}", soft_wrap=True)
     scale = replica_lr_scale(cfg.optim.lr_scaling, strategy.world_size)
     if scale != 1.0:
         console.print(f"lr: {cfg.optim.lr:g} x {scale:g} ({cfg.optim.lr_scaling} scaling for {strategy.world_size} "

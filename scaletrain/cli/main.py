@@ -20,6 +20,14 @@ def build_parser() -> argparse.ArgumentParser:
     scaling = sub.add_parser("scaling", help="measure one device and predict data-parallel speedup on 1..64 devices",
                              allow_abbrev=False)
     add_scaling_arguments(scaling)
+    from scaletrain.cli.plan_memory import add_plan_memory_arguments
+    plan = sub.add_parser("plan-memory", help="predict per-device memory for each strategy and the largest batch "
+                          "that fits, before running anything", allow_abbrev=False)
+    add_plan_memory_arguments(plan)
+    from scaletrain.cli.find_batch_size import add_find_batch_size_arguments
+    finder = sub.add_parser("find-batch-size", help="find the largest batch that trains without running out of "
+                            "memory, with the throughput at every size tried", allow_abbrev=False)
+    add_find_batch_size_arguments(finder)
     sub.add_parser("list", help="list the models, data sets, precisions, strategies and recipes")
     return parser
 
@@ -48,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "scaling":
             from scaletrain.cli.scaling import run_scaling
             return run_scaling(args, argv[1:])
+        if args.command == "plan-memory":
+            from scaletrain.cli.plan_memory import run_plan_memory
+            return run_plan_memory(args, argv[1:])
+        if args.command == "find-batch-size":
+            from scaletrain.cli.find_batch_size import run_find_batch_size
+            return run_find_batch_size(args, argv[1:])
         return _list()
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)

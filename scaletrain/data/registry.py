@@ -10,6 +10,19 @@ from scaletrain.data.npz import load_npz
 from scaletrain.errors import ConfigError
 
 DATASETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz")
+# Sample shape and class count of the named data sets, for planning without loading any data.
+SAMPLE_SHAPES = {"mnist1d": ((1, 40), 10), "digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10),
+                 "fashion-mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
+
+
+def sample_shape(cfg) -> tuple[tuple[int, ...], int]:
+    """(sample shape, classes) of the data set a DataConfig names, without loading it where known."""
+    if cfg.name == "synthetic":
+        return tuple(cfg.shape), cfg.num_classes
+    if cfg.name in SAMPLE_SHAPES:
+        return SAMPLE_SHAPES[cfg.name]
+    ds = load_dataset(cfg)
+    return ds.input_shape, ds.num_classes
 
 
 def load_dataset(cfg, seed: int = 0) -> Dataset:

@@ -42,7 +42,7 @@ def strip_launcher_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def torchrun_arguments(nproc: int, max_restarts: int, worker_argv: list[str]) -> list[str]:
+def torchrun_arguments(nproc: int, max_restarts: int, worker_argv: list[str], command: str = "train") -> list[str]:
     args = ["--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts)]
     spec = cluster_from_env()
     if spec is None:
@@ -54,7 +54,7 @@ def torchrun_arguments(nproc: int, max_restarts: int, worker_argv: list[str]) ->
         args += ["--nnodes", str(spec.world_size), "--node-rank", str(spec.rank), "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", spec.addresses[0], "--rdzv-id", rdzv_id,
                  "--local-addr", spec.addresses[spec.rank].rsplit(":", 1)[0]]
-    return args + ["-m", "scaletrain", "train", *strip_launcher_flags(worker_argv)]
+    return args + ["-m", "scaletrain", command, *strip_launcher_flags(worker_argv)]
 
 
 def launch_from_config(cfg, argv: list[str]) -> int:
@@ -77,8 +77,9 @@ def launch_from_config(cfg, argv: list[str]) -> int:
     return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv)
 
 
-def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str]) -> int:
-    """Runs the elastic agent in this process; returns the job's exit code."""
+def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], command: str = "train") -> int:
+    """Runs the elastic agent in this process, each worker running `scaletrain COMMAND
+    WORKER_ARGV`; returns the job's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -90,7 +91,7 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str]) -
     # new workers can read the dead ones' addresses from it (pytorch/pytorch#135712, #167288:
     # gloo/NCCL then fail with "connection refused"). A store per attempt avoids that.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    args = get_args_parser().parse_args(torchrun_arguments(nproc, max_restarts, worker_argv))
+    args = get_args_parser().parse_args(torchrun_arguments(nproc, max_restarts, worker_argv, command))
     try:
         run(args)
     except ChildFailedError as exc:

@@ -26,6 +26,7 @@ from scaletrain.errors import ConfigError, NonFiniteLossError
 from scaletrain.memory.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.optim import build_optimizer, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
+from scaletrain.precision.alignment import alignment_warnings
 from scaletrain.training.clock import DeviceClock
 from scaletrain.training.counters import DeviceCounters
 from scaletrain.training.memory import PeakMemory
@@ -52,6 +53,9 @@ class Trainer:
         self.policy.configure_backend()
         torch.manual_seed(cfg.seed)
         self.model = self.policy.convert_module(model, cfg.precision.fp32_modules).to(self.device)
+        # Tensor-core shapes under 16-bit precisions; run_training prints these once.
+        self.alignment_advice = alignment_warnings(self.model, self.policy.name, self.batch.per_replica
+                                                   // self.batch.accum_steps)
         self.callbacks = CallbackList(callbacks)
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)

@@ -19,15 +19,16 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from scaletrain.distributed.strategies.ddp import DDPStrategy
 
 
-def partition_parameters(params: list[nn.Parameter], world_size: int) -> list[int]:
-    """Owner rank of each parameter: largest first, each to the rank with the fewest elements so
-    far (ties: the lowest rank). Deterministic, so every rank computes the same owners."""
+def partition_parameters(sizes: list[int], world_size: int) -> list[int]:
+    """Owner rank of each parameter (given by element count): largest first, each to the rank
+    with the fewest elements so far (ties: the lowest rank). Deterministic, so every rank (and
+    the memory planner) computes the same owners."""
     loads = [0] * world_size
-    owners = [0] * len(params)
-    for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
+    owners = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         rank = min(range(world_size), key=lambda r: loads[r])
         owners[i] = rank
-        loads[rank] += params[i].numel()
+        loads[rank] += sizes[i]
     return owners
 
 
@@ -36,7 +37,7 @@ class Zero1Strategy(DDPStrategy):
 
     def prepare(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         params = [p for p in model.parameters() if p.requires_grad]
-        owners = partition_parameters(params, self.world_size)
+        owners = partition_parameters([p.numel() for p in params], self.world_size)
         self.owned_by = [[p for p, o in zip(params, owners) if o == r] for r in range(self.world_size)]
         return super().prepare(model, compile_fn)
 

@@ -1,0 +1,82 @@
+"""`scaletrain find-batch-size`: the largest batch that trains, and the throughput at every size
+tried (see memory/batch_finder.py). With --nproc N it runs in N processes under the launcher."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from scaletrain.memory.units import format_bytes, parse_bytes
+
+
+def add_find_batch_size_arguments(parser: argparse.ArgumentParser) -> None:
+    from scaletrain.cli.train import add_train_arguments
+    add_train_arguments(parser)
+    g = parser.add_argument_group("batch-size search")
+    g.add_argument("--start", type=int, default=1, help="first per-device batch tried (then doubled)")
+    g.add_argument("--max-batch-size", type=int, default=65536, help="largest per-device batch tried")
+    g.add_argument("--trial-steps", type=int, default=3, help="real training steps per trial (the first untimed)")
+    g.add_argument("--margin", type=float, default=0.1,
+                   help="safety margin: the recommended batch is this fraction below the largest that ran")
+    g.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="memory budget per device, e.g. 2GB (required on CPU, optional on GPU)")
+    g.add_argument("--global-batch", type=int, default=None,
+                   help="hold this global batch fixed: gradient accumulation makes up what does not fit")
+    g.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
+    from scaletrain.cli.train import config_from_args
+    from scaletrain.distributed.launch import inside_worker, launch
+    cfg = config_from_args(args, argv_given=True)
+    limit = parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit is not None else None
+    if cfg.distributed.nproc > 1 and not inside_worker():
+        return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="find-batch-size")
+    from scaletrain.data import load_dataset
+    from scaletrain.distributed import build_strategy
+    from scaletrain.memory.batch_finder import find_batch_size
+    from scaletrain.models import build_model
+    from scaletrain.training import Trainer
+    import torch
+    strategy = build_strategy(cfg.distributed)
+    strategy.setup(cfg.device)
+    try:
+        dataset = load_dataset(cfg.data, seed=cfg.seed)
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
+        cfg.batch_size = max(cfg.batch_size // strategy.world_size, 1) * strategy.world_size  # any valid plan
+        trainer = Trainer(model, cfg, strategy=strategy)
+        result = find_batch_size(trainer, dataset, start=args.start, max_batch=args.max_batch_size,
+                                 steps=args.trial_steps, margin=args.margin, memory_limit=limit,
+                                 global_batch=args.global_batch)
+    finally:
+        strategy.teardown()
+    if strategy.is_chief:
+        if args.json:
+            print(json.dumps(result.to_dict(), indent=2))
+        else:
+            _print(result, cfg)
+    return 0
+
+
+def _print(result, cfg) -> None:
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    table = Table(title=f"{cfg.model.name}, {cfg.precision.policy}, {result.devices} device(s)"
+                        + (f", budget {format_bytes(result.memory_limit)}" if result.memory_limit else ""))
+    for col in ("batch / device", "fits", "peak memory / device", "samples/s"):
+        table.add_column(col, justify="right")
+    for t in result.trials:
+        table.add_row(str(t.batch_size), "yes" if t.fits else f"no ({t.reason})",
+                      format_bytes(t.peak_bytes) if t.peak_bytes else "-",
+                      f"{t.samples_per_s:,.0f}" if t.samples_per_s else "-")
+    console.print(table)
+    line = (f"largest batch that ran: {result.max_batch_size} per device; recommended with a "
+            f"{result.margin:.0%} margin: {result.recommended_batch_size} per device")
+    if result.grad_accum_steps:
+        line += (f"; global batch {result.global_batch_size} = {result.devices} x {result.recommended_batch_size} "
+                 f"x {result.grad_accum_steps} accumulation steps")
+    console.print(line, soft_wrap=True)

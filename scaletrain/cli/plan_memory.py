@@ -1,0 +1,90 @@
+"""`scaletrain plan-memory`: per-device memory of a configuration across strategies, before
+anything runs (see memory/planner.py), as a table like seed 004's or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from scaletrain.data.registry import sample_shape
+from scaletrain.errors import ConfigError
+from scaletrain.memory.model_state import PLAN_STRATEGIES
+from scaletrain.memory.planner import PlanRequest, Planner
+from scaletrain.memory.units import format_bytes, parse_bytes
+from scaletrain.precision import get_policy
+from scaletrain.precision.alignment import alignment_warnings
+
+
+def add_plan_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    from scaletrain.cli.train import add_train_arguments
+    add_train_arguments(parser)
+    g = parser.add_argument_group("memory plan")
+    g.add_argument("--devices", type=int, default=1, help="devices the global batch is split over")
+    g.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="memory of one device, e.g. 80GB or 80GiB: adds the largest batch that fits")
+    g.add_argument("--headroom", type=float, default=0.05,
+                   help="fraction of --device-memory kept free (allocator fragmentation, CUDA context)")
+    g.add_argument("--json", action="store_true", help="print the plans as a JSON list")
+
+
+def _choices(text: str, default: tuple[str, ...]) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()] if text not in ("auto", "all") else list(default)
+
+
+def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
+    from scaletrain.cli.train import config_from_args
+    cfg = config_from_args(args, argv_given=True)
+    strategies = _choices(cfg.distributed.strategy, PLAN_STRATEGIES)
+    precisions = _choices(cfg.precision.policy, (cfg.precision.policy,))
+    for name in strategies:
+        if name not in PLAN_STRATEGIES:
+            raise ConfigError(f"unknown strategy '{name}' for plan-memory; choose from: {', '.join(PLAN_STRATEGIES)}")
+    for name in precisions:
+        get_policy(name)
+    if args.devices < 1:
+        raise ConfigError(f"--devices must be at least 1 (got {args.devices})")
+    memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory is not None else None
+    shape, classes = sample_shape(cfg.data)
+    plans = []
+    for precision in precisions:
+        req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,
+                          num_classes=classes, batch_size=cfg.batch_size, precision=precision,
+                          devices=args.devices, activation_checkpointing=cfg.memory.activation_checkpointing,
+                          block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
+                          momentum=cfg.optim.momentum, device_memory=memory, headroom=args.headroom)
+        planner = Planner(req)
+        plans += [planner.plan(s, args.devices, cfg.batch_size) for s in strategies]
+        if not args.json:
+            for warning in alignment_warnings(planner.traced.model, precision, cfg.batch_size // args.devices):
+                print(f"scaletrain: note: {warning}", file=sys.stderr)
+    if args.json:
+        print(json.dumps([p.to_dict() for p in plans], indent=2))
+        return 0
+    _print_table(plans, cfg, args.devices, memory)
+    return 0
+
+
+def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    ac = "with" if cfg.memory.activation_checkpointing else "without"
+    table = Table(title=f"{cfg.model.name}: {plans[0].params / 1e6:.2f}M parameters, global batch {cfg.batch_size} "
+                        f"over {devices} device(s), {cfg.optim.optimizer}, {ac} activation checkpointing "
+                        "(bytes per device)")
+    for col in ("precision", "strategy", "params", "grads", "optimizer", "gathered", "activations", "total"):
+        table.add_column(col, justify="right" if col not in ("precision", "strategy") else "left")
+    if memory is not None:
+        table.add_column(f"max batch in {format_bytes(memory)}", justify="right")
+    for p in plans:
+        row = [p.precision, p.strategy, format_bytes(p.param_bytes), format_bytes(p.grad_bytes),
+               format_bytes(p.optimizer_bytes), format_bytes(p.gathered_param_bytes), format_bytes(p.activation_bytes),
+               format_bytes(p.total_bytes) + ("" if p.fits in (None, True) else " (does not fit)")]
+        if memory is not None:
+            row.append(f"{p.max_batch_size} ({p.max_per_device_batch_size}/device)")
+        table.add_row(*row)
+    console.print(table)
+    console.print("total = params + grads + optimizer + gathered + activations + 32 MiB cuBLAS workspace; "
+                  "activations traced on fake tensors (one forward/backward), not estimated", soft_wrap=True)

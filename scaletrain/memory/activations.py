@@ -1,0 +1,78 @@
+"""Activation memory from one traced training step, not from a formula.
+
+The model is built and run under FakeTensorMode: every op computes only shapes, dtypes and
+strides, nothing is allocated, so a 10-billion-parameter model traces on a laptop. The step is
+the trainer's own (autocast forward, float32 loss, backward), with activation checkpointing
+applied exactly as the trainer applies it, and LiveBytes counts what it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from scaletrain.memory.activation_checkpointing import apply_activation_checkpointing
+from scaletrain.memory.tracker import LiveBytes, storage_key
+from scaletrain.models import build_model
+from scaletrain.models.blocks import find_blocks
+
+
+@dataclass(slots=True)
+class StepTrace:
+    batch: int
+    activation_bytes: int   # peak of everything the step holds except gradients
+    step_peak_bytes: int    # peak including the gradients as the backward produces them
+
+
+@dataclass(slots=True)
+class TracedModel:
+    """A model built on fake tensors, with what the planner needs to know about it."""
+    model: torch.nn.Module
+    fake_mode: FakeTensorMode
+    param_shapes: list[tuple[tuple[int, ...], int]]  # (shape, FSDP unit index or -1)
+    blocks: int
+
+
+def build_fake_model(model_name: str, options: dict, input_shape, num_classes: int, storage_dtype: torch.dtype,
+                     activation_checkpointing: bool, block_classes=()) -> TracedModel:
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    with mode:
+        model = build_model(model_name, tuple(input_shape), num_classes, **options)
+        if storage_dtype != torch.float32:
+            model.to(storage_dtype)
+    try:
+        blocks = find_blocks(model, block_classes)
+    except Exception:
+        if activation_checkpointing or block_classes:
+            raise
+        blocks = []
+    unit_of = {}
+    for i, block in enumerate(blocks):
+        for p in block.parameters():
+            unit_of[id(p)] = i
+    shapes = [(tuple(p.shape), unit_of.get(id(p), -1)) for p in model.parameters() if p.requires_grad]
+    if activation_checkpointing:
+        apply_activation_checkpointing(model, block_classes)
+    return TracedModel(model, mode, shapes, len(blocks))
+
+
+def trace_step(traced: TracedModel, input_shape, num_classes: int, batch: int,
+               autocast_dtype: torch.dtype | None, input_dtype: torch.dtype, device_type: str = "cpu") -> StepTrace:
+    """Runs one forward/backward of `batch` samples on the fake model and counts its bytes."""
+    model = traced.model
+    with traced.fake_mode:
+        x = torch.empty((batch, *input_shape), dtype=input_dtype)
+        y = torch.empty((batch,), dtype=torch.int64).random_(num_classes)
+        model.zero_grad(set_to_none=True)
+        tracker = LiveBytes(list(model.parameters()) + list(model.buffers()) + [x, y])
+        with tracker:
+            with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                logits = model(x)
+            F.cross_entropy(logits.float(), y).backward()
+            del logits
+        grads = {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+    return StepTrace(batch, tracker.peak_excluding(grads), tracker.peak)

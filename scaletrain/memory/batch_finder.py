@@ -1,0 +1,214 @@
+"""The batch-size finder: the largest per-device batch that runs real training steps without
+running out of memory, found by doubling and then binary search.
+
+Every trial runs `steps` real optimizer steps of the trainer's own step (same precision, strategy,
+compilation, activation checkpointing) on real samples; the model, optimizer, counters and RNG
+are snapshotted once and restored after every trial, so the trainer is left exactly as it was.
+Out of memory means torch.OutOfMemoryError on a GPU; on a CPU, where nothing runs out of memory,
+the measured peak (live tensor bytes) against --memory-limit stands in. Under a data-parallel
+strategy the failure flag is all-reduced (max) so every rank takes the same branch of the search.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from scaletrain.data import Normalizer
+from scaletrain.errors import ConfigError
+from scaletrain.memory.tracker import LiveBytes
+from scaletrain.optim import build_schedule
+from scaletrain.training.snapshot import TrainingSnapshot
+from scaletrain.training.step import TrainStep
+
+
+@dataclass(slots=True)
+class Trial:
+    batch_size: int                 # per device
+    fits: bool
+    peak_bytes: int | None          # per device (the largest over ranks)
+    samples_per_s: float | None     # over all devices
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class BatchSizeResult:
+    max_batch_size: int             # per device: the largest that ran
+    recommended_batch_size: int     # per device, after the safety margin (a multiple of 8 where >= 8)
+    devices: int
+    margin: float
+    memory_limit: int | None
+    trials: list[Trial] = field(default_factory=list)
+    global_batch_size: int | None = None     # held fixed with --global-batch
+    grad_accum_steps: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def recommended(max_batch: int, margin: float) -> int:
+    """max_batch less the margin, rounded down to a multiple of 8 (tensor cores) where that is >= 8."""
+    value = max(1, int(max_batch * (1 - margin)))
+    return value // 8 * 8 if value >= 8 else value
+
+
+def accumulation_for(global_batch: int, devices: int, max_per_device: int) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) with micro x steps x devices == global_batch and the
+    micro-batch as large as fits."""
+    if global_batch % devices:
+        raise ConfigError(f"--global-batch {global_batch} does not divide over {devices} devices; "
+                          f"use a multiple of {devices}")
+    per_device = global_batch // devices
+    micro = max(d for d in range(1, min(per_device, max_per_device) + 1) if per_device % d == 0)
+    return micro, per_device // micro
+
+
+class BatchSizeFinder:
+    def __init__(self, trainer, dataset, *, steps: int = 3, margin: float = 0.1, memory_limit: int | None = None,
+                 seed: int = 0):
+        if steps < 2:
+            raise ConfigError(f"--trial-steps must be at least 2 (one warm-up, one timed; got {steps})")
+        if not 0 <= margin < 1:
+            raise ConfigError(f"--margin must be in [0, 1) (got {margin})")
+        if memory_limit is None and trainer.device.type != "cuda":
+            raise ConfigError("on a CPU nothing runs out of memory: give a budget with --memory-limit (e.g. 2GB)")
+        self.trainer, self.dataset = trainer, dataset
+        self.steps, self.margin, self.memory_limit = steps, margin, memory_limit
+        self.generator = torch.Generator().manual_seed(seed)
+        self.trials: dict[int, Trial] = {}
+        if trainer.normalizer is None:
+            trainer.normalizer = Normalizer(dataset.mean, dataset.std, trainer.policy.input_dtype)
+
+    # ---------------------------------------------------------------- search
+    def run(self, start: int = 1, max_batch: int = 65536, global_batch: int | None = None) -> BatchSizeResult:
+        if start < 1 or max_batch < start:
+            raise ConfigError(f"need 1 <= --start ({start}) <= --max-batch-size ({max_batch})")
+        t = self.trainer
+        snapshot = TrainingSnapshot(t.model, t.optimizer, {**t.counters.tensors(),
+                                                          **(t.scaler.state_tensors() if t.scaler else {})})
+        try:
+            good, bad = 0, None
+            size = start
+            while size <= max_batch:          # doubling
+                if not self._trial(size, snapshot).fits:
+                    bad = size
+                    break
+                good, size = size, size * 2
+            if bad is None and good < max_batch:
+                bad = max_batch + 1 if self._trial(max_batch, snapshot).fits else max_batch
+                good = max_batch if bad > max_batch else good
+            while bad is not None and bad - good > 1:   # binary search between the two
+                mid = (good + bad) // 2
+                if self._trial(mid, snapshot).fits:
+                    good = mid
+                else:
+                    bad = mid
+        finally:
+            snapshot.restore()
+            self._release()
+        if good == 0:
+            raise ConfigError(f"even a batch of {start} per device does not fit"
+                              + (f" in --memory-limit {self.memory_limit} bytes" if self.memory_limit else ""))
+        result = BatchSizeResult(max_batch_size=good, recommended_batch_size=recommended(good, self.margin),
+                                 devices=t.strategy.world_size, margin=self.margin, memory_limit=self.memory_limit,
+                                 trials=[self.trials[k] for k in sorted(self.trials)])
+        if global_batch is not None:
+            micro, accum = accumulation_for(global_batch, t.strategy.world_size, result.recommended_batch_size)
+            result.global_batch_size, result.grad_accum_steps = global_batch, accum
+            result.recommended_batch_size = micro
+        return result
+
+    # ----------------------------------------------------------------- trial
+    def _batch(self, size: int):
+        train = self.dataset.train
+        idx = torch.randint(len(train), (size,), generator=self.generator).numpy()
+        x = torch.as_tensor(train.x[idx]).to(self.trainer.device)
+        y = torch.as_tensor(train.y[idx]).to(self.trainer.device)
+        return self.trainer.normalizer(x), y
+
+    def _trial(self, size: int, snapshot: TrainingSnapshot) -> Trial:
+        t = self.trainer
+        failed, reason, peak, rate = 0.0, "", 0, None
+        try:
+            x, y = self._batch(size)
+            step = TrainStep(t.model, t.forward, t.optimizer, build_schedule(t.config.optim, self.steps, 1),
+                             t.policy, t.counters, t.device, t.scaler, t.config.optim.clip_grad_norm,
+                             strategy=t.strategy)
+            t.counters.resize(self.steps)
+            peak, elapsed = self._measure(step, x, y)
+            rate = size * t.strategy.world_size * (self.steps - 1) / max(elapsed, 1e-9)
+            if self.memory_limit is not None and peak > self.memory_limit:
+                failed, reason = 1.0, f"peak {peak} bytes > --memory-limit {self.memory_limit}"
+        except torch.OutOfMemoryError as exc:
+            failed, reason = 1.0, f"out of memory: {str(exc).splitlines()[0][:120]}"
+        finally:
+            snapshot.restore()
+            self._release()
+        # Every rank takes the same branch: the worst rank decides.
+        flags = torch.tensor([failed, float(peak)], dtype=torch.float64, device=t.device)
+        t.strategy.all_reduce_max_(flags)
+        fits = flags[0].item() == 0
+        trial = Trial(size, fits, int(flags[1].item()) or None, rate if fits else None,
+                      "" if fits else (reason or "out of memory on another rank"))
+        self.trials[size] = trial
+        return trial
+
+    def _measure(self, step: TrainStep, x, y) -> tuple[int, float]:
+        t = self.trainer
+        if t.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(t.device)
+            step(x, y)
+            torch.cuda.synchronize(t.device)
+            start = time.perf_counter()
+            for _ in range(self.steps - 1):
+                step(x, y)
+            torch.cuda.synchronize(t.device)
+            return int(torch.cuda.max_memory_allocated(t.device)), time.perf_counter() - start
+        # CPU: resident state plus everything the steps allocate, counted tensor by tensor.
+        resident = _state_bytes(t)
+        tracker = LiveBytes(_state_tensors(t) + [x, y])
+        with tracker:
+            step(x, y)
+            start = time.perf_counter()
+            for _ in range(self.steps - 1):
+                step(x, y)
+            elapsed = time.perf_counter() - start
+        return resident + tracker.peak, elapsed
+
+    def _release(self) -> None:
+        gc.collect()
+        if self.trainer.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _state_tensors(trainer) -> list[torch.Tensor]:
+    tensors = [_local(p.detach()) for p in trainer.model.parameters()] + list(trainer.model.buffers())
+    for state in trainer.optimizer.state.values():
+        tensors += [_local(v) for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensors
+
+
+def _state_bytes(trainer) -> int:
+    seen, total = set(), 0
+    for t in _state_tensors(trainer):
+        storage = t.untyped_storage()
+        if storage._cdata not in seen:
+            seen.add(storage._cdata)
+            total += storage.nbytes()
+    return total
+
+
+def find_batch_size(trainer, dataset, *, start: int = 1, max_batch: int = 65536, steps: int = 3,
+                    margin: float = 0.1, memory_limit: int | None = None,
+                    global_batch: int | None = None) -> BatchSizeResult:
+    """The Python API of `scaletrain find-batch-size`: searches with `trainer`'s own step and
+    leaves the trainer exactly as it found it."""
+    finder = BatchSizeFinder(trainer, dataset, steps=steps, margin=margin, memory_limit=memory_limit)
+    return finder.run(start=start, max_batch=max_batch, global_batch=global_batch)

@@ -1,0 +1,169 @@
+"""The memory planner: per-device bytes of a training configuration before anything runs, and the
+largest batch that fits a device.
+
+    total = parameters + gradients + optimizer state      (model_state: exact layout)
+          + gathered parameters                           (zero2 / fsdp during the step)
+          + activations                                   (traced: activations.py)
+          + workspace                                     (cuBLAS workspace, 32 MiB)
+
+The sum counts the gradients as resident while the activations peak, which is what happens under
+every data-parallel strategy (DDP's buckets, sharded gradients); on one device with gradients
+freed between steps it overstates the peak by at most the gradient bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+from scaletrain.errors import ConfigError
+from scaletrain.memory.activations import build_fake_model, trace_step
+from scaletrain.memory.model_state import PLAN_STRATEGIES, ParamInfo, model_state
+from scaletrain.precision import get_policy
+
+# torch gives each CUDA stream's cuBLAS handle a 32 MiB workspace on Hopper (4 x 8 MiB), drawn from
+# the caching allocator, so it counts in torch.cuda.max_memory_allocated.
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+MAX_SEARCH_BATCH = 2**24
+
+
+@dataclass(kw_only=True, slots=True)
+class PlanRequest:
+    model: str
+    model_options: dict = field(default_factory=dict)
+    input_shape: tuple[int, ...]
+    num_classes: int
+    batch_size: int                      # global
+    precision: str = "fp32"
+    strategy: str = "ddp"
+    devices: int = 1
+    activation_checkpointing: bool = False
+    block_classes: tuple[str, ...] = ()
+    optimizer: str = "adamw"
+    momentum: float = 0.9
+    device_memory: int | None = None     # bytes
+    headroom: float = 0.05               # of device memory: allocator fragmentation, CUDA context
+
+
+@dataclass(slots=True)
+class MemoryPlan:
+    model: str
+    precision: str
+    strategy: str
+    devices: int
+    activation_checkpointing: bool
+    batch_size: int                 # global
+    per_device_batch_size: int
+    params: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    gathered_param_bytes: int
+    activation_bytes: int
+    workspace_bytes: int
+    total_bytes: int
+    device_memory: int | None
+    fits: bool | None
+    max_batch_size: int | None              # global: max_per_device_batch_size x devices
+    max_per_device_batch_size: int | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _validate(req: PlanRequest) -> None:
+    if req.devices < 1:
+        raise ConfigError(f"--devices must be at least 1 (got {req.devices})")
+    if req.strategy not in PLAN_STRATEGIES:
+        raise ConfigError(f"unknown strategy '{req.strategy}'; choose one of: {', '.join(PLAN_STRATEGIES)}")
+    if req.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1 (got {req.batch_size})")
+    if req.batch_size % req.devices:
+        raise ConfigError(f"global batch {req.batch_size} does not divide over {req.devices} devices; "
+                          f"use a multiple of {req.devices}")
+    if not 0 <= req.headroom < 1:
+        raise ConfigError(f"--headroom must be in [0, 1) (got {req.headroom})")
+
+
+class Planner:
+    """Plans one model at one precision (and checkpointing choice) for any strategy and batch.
+    The fake model is built once; each batch size costs one traced step."""
+
+    def __init__(self, req: PlanRequest):
+        self.req = req
+        self.policy = get_policy(req.precision)
+        self.compute_dtype = self.policy.autocast_dtype or self.policy.param_dtype
+        self.traced = build_fake_model(req.model, req.model_options, req.input_shape, req.num_classes,
+                                       self.policy.param_dtype, req.activation_checkpointing, req.block_classes)
+        self.params = [ParamInfo(shape, unit) for shape, unit in self.traced.param_shapes]
+        self._activations: dict[int, int] = {}
+
+    def activation_bytes(self, per_device_batch: int) -> int:
+        if per_device_batch not in self._activations:
+            trace = trace_step(self.traced, self.req.input_shape, self.req.num_classes, per_device_batch,
+                               self.policy.autocast_dtype, self.policy.input_dtype)
+            self._activations[per_device_batch] = trace.activation_bytes
+        return self._activations[per_device_batch]
+
+    def plan(self, strategy: str, devices: int, batch_size: int) -> MemoryPlan:
+        req = self.req
+        probe = PlanRequest(**{**asdict(req), "strategy": strategy, "devices": devices, "batch_size": batch_size})
+        _validate(probe)
+        state = model_state(self.params, strategy, devices, self.policy.param_dtype.itemsize,
+                            self.compute_dtype.itemsize, req.optimizer, req.momentum)
+        fixed = (state.param_bytes + state.grad_bytes + state.optimizer_bytes + state.gathered_param_bytes
+                 + CUBLAS_WORKSPACE_BYTES)
+        per_device = batch_size // devices
+        activations = self.activation_bytes(per_device)
+        total = fixed + activations
+        max_per_device = None
+        if req.device_memory is not None:
+            max_per_device = self.max_per_device_batch(req.device_memory * (1 - req.headroom) - fixed)
+        return MemoryPlan(
+            model=req.model, precision=req.precision, strategy=strategy, devices=devices,
+            activation_checkpointing=req.activation_checkpointing, batch_size=batch_size,
+            per_device_batch_size=per_device, params=state.params, param_bytes=state.param_bytes,
+            grad_bytes=state.grad_bytes, optimizer_bytes=state.optimizer_bytes,
+            gathered_param_bytes=state.gathered_param_bytes, activation_bytes=activations,
+            workspace_bytes=CUBLAS_WORKSPACE_BYTES, total_bytes=total, device_memory=req.device_memory,
+            fits=None if req.device_memory is None else total <= req.device_memory * (1 - req.headroom),
+            max_batch_size=None if max_per_device is None else max_per_device * devices,
+            max_per_device_batch_size=max_per_device)
+
+    def max_per_device_batch(self, budget: float) -> int:
+        """Largest per-device batch whose traced activations fit `budget` bytes: activations grow
+        linearly with the batch, so two traces give the line and a few more confirm the answer."""
+        if budget <= 0 or self.activation_bytes(1) > budget:
+            return 0
+        a1, a2 = self.activation_bytes(1), self.activation_bytes(2)
+        slope = max(a2 - a1, 1)
+        guess = int(min(MAX_SEARCH_BATCH, max(1, 1 + (budget - a1) // slope)))
+        low, high = 1, None  # low fits; high (if known) does not
+        if self.activation_bytes(guess) <= budget:
+            low = guess
+            high = guess + 1 if self.activation_bytes(guess + 1) > budget else None
+            step = max(1, guess // 64)
+            while high is None and low < MAX_SEARCH_BATCH:
+                nxt = min(MAX_SEARCH_BATCH, low + step)
+                if self.activation_bytes(nxt) <= budget:
+                    low, step = nxt, step * 2
+                else:
+                    high = nxt
+        else:
+            high = guess
+        while high is not None and high - low > 1:
+            mid = (low + high) // 2
+            if self.activation_bytes(mid) <= budget:
+                low = mid
+            else:
+                high = mid
+        return low
+
+
+def plan_memory(req: PlanRequest) -> MemoryPlan:
+    """One plan for one request (see Planner for many)."""
+    _validate(req)
+    return Planner(req).plan(req.strategy, req.devices, req.batch_size)
+
+
+__all__ = ["CUBLAS_WORKSPACE_BYTES", "MemoryPlan", "PlanRequest", "Planner", "plan_memory"]
