@@ -17,7 +17,7 @@ def add_find_batch_size_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
     add_train_arguments(parser)
     g = parser.add_argument_group("batch-size search")
-    g.add_argument("--start", type=int, default=1, help="first per-device batch tried (then doubled)")
+    g.add_argument("--first-batch-size", type=int, default=1, help="first per-device batch tried (then doubled)")
     g.add_argument("--max-batch-size", type=int, default=65536, help="largest per-device batch tried")
     g.add_argument("--trial-steps", type=int, default=3, help="real training steps per trial (the first untimed)")
     g.add_argument("--margin", type=float, default=0.1,
@@ -50,7 +50,7 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
         model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
         cfg.batch_size = max(cfg.batch_size // strategy.world_size, 1) * strategy.world_size  # any valid plan
         trainer = Trainer(model, cfg, strategy=strategy)
-        result = find_batch_size(trainer, dataset, start=args.start, max_batch=args.max_batch_size,
+        result = find_batch_size(trainer, dataset, start=args.first_batch_size, max_batch=args.max_batch_size,
                                  steps=args.trial_steps, margin=args.margin, memory_limit=limit,
                                  global_batch=args.global_batch)
     finally:

@@ -85,7 +85,7 @@ class BatchSizeFinder:
     # ---------------------------------------------------------------- search
     def run(self, start: int = 1, max_batch: int = 65536, global_batch: int | None = None) -> BatchSizeResult:
         if start < 1 or max_batch < start:
-            raise ConfigError(f"need 1 <= --start ({start}) <= --max-batch-size ({max_batch})")
+            raise ConfigError(f"need 1 <= --first-batch-size ({start}) <= --max-batch-size ({max_batch})")
         t = self.trainer
         snapshot = TrainingSnapshot(t.model, t.optimizer, {**t.counters.tensors(),
                                                           **(t.scaler.state_tensors() if t.scaler else {})})

@@ -33,7 +33,9 @@ class LiveBytes(TorchDispatchMode):
         self.seen = {storage_key(t) for t in existing}
         self.current = 0
         self.peak = 0
+        # Events name storages by a serial number: a freed storage's address is soon reused.
         self.timeline: list[tuple[int, int]] = []
+        self.live: dict[int, int] = {}   # address -> serial number of the storage living there
         self._refs: list[weakref.ref] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -49,21 +51,30 @@ class LiveBytes(TorchDispatchMode):
         if key in self.seen:
             return
         self.seen.add(key)
+        serial = len(self.timeline)
+        self.live[key] = serial
         size = storage.nbytes()
-        self._add(key, size)
-        self._refs.append(weakref.ref(storage, lambda _ref, key=key, size=size: self._add(key, -size)))
+        self._add(serial, size)
+        self._refs.append(weakref.ref(storage, lambda _ref, key=key, serial=serial, size=size:
+                                      self._free(key, serial, size)))
 
-    def _add(self, key: int, size: int) -> None:
-        self.current += size
-        self.peak = max(self.peak, self.current)
-        self.timeline.append((key, size))
-        if size < 0:
+    def _free(self, key: int, serial: int, size: int) -> None:
+        self._add(serial, -size)
+        if self.live.get(key) == serial:
+            del self.live[key]
             self.seen.discard(key)  # the address may be reused by a later storage
 
+    def _add(self, serial: int, size: int) -> None:
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        self.timeline.append((serial, size))
+
     def peak_excluding(self, keys: set[int]) -> int:
+        """The peak without the storages now living at `keys` (e.g. the gradients)."""
+        skip = {self.live[k] for k in keys if k in self.live}
         current = peak = 0
-        for key, size in self.timeline:
-            if key not in keys:
+        for serial, size in self.timeline:
+            if serial not in skip:
                 current += size
                 peak = max(peak, current)
         return peak

@@ -47,3 +47,18 @@ def hanging_mlp(shape, classes, rank=1, at_call=5, **options):
         if _rank() == rank and call == at_call:
             time.sleep(3600)
     return _Wrapped(MLP(shape, classes, **options), fault)
+
+
+def oom_mlp(shape, classes, above=100, rank=None, **options):
+    """Raises torch.OutOfMemoryError in any forward of more than `above` samples (on every rank, or
+    only on `rank`): the batch-size finder's out-of-memory path, on a CPU."""
+    import torch
+
+    model = MLP(shape, classes, **options)
+
+    def hook(module, args):
+        if args[0].shape[0] > above and (rank is None or _rank() == rank):
+            raise torch.OutOfMemoryError(f"injected: batch {args[0].shape[0]} > {above}")
+
+    model.register_forward_pre_hook(hook)
+    return model

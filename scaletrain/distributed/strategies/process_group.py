@@ -72,6 +72,11 @@ class ProcessGroupStrategy(Strategy):
 
     def teardown(self) -> None:
         if self.owns_group and dist.is_initialized():
+            # Drain what is still in flight first: FSDP2 on gloo does not wait for its last
+            # reduce-scatter (its completion event is a CUDA event, a no-op on CPU), and destroying
+            # the group under it occasionally aborted a rank at exit ("terminate called without
+            # an active exception"). Gloo runs a group's work in order, so one barrier suffices.
+            dist.barrier()
             dist.destroy_process_group()
             self.owns_group = False
 

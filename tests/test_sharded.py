@@ -1,0 +1,113 @@
+"""Sharded data parallelism with real processes (torchrun, gloo): zero1, zero2 and fsdp train
+exactly like ddp, hold the bytes the planner predicts, and their checkpoints reshard between world
+sizes; the batch-size finder agrees across ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scaletrain.memory.model_state import ParamInfo, model_state
+from tests.processes import DIGITS_MLP, PLUGINS, cli_env, metrics, run
+
+pytestmark = pytest.mark.timeout(300)
+STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
+
+
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    """Each strategy's 2-rank run of the digits MLP (tests/plugins/sharded_worker.py)."""
+    out = {}
+    for strategy in STRATEGIES:
+        folder = tmp_path_factory.mktemp(strategy)
+        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 "2", str(PLUGINS / "sharded_worker.py"), strategy, str(folder)],
+                                capture_output=True, text=True, env=cli_env(), timeout=240, cwd=folder)
+        assert result.returncode == 0, result.stderr[-3000:]
+        out[strategy] = [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "fsdp"])
+def test_sharded_strategies_match_ddp(worker_results, strategy):
+    ddp, sharded = worker_results["ddp"][0], worker_results[strategy][0]
+    for a, b in zip(ddp["history"], sharded["history"], strict=True):
+        for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+    for name, value in ddp["weights"].items():
+        assert torch.allclose(value, sharded["weights"][name], atol=1e-6), name
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_planner_model_state_equals_what_each_rank_really_holds(worker_results, strategy):
+    ranks = worker_results[strategy]
+    params = [ParamInfo(shape, -1) for shape in ranks[0]["shapes"]]
+    plan = model_state(params, strategy, devices=2, storage_bytes=4, compute_bytes=4, optimizer="adamw")
+    held = [r["held"] for r in ranks]
+    # The planner reports the device holding the most.
+    assert plan.param_bytes == max(h["param_bytes"] for h in held)
+    assert plan.grad_bytes == max(h["grad_bytes"] for h in held)
+    assert plan.optimizer_bytes == max(h["optimizer_bytes"] for h in held)
+    # And sharded really is smaller: halved (plus padding) by fsdp/zero2; by zero1 only as far as
+    # whole tensors split evenly (here one 64x64 weight is 62 % of the model).
+    ddp_bytes = model_state(params, "ddp", 2, 4, 4).optimizer_bytes
+    if strategy in ("zero2", "fsdp"):
+        assert plan.optimizer_bytes < 0.55 * ddp_bytes and plan.grad_bytes < 0.55 * held[0]["param_bytes"] * 2
+    elif strategy == "zero1":
+        assert plan.optimizer_bytes < 0.7 * ddp_bytes
+
+
+def _epochs(path):
+    return [(m["train_loss"], m["val_loss"], m["val_accuracy"]) for m in metrics(path)]
+
+
+def test_fsdp_checkpoint_saved_on_two_ranks_resumes_on_one_and_back(tmp_path):
+    common = DIGITS_MLP + ["--epochs", "2", "--batch-size", "64", "--no-save-model"]
+    full = run(["train", *common, "--nproc", "2", "--strategy", "fsdp", "--run-dir", str(tmp_path / "full"),
+                "--checkpoint-every", "30"], tmp_path)
+    assert full.returncode == 0, full.stderr
+    ckpt = tmp_path / "full" / "checkpoints" / "step-000000030"  # mid-way through epoch 2
+    one = run(["train", *common, "--strategy", "single", "--run-dir", str(tmp_path / "one"), "--resume", str(ckpt)],
+              tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert f"resumed from {ckpt}" in one.stdout
+    for a, b in zip(_epochs(tmp_path / "full"), _epochs(tmp_path / "one"), strict=True):
+        assert a == pytest.approx(b, abs=1e-6)
+    # Back: a single-device checkpoint resumed by 2 fsdp ranks.
+    single = run(["train", *common, "--strategy", "single", "--run-dir", str(tmp_path / "single"),
+                  "--checkpoint-every", "30"], tmp_path)
+    assert single.returncode == 0, single.stderr
+    two = run(["train", *common, "--nproc", "2", "--strategy", "fsdp", "--run-dir", str(tmp_path / "two"),
+               "--resume", str(tmp_path / "single" / "checkpoints" / "step-000000030")], tmp_path)
+    assert two.returncode == 0, two.stderr
+    for a, b in zip(_epochs(tmp_path / "single"), _epochs(tmp_path / "two"), strict=True):
+        assert a == pytest.approx(b, abs=1e-6)
+
+
+def test_fsdp_with_checkpointed_blocks_and_bf16_trains_a_vit(tmp_path):
+    result = run(["train", "--model", "vit", "--model-option", "dim=32", "--model-option", "depth=2",
+                  "--model-option", "heads=2", "--data", "synthetic", "--shape", "3,8,8", "--num-samples", "256",
+                  "--epochs", "1", "--batch-size", "32", "--nproc", "2", "--strategy", "fsdp",
+                  "--activation-checkpointing", "--precision", "bf16-mixed", "--no-progress",
+                  "--run-dir", str(tmp_path / "r")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    [epoch] = metrics(tmp_path / "r")
+    assert 0 < epoch["train_loss"] < 10 and epoch["val_accuracy"] >= 0
+    state = torch.load(tmp_path / "r" / "model.pt", weights_only=True)
+    assert state["blocks.0.attn.qkv.weight"].shape == (96, 32)  # exported whole, not as a shard
+
+
+def test_batch_size_finder_takes_the_same_branch_on_every_rank(tmp_path):
+    # Only rank 1 runs out of memory above 48 samples; the all-reduced flag makes rank 0 agree.
+    result = run(["find-batch-size", "--model", "faulty_models:oom_mlp", "--model-option", "above=48",
+                  "--model-option", "rank=1", "--data", "digits", "--nproc", "2", "--strategy", "ddp",
+                  "--memory-limit", "1GB", "--first-batch-size", "8", "--max-batch-size", "256", "--json", "--no-progress"],
+                 tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout[result.stdout.index("{"):])
+    assert found["max_batch_size"] == 48 and found["devices"] == 2
+    assert [t["batch_size"] for t in found["trials"] if not t["fits"]][0] == 64
