@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from scaletrain.errors import ConfigError
 from scaletrain.memory.activation_checkpointing import apply_activation_checkpointing

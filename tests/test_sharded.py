@@ -110,4 +110,5 @@ def test_batch_size_finder_takes_the_same_branch_on_every_rank(tmp_path):
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout[result.stdout.index("{"):])
     assert found["max_batch_size"] == 48 and found["devices"] == 2
-    assert [t["batch_size"] for t in found["trials"] if not t["fits"]][0] == 64
+    failed = {t["batch_size"] for t in found["trials"] if not t["fits"]}
+    assert {49, 64} <= failed and 48 not in failed

@@ -129,9 +129,37 @@ class BatchSizeFinder:
         y = torch.as_tensor(train.y[idx]).to(self.trainer.device)
         return self.trainer.normalizer(x), y
 
+    def _probe(self, x, y) -> str:
+        """One forward/backward with gradient communication off (DDP's no_sync): a rank that runs
+        out of memory here fails alone, before any collective could leave its peers waiting in a
+        mismatched one. (FSDP gathers parameters inside the forward, so its probe is the step.)"""
+        t = self.trainer
+        try:
+            with t.strategy.no_sync(), t.policy.autocast(t.device):
+                logits = t.forward(x)
+            with t.strategy.no_sync():
+                torch.nn.functional.cross_entropy(logits.float(), y).backward()
+            return ""
+        except torch.OutOfMemoryError as exc:
+            return f"out of memory: {str(exc).splitlines()[0][:120]}"
+        finally:
+            logits = None
+            t.model.zero_grad(set_to_none=True)
+
     def _trial(self, size: int, snapshot: TrainingSnapshot) -> Trial:
         t = self.trainer
         failed, reason, peak, rate = 0.0, "", 0, None
+        if not t.strategy.eval_in_lockstep:
+            x, y = self._batch(size)
+            reason = self._probe(x, y)
+            flag = torch.tensor([1.0 if reason else 0.0], dtype=torch.float64, device=t.device)
+            t.strategy.all_reduce_max_(flag)
+            if flag.item():
+                snapshot.restore()
+                self._release()
+                trial = Trial(size, False, None, None, reason or "out of memory on another rank")
+                self.trials[size] = trial
+                return trial
         try:
             x, y = self._batch(size)
             step = TrainStep(t.model, t.forward, t.optimizer, build_schedule(t.config.optim, self.steps, 1),
