@@ -83,9 +83,12 @@ def run_training(cfg: TrainConfig, console: Console | None = None) -> tuple[RunS
         console = console or Console()
         if not strategy.is_chief:
             console = Console(quiet=True)
-        return _run(cfg, env, strategy, console)
-    finally:
-        strategy.teardown()
+        result = _run(cfg, env, strategy, console)
+    except BaseException:
+        strategy.teardown(clean=False)  # a peer may be dead or hung: no draining barrier
+        raise
+    strategy.teardown()
+    return result
 
 
 def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[RunSummary, Trainer]:

@@ -77,7 +77,7 @@ class Strategy:
     def after_first_step(self) -> None:
         """Called once the first training step has run (compilation and warm-up are over)."""
 
-    def teardown(self) -> None:
+    def teardown(self, clean: bool = True) -> None:
         pass
 
     # -- collectives (no-ops on one process)

@@ -70,13 +70,15 @@ class ProcessGroupStrategy(Strategy):
         from torch.distributed.distributed_c10d import _set_pg_timeout
         _set_pg_timeout(datetime.timedelta(seconds=self.config.step_timeout_s), None)
 
-    def teardown(self) -> None:
+    def teardown(self, clean: bool = True) -> None:
         if self.owns_group and dist.is_initialized():
             # Drain what is still in flight first: FSDP2 on gloo does not wait for its last
             # reduce-scatter (its completion event is a CUDA event, a no-op on CPU), and destroying
             # the group under it occasionally aborted a rank at exit ("terminate called without
             # an active exception"). Gloo runs a group's work in order, so one barrier suffices.
-            dist.barrier()
+            # Not after a failure: a dead or hung peer would never arrive.
+            if clean:
+                dist.barrier()
             dist.destroy_process_group()
             self.owns_group = False
 
