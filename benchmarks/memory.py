@@ -31,6 +31,7 @@ from scaletrain.memory.planner import PlanRequest, Planner  # noqa: E402
 from scaletrain.memory.units import parse_bytes  # noqa: E402
 from scaletrain.models import build_model  # noqa: E402
 from scaletrain.training import Trainer  # noqa: E402
+from scaletrain.training.snapshot import TrainingSnapshot  # noqa: E402
 
 CONFIGS = (("fp32", False), ("bf16-mixed", False), ("bf16-mixed", True))
 
@@ -80,18 +81,11 @@ def main() -> None:
         for key in CONFIGS:
             trainer, finder = trainers[key]
             batch = found[key]
-            x, y = finder._batch(batch)
-            from scaletrain.optim import build_schedule
-            from scaletrain.training.step import TrainStep
-            step = TrainStep(trainer.model, trainer.forward, trainer.optimizer,
-                             build_schedule(trainer.config.optim, args.steps + 1, 1), trainer.policy,
-                             trainer.counters, trainer.device, trainer.scaler, strategy=trainer.strategy)
-            trainer.counters.resize(args.steps + 1)
-            trainer.counters.applied_steps.zero_()  # the schedule table's index
-            finder.steps = args.steps + 1
-            peak, elapsed = finder._measure(step, x, y)
+            snapshot = TrainingSnapshot(trainer.model, trainer.optimizer, trainer.counters.tensors())
+            peak, rate = finder.measure(batch, args.steps + 1)
+            snapshot.restore()
             peaks[key] = peak
-            timings[key].append(batch * args.steps / elapsed)
+            timings[key].append(rate)
     print(json.dumps({"environment": environment(trainers[CONFIGS[0]][0].device), "date": time.strftime("%Y-%m-%d")}))
     print("| precision | activation checkpointing | largest batch | samples/s (median, min-max) | measured peak | "
           "planned peak | planned / measured |")

@@ -161,13 +161,7 @@ class BatchSizeFinder:
                 self.trials[size] = trial
                 return trial
         try:
-            x, y = self._batch(size)
-            step = TrainStep(t.model, t.forward, t.optimizer, build_schedule(t.config.optim, self.steps, 1),
-                             t.policy, t.counters, t.device, t.scaler, t.config.optim.clip_grad_norm,
-                             strategy=t.strategy)
-            t.counters.resize(self.steps)
-            peak, elapsed = self._measure(step, x, y)
-            rate = size * t.strategy.world_size * (self.steps - 1) / max(elapsed, 1e-9)
+            peak, rate = self.measure(size, self.steps)
             if self.memory_limit is not None and peak > self.memory_limit:
                 failed, reason = 1.0, f"peak {peak} bytes > --memory-limit {self.memory_limit}"
         except torch.OutOfMemoryError as exc:
@@ -184,14 +178,27 @@ class BatchSizeFinder:
         self.trials[size] = trial
         return trial
 
-    def _measure(self, step: TrainStep, x, y) -> tuple[int, float]:
+    def measure(self, size: int, steps: int) -> tuple[int, float]:
+        """(peak bytes, samples/s over all devices) of `steps` real training steps at a per-device
+        batch of `size`, the first untimed. Changes the trainer's state: restore a snapshot after."""
+        t = self.trainer
+        x, y = self._batch(size)
+        step = TrainStep(t.model, t.forward, t.optimizer, build_schedule(t.config.optim, steps, 1),
+                         t.policy, t.counters, t.device, t.scaler, t.config.optim.clip_grad_norm,
+                         strategy=t.strategy)
+        t.counters.resize(steps)
+        t.counters.applied_steps.zero_()  # the schedule table's index
+        peak, elapsed = self._measure(step, x, y, steps)
+        return peak, size * t.strategy.world_size * (steps - 1) / max(elapsed, 1e-9)
+
+    def _measure(self, step: TrainStep, x, y, steps: int) -> tuple[int, float]:
         t = self.trainer
         if t.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(t.device)
             step(x, y)
             torch.cuda.synchronize(t.device)
             start = time.perf_counter()
-            for _ in range(self.steps - 1):
+            for _ in range(steps - 1):
                 step(x, y)
             torch.cuda.synchronize(t.device)
             return int(torch.cuda.max_memory_allocated(t.device)), time.perf_counter() - start
@@ -201,7 +208,7 @@ class BatchSizeFinder:
         with tracker:
             step(x, y)
             start = time.perf_counter()
-            for _ in range(self.steps - 1):
+            for _ in range(steps - 1):
                 step(x, y)
             elapsed = time.perf_counter() - start
         return resident + tracker.peak, elapsed
