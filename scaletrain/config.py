@@ -99,6 +99,16 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class TrackingConfig:
+    store: str = _f("scaletrain-runs/runs.db", "run store: the SQLite file every run is recorded in")
+    record: bool = _f(True, "record this run in the run store (config, environment, metrics, system samples)")
+    run_id: str | None = _f(None, "id of this run in the store (default: a new one; a resumed run folder keeps its id)")
+    group: str | None = _f(None, "label grouping runs in the store, e.g. a sweep or a study")
+    sample_interval_s: float = _f(1.0, "seconds between system samples (RSS and CPU; GPU memory and utilisation via NVML)")
+    tensorboard: bool = _f(False, "also write TensorBoard event files into <run folder>/tensorboard")
+
+
+@dataclass(kw_only=True, slots=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "the model"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "the data"})
@@ -107,6 +117,7 @@ class TrainConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={"doc": "devices and processes"})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "checkpoints and resume"})
     memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"doc": "activation checkpointing"})
+    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata={"doc": "the run store"})
     epochs: int = _f(10, "maximum number of epochs")
     batch_size: int = _f(128, "global batch: samples per optimizer step over all replicas")
     per_replica_batch_size: int | None = _f(None, "fix the per-replica batch instead (global = replicas x this)")
@@ -147,6 +158,7 @@ class TrainConfig:
             (self.metrics_format in ("jsonl", "csv"), "metrics_format", "must be jsonl or csv"),
             (self.data.placement in ("auto", "device", "stream"), "data.placement", "must be auto, device or stream"),
             (self.target_accuracy is None or 0 < self.target_accuracy <= 1, "target_accuracy", "must be in (0, 1]"),
+            (self.tracking.sample_interval_s > 0, "tracking.sample_interval_s", "must be positive"),
         ]
         for ok, key, problem in checks:
             if not ok:

@@ -15,3 +15,11 @@ class DataError(UserError):
 
 class NonFiniteLossError(UserError):
     """The loss became inf/NaN in a precision mode that has no loss scaling to absorb it."""
+
+
+class RunPruned(Exception):
+    """A hyperparameter search stopped this run early: its metric trailed the other trials'.
+    Not an error: the run is recorded as 'pruned' and the CLI exits with PRUNED_EXIT_CODE."""
+
+
+PRUNED_EXIT_CODE = 3

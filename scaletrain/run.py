@@ -7,6 +7,7 @@ The CLI calls `run_training`; so can a notebook or a sweep.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import time
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +23,9 @@ from scaletrain.data import load_dataset
 from scaletrain.distributed import DistEnv, build_strategy, dist_env
 from scaletrain.models import build_model
 from scaletrain.optim.schedules import replica_lr_scale
-from scaletrain.summary import RunSummary, build_summary, print_summary
+from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
+from scaletrain.tracking.tensorboard import TensorBoardLogger
+from scaletrain.tracking.tracked_run import TrackedRun
 from scaletrain.training import Trainer
 
 RUNS_ROOT = Path("scaletrain-runs")
@@ -106,16 +109,39 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
         callbacks.append(StopAtAccuracy(cfg.target_accuracy, cfg.patience, console=console))
     if cfg.early_stopping_patience is not None:
         callbacks.append(EarlyStopping(patience=cfg.early_stopping_patience))
+    tracked = None
     if strategy.is_chief:
         callbacks.append(MetricsLog(run_dir / f"metrics.{cfg.metrics_format}", cfg.metrics_format))
         if cfg.progress:
             callbacks.append(ProgressBar(console))
+        if cfg.tracking.record:
+            tracked = TrackedRun(cfg, run_dir, run_name(cfg), wall_start, strategy.device)
+            callbacks.append(tracked.recorder)
+        if cfg.tracking.tensorboard:
+            callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
+        from scaletrain.experiments.pruning import trial_pruning_from_env
+        pruning = trial_pruning_from_env()
+        if pruning is not None:
+            callbacks.append(pruning)
+    try:
+        return _fit(cfg, env, strategy, console, dataset, model, run_dir, callbacks, tracked, wall_start)
+    except BaseException as exc:
+        if tracked is not None:
+            tracked.fail(exc)
+        raise
+
+
+def _fit(cfg: TrainConfig, env: DistEnv, strategy, console: Console, dataset, model, run_dir: Path, callbacks,
+         tracked: TrackedRun | None, wall_start: float) -> tuple[RunSummary, Trainer]:
     n_params = sum(p.numel() for p in model.parameters())
     checkpointer = _checkpointer(cfg, env, run_dir)
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer)
+    if tracked is not None:
+        tracked.start(trainer.device, device_name(trainer.device), strategy.world_size)
     console.print(f"scaletrain: {cfg.model.name} ({n_params / 1e6:.2f}M params) on {dataset.name} "
                   f"({len(dataset.train)} train / {len(dataset.test)} test), {cfg.precision.policy} on "
-                  f"{trainer.device}, strategy {strategy.name}, run folder {run_dir}", soft_wrap=True)
+                  f"{trainer.device}, strategy {strategy.name}, run folder {run_dir}"
+                  + (f", run id {tracked.run_id}" if tracked else ""), soft_wrap=True)
     console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
     for advice in trainer.alignment_advice:
         console.print(f"note: {advice}", soft_wrap=True)
@@ -131,6 +157,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
         console.print(f"resumed from {trainer.resumed_from}", soft_wrap=True)
     summary = build_summary(trainer, cfg, wall_time_s=time.perf_counter() - wall_start, run_dir=run_dir,
                             restarts=env.restart_count)
+    summary.run_id = tracked.run_id if tracked else None
     # Collective where parameters are sharded: every rank takes part, the chief writes.
     weights = strategy.full_state_dict(trainer.model) if cfg.save_model else None
     if strategy.is_chief:
@@ -142,5 +169,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
         if cfg.save_model:
             # The bare module's weights: no DDP `module.` prefix, loads without a process group.
             torch.save(weights, run_dir / "model.pt")
+        if tracked is not None:
+            tracked.finish(asdict(summary))
         print_summary(summary, console)
     return summary, trainer

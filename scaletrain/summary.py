@@ -48,6 +48,7 @@ class RunSummary:
     restarts: int = 0               # torchrun restarts of the worker group before this attempt finished
     resumed_from: str | None = None
     checkpoints_saved: int = 0
+    run_id: str | None = None       # the run's id in the run store (None when not recorded)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -127,4 +128,6 @@ def print_summary(s: RunSummary, console: Console) -> None:
     table.add_row("skipped steps (fp16 overflow)", str(s.skipped_steps))
     table.add_row("epochs run", str(s.epochs_run))
     table.add_row("device", s.device)
+    if s.run_id:
+        table.add_row("run id", f"{s.run_id} (scaletrain runs show {s.run_id})")
     console.print(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scaletrain.errors import UserError
+from scaletrain.errors import PRUNED_EXIT_CODE, RunPruned, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     finder = sub.add_parser("find-batch-size", help="find the largest batch that trains without running out of "
                             "memory, with the throughput at every size tried", allow_abbrev=False)
     add_find_batch_size_arguments(finder)
+    from scaletrain.cli.runs import add_runs_arguments
+    runs = sub.add_parser("runs", help="the run store: list, show, compare recorded runs; an HTML report",
+                          allow_abbrev=False)
+    add_runs_arguments(runs)
     sub.add_parser("list", help="list the models, data sets, precisions, strategies and recipes")
     return parser
 
@@ -62,10 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "find-batch-size":
             from scaletrain.cli.find_batch_size import run_find_batch_size
             return run_find_batch_size(args, argv[1:])
+        if args.command == "runs":
+            from scaletrain.cli.runs import run_runs
+            return run_runs(args)
         return _list()
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)
         return 2
+    except RunPruned as exc:
+        print(f"scaletrain: {exc}", file=sys.stderr)
+        return PRUNED_EXIT_CODE
     except KeyboardInterrupt:
         print("scaletrain: interrupted", file=sys.stderr)
         return 130

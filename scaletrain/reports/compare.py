@@ -1,0 +1,108 @@
+"""Side-by-side views of recorded runs: the numbers seed 001's dashboard and seed 003's lab
+compare (time, time to target, best accuracy, images/sec, peak memory, precision, batch size)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from rich.table import Table
+
+from scaletrain.memory.units import format_bytes
+from scaletrain.tracking.store import RunRecord
+
+
+def _config(record: RunRecord, dotted: str):
+    value = record.config
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _seconds(value) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _time_to_target(record: RunRecord) -> str:
+    target = record.summary_value("target_accuracy")
+    if target is None:
+        return "-"
+    reached = record.summary_value("time_to_target_s")
+    return f"{reached:.2f} s" if reached is not None else f"not reached ({target:g})"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    header: str
+    value: Callable[[RunRecord], object]          # the raw value (JSON output, best-of marking)
+    text: Callable[[RunRecord], str]              # how the table shows it
+    better: str | None = None                     # "min" or "max": the best run's cell is highlighted
+
+
+COLUMNS = [
+    Column("run", lambda r: r.id, lambda r: r.id),
+    Column("status", lambda r: r.display_status, lambda r: r.display_status),
+    Column("model", lambda r: _config(r, "model.name"), lambda r: str(_config(r, "model.name") or "-")),
+    Column("data", lambda r: _config(r, "data.name"), lambda r: str(_config(r, "data.name") or "-")),
+    Column("precision", lambda r: r.summary_value("precision", _config(r, "precision.policy")),
+           lambda r: str(r.summary_value("precision", _config(r, "precision.policy")) or "-")),
+    Column("batch", lambda r: r.summary_value("batch_size", _config(r, "batch_size")),
+           lambda r: str(r.summary_value("batch_size", _config(r, "batch_size")) or "-")),
+    Column("epochs", lambda r: r.summary_value("epochs_run"), lambda r: str(r.summary_value("epochs_run", "-"))),
+    Column("train time", lambda r: r.summary_value("train_time_s"), lambda r: _seconds(r.summary_value("train_time_s")),
+           better="min"),
+    Column("wall time", lambda r: r.summary_value("wall_time_s"), lambda r: _seconds(r.summary_value("wall_time_s")),
+           better="min"),
+    Column("time to target", lambda r: r.summary_value("time_to_target_s"), _time_to_target, better="min"),
+    Column("best acc", lambda r: r.summary_value("best_val_accuracy"),
+           lambda r: "-" if r.summary is None else f"{r.summary_value('best_val_accuracy'):.4f}", better="max"),
+    Column("images/sec", lambda r: r.summary_value("images_per_sec"),
+           lambda r: "-" if r.summary_value("images_per_sec") is None else f"{r.summary_value('images_per_sec'):,.0f}",
+           better="max"),
+    Column("peak memory", lambda r: r.summary_value("peak_memory_bytes"),
+           lambda r: "-" if r.summary_value("peak_memory_bytes") is None
+           else format_bytes(r.summary_value("peak_memory_bytes")), better="min"),
+    Column("device", lambda r: r.environment.get("device"), lambda r: str(r.environment.get("device", "-"))),
+]
+
+
+def compare_values(records: list[RunRecord]) -> list[dict]:
+    """The comparison as plain values, one dict per run (for --json)."""
+    return [{c.header: c.value(r) for c in COLUMNS} for r in records]
+
+
+def _best(records: list[RunRecord], column: Column) -> set[str]:
+    values = [(column.value(r), r.id) for r in records if isinstance(column.value(r), (int, float))]
+    if len(values) < 2 or column.better is None:
+        return set()
+    pick = min if column.better == "min" else max
+    best = pick(v for v, _ in values)
+    return {run_id for v, run_id in values if v == best}
+
+
+def compare_table(records: list[RunRecord]) -> Table:
+    """Runs as columns, metrics as rows (side by side, as in a lab notebook); the best value of
+    each comparable metric in bold green."""
+    table = Table(title=f"{len(records)} runs compared")
+    table.add_column("", style="bold")
+    for record in records:
+        table.add_column(record.id, justify="right")
+    for column in COLUMNS[1:]:
+        best = _best(records, column)
+        table.add_row(column.header, *[f"[bold green]{column.text(r)}[/]" if r.id in best else column.text(r)
+                                       for r in records])
+    return table
+
+
+def list_table(records: list[RunRecord]) -> Table:
+    table = Table(title=f"{len(records)} runs")
+    for header in ("run", "created", "status", "group", "model", "data", "precision", "batch", "best acc",
+                   "train time", "images/sec"):
+        table.add_column(header, justify="right" if header in ("batch", "best acc", "train time", "images/sec") else "left")
+    by_header = {c.header: c for c in COLUMNS}
+    for r in records:
+        table.add_row(r.id, datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S"), r.display_status,
+                      r.group or "-", *[by_header[h].text(r) for h in ("model", "data", "precision", "batch",
+                                                                       "best acc", "train time", "images/sec")])
+    return table

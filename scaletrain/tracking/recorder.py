@@ -1,0 +1,44 @@
+"""The callback that writes a run into the run store as it trains (on the chief only)."""
+
+from __future__ import annotations
+
+import numbers
+import time
+
+from scaletrain.tracking.store import RunStore
+from scaletrain.tracking.system_monitor import SystemMonitor
+
+
+def plain_metrics(logs: dict) -> dict:
+    """The JSON-able scalars of an epoch log (tensors and arrays have been read back by then)."""
+    return {k: (v if isinstance(v, (bool, str)) or v is None else float(v)) for k, v in logs.items()
+            if isinstance(v, (numbers.Number, bool, str)) or v is None}
+
+
+class RunRecorder:
+    """Per-epoch metrics (with the wall time since the run began) and system samples, written at
+    each epoch end: a few small SQLite transactions per epoch, none inside the step loop."""
+
+    def __init__(self, store: RunStore, run_id: str, wall_start: float, monitor: SystemMonitor | None = None):
+        self.store, self.run_id, self.wall_start, self.monitor = store, run_id, wall_start, monitor
+
+    def on_train_begin(self, trainer) -> None:
+        if self.monitor is not None:
+            self.monitor.start(self.wall_start)
+
+    def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
+        self.store.log_epoch(self.run_id, epoch, time.perf_counter() - self.wall_start, plain_metrics(logs))
+        self.flush_samples()
+
+    def flush_samples(self) -> None:
+        if self.monitor is not None:
+            self.store.log_samples(self.run_id, self.monitor.drain())
+
+    def on_train_end(self, trainer, logs: dict) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops sampling and writes what is left; safe to call twice (also on a failed run)."""
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.flush_samples()

@@ -1,0 +1,273 @@
+"""The run store: every training run, its config, environment, per-epoch metrics, system samples
+and summary, in one embedded SQLite file (default ./scaletrain-runs/runs.db).
+
+Many processes write to one store at once (parallel trials, sweep points, the ranks of nothing
+else: only a run's chief writes). SQLite serialises writers with a file lock; WAL journaling lets
+readers go on while one writes, and every write is one short `BEGIN IMMEDIATE` transaction, so a
+writer waits for the lock (up to `timeout_s`) instead of failing, and a crash mid-write rolls
+back to the last committed state. WAL needs a local file system (not NFS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scaletrain.errors import UserError
+
+DEFAULT_STORE = Path("scaletrain-runs") / "runs.db"
+SCHEMA_VERSION = 1
+STATUSES = ("running", "finished", "failed", "pruned", "interrupted")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    status TEXT NOT NULL,
+    group_name TEXT,
+    name TEXT,
+    run_dir TEXT,
+    host TEXT,
+    pid INTEGER,
+    config TEXT,
+    environment TEXT,
+    summary TEXT,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_group ON runs (group_name, created_at);
+CREATE TABLE IF NOT EXISTS epochs (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    epoch INTEGER NOT NULL,
+    elapsed_s REAL NOT NULL,
+    metrics TEXT NOT NULL,
+    PRIMARY KEY (run_id, epoch)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    elapsed_s REAL NOT NULL,
+    rss_bytes INTEGER,
+    cpu_percent REAL,
+    gpu_memory_bytes INTEGER,
+    gpu_util_percent REAL
+);
+CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, elapsed_s);
+"""
+
+
+def new_run_id() -> str:
+    """Eight hex digits: short enough to type, and any unique prefix of it works too."""
+    return uuid.uuid4().hex[:8]
+
+
+def _dumps(value) -> str | None:
+    return None if value is None else json.dumps(value, default=float)
+
+
+def _loads(text: str | None):
+    return None if text is None else json.loads(text)
+
+
+@dataclass(slots=True)
+class RunRecord:
+    id: str
+    created_at: float
+    updated_at: float
+    status: str
+    group: str | None
+    name: str | None
+    run_dir: str | None
+    host: str | None
+    pid: int | None
+    config: dict = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+    summary: dict | None = None
+    error: str | None = None
+
+    @property
+    def display_status(self) -> str:
+        """'running' for a run whose process is gone (killed, out of memory) reads 'died'."""
+        if self.status == "running" and self.host == socket.gethostname() and self.pid and not _alive(self.pid):
+            return "died"
+        return self.status
+
+    def summary_value(self, key: str, default=None):
+        return (self.summary or {}).get(key, default)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(slots=True)
+class Sample:
+    elapsed_s: float
+    rss_bytes: int | None = None
+    cpu_percent: float | None = None
+    gpu_memory_bytes: int | None = None
+    gpu_util_percent: float | None = None
+
+
+class RunStore:
+    """One SQLite run store. Opening creates the file (and its folder) unless `create=False`."""
+
+    def __init__(self, path: str | Path = DEFAULT_STORE, create: bool = True, timeout_s: float = 60.0):
+        self.path = Path(path)
+        if not self.path.exists():
+            if not create:
+                raise UserError(f"no run store at {self.path}; train a run first (it creates the store) "
+                                "or pass --store PATH")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif self.path.is_dir():
+            raise UserError(f"run store {self.path} is a folder; pass the path of the SQLite file (e.g. {self.path / 'runs.db'})")
+        self.timeout_s = timeout_s
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+            self._conn.execute("PRAGMA busy_timeout = %d" % int(timeout_s * 1000))
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            with self._write() as conn:
+                # Statement by statement: executescript would COMMIT the open transaction first.
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    conn.execute(statement)
+                conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"run store {self.path} is not a readable SQLite database ({exc}); "
+                            "point --store at another file or move this one away") from None
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self):
+        # BEGIN IMMEDIATE takes the write lock up front, so two writers never deadlock upgrading
+        # read locks; busy_timeout makes the second one wait.
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def start_run(self, run_id: str, *, name: str | None = None, group: str | None = None,
+                  run_dir: str | None = None, config: dict | None = None, environment: dict | None = None) -> None:
+        """Creates the run, or re-opens it (a resumed run keeps its id and its earlier epochs)."""
+        now = time.time()
+        with self._write() as conn:
+            conn.execute(
+                """INSERT INTO runs (id, created_at, updated_at, status, group_name, name, run_dir, host, pid,
+                                     config, environment)
+                   VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (id) DO UPDATE SET updated_at = excluded.updated_at, status = 'running',
+                       host = excluded.host, pid = excluded.pid, config = excluded.config,
+                       environment = excluded.environment, error = NULL""",
+                (run_id, now, now, group, name, run_dir, socket.gethostname(), os.getpid(),
+                 _dumps(config), _dumps(environment)))
+
+    def log_epoch(self, run_id: str, epoch: int, elapsed_s: float, metrics: dict) -> None:
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO epochs VALUES (?, ?, ?, ?)",
+                         (run_id, epoch, elapsed_s, _dumps(metrics)))
+            conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
+
+    def log_samples(self, run_id: str, samples: list[Sample]) -> None:
+        if not samples:
+            return
+        with self._write() as conn:
+            conn.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?)",
+                             [(run_id, s.elapsed_s, s.rss_bytes, s.cpu_percent, s.gpu_memory_bytes,
+                               s.gpu_util_percent) for s in samples])
+
+    def finish_run(self, run_id: str, status: str, summary: dict | None = None, error: str | None = None) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown run status {status!r}")
+        with self._write() as conn:
+            conn.execute("UPDATE runs SET status = ?, updated_at = ?, summary = COALESCE(?, summary), error = ? "
+                         "WHERE id = ?", (status, time.time(), _dumps(summary), error, run_id))
+
+    def record_failure(self, run_id: str, error: str, *, name: str | None = None, group: str | None = None,
+                       config: dict | None = None) -> None:
+        """Marks a run failed from outside it (its process died before it could say so, or before
+        it had started): a sweep or tune parent calls this with the exit code and the last lines."""
+        now = time.time()
+        with self._write() as conn:
+            conn.execute(
+                """INSERT INTO runs (id, created_at, updated_at, status, group_name, name, config, error)
+                   VALUES (?, ?, ?, 'failed', ?, ?, ?, ?)
+                   ON CONFLICT (id) DO UPDATE SET status = 'failed', updated_at = excluded.updated_at,
+                       error = excluded.error""",
+                (run_id, now, now, group, name, _dumps(config), error))
+
+    # -- reading ------------------------------------------------------------------------------
+
+    _COLUMNS = "id, created_at, updated_at, status, group_name, name, run_dir, host, pid, config, environment, summary, error"
+
+    @staticmethod
+    def _record(row) -> RunRecord:
+        return RunRecord(id=row[0], created_at=row[1], updated_at=row[2], status=row[3], group=row[4], name=row[5],
+                         run_dir=row[6], host=row[7], pid=row[8], config=_loads(row[9]) or {},
+                         environment=_loads(row[10]) or {}, summary=_loads(row[11]), error=row[12])
+
+    def runs(self, group: str | None = None, limit: int | None = None) -> list[RunRecord]:
+        """Runs, oldest first (the newest `limit` of them when a limit is given)."""
+        query = f"SELECT {self._COLUMNS} FROM runs"
+        params: list = []
+        if group is not None:
+            query += " WHERE group_name = ?"
+            params.append(group)
+        query += " ORDER BY created_at DESC, id DESC"
+        if limit is not None:
+            query += " LIMIT ?"
+            params.append(limit)
+        return [self._record(r) for r in reversed(self._conn.execute(query, params).fetchall())]
+
+    def resolve(self, run_id: str) -> str:
+        """The full id of the run that `run_id` names (the whole id or a unique prefix of it)."""
+        if not run_id or any(c in run_id for c in "%_"):
+            raise UserError(f"'{run_id}' is not a run id; `scaletrain runs list` shows the ids")
+        rows = self._conn.execute("SELECT id FROM runs WHERE id LIKE ? ORDER BY id", (run_id + "%",)).fetchall()
+        if not rows:
+            raise UserError(f"no run '{run_id}' in {self.path}; `scaletrain runs list --store {self.path}` shows the ids")
+        if len(rows) > 1 and rows[0][0] != run_id:
+            ids = ", ".join(r[0] for r in rows[:5])
+            raise UserError(f"run id prefix '{run_id}' is ambiguous ({ids}{', ...' if len(rows) > 5 else ''}); "
+                            "type more of it")
+        return rows[0][0]
+
+    def get(self, run_id: str) -> RunRecord:
+        full = self.resolve(run_id)
+        row = self._conn.execute(f"SELECT {self._COLUMNS} FROM runs WHERE id = ?", (full,)).fetchone()
+        return self._record(row)
+
+    def epochs(self, run_id: str) -> list[dict]:
+        """Per-epoch metrics, each with its `epoch` and `elapsed_s` (wall time since the run began)."""
+        rows = self._conn.execute("SELECT epoch, elapsed_s, metrics FROM epochs WHERE run_id = ? ORDER BY epoch",
+                                  (run_id,)).fetchall()
+        return [{**json.loads(m), "epoch": e, "elapsed_s": t} for e, t, m in rows]
+
+    def samples(self, run_id: str) -> list[Sample]:
+        rows = self._conn.execute("SELECT elapsed_s, rss_bytes, cpu_percent, gpu_memory_bytes, gpu_util_percent "
+                                  "FROM samples WHERE run_id = ? ORDER BY elapsed_s", (run_id,)).fetchall()
+        return [Sample(*r) for r in rows]
