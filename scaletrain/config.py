@@ -283,3 +283,12 @@ def load_toml(path: str | Path) -> dict:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def write_toml(cfg: TrainConfig, path: str | Path) -> Path:
+    """Writes a config as TOML that `scaletrain train --config` reads back to an equal config."""
+    import tomli_w
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(to_mapping(cfg)))
+    return path

@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="the run store: list, show, compare recorded runs; an HTML report",
                           allow_abbrev=False)
     add_runs_arguments(runs)
+    from scaletrain.cli.sweep import add_sweep_arguments
+    sweep = sub.add_parser("sweep", help="run one training per point of a sweep (batch size) and plot the results",
+                           allow_abbrev=False)
+    add_sweep_arguments(sweep)
     sub.add_parser("list", help="list the models, data sets, precisions, strategies and recipes")
     return parser
 
@@ -69,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "runs":
             from scaletrain.cli.runs import run_runs
             return run_runs(args)
+        if args.command == "sweep":
+            from scaletrain.cli.sweep import run_sweep
+            return run_sweep(args)
         return _list()
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)

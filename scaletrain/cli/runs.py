@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import datetime
 
 from rich.console import Console
 from rich.table import Table
 
+from scaletrain.cli.console import wide_console
 from scaletrain.errors import UserError
 from scaletrain.tracking.store import DEFAULT_STORE, RunRecord, RunStore
 
@@ -89,8 +89,7 @@ def _show(store: RunStore, record: RunRecord, as_json: bool, console: Console) -
 
 def run_runs(args: argparse.Namespace) -> int:
     from scaletrain.reports.compare import compare_table, compare_values, list_table
-    # Piped output keeps whole rows (rich would fold the table to 80 columns).
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = wide_console()
     with RunStore(args.store, create=False) as store:
         if args.runs_command == "list":
             records = store.runs(group=args.group, limit=args.last)

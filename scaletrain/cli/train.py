@@ -66,14 +66,16 @@ def _option_parser(text: str):
     return key.strip(), parsed
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """Every config field as a flag; `exclude` names dotted keys whose flag a command uses for
+    something else (a sweep's --lr-scaling)."""
     parser.add_argument("--config", help="TOML file with the run configuration")
     parser.add_argument("--recipe", help="start from a named recipe (default with no arguments: "
                         f"{DEFAULT_RECIPE})")
     parser.add_argument("--model-option", action="append", type=_option_parser, dest="model_options",
                         metavar="KEY=VALUE", help="a model option, e.g. --model-option channels=32")
     for key, (tp, doc) in field_docs(TrainConfig).items():
-        if key == "model.options":
+        if key == "model.options" or key in exclude:
             continue
         flag = FLAG_NAMES.get(key, "--" + key.split(".")[-1].replace("_", "-"))
         scalar = _scalar_type(tp)
@@ -105,6 +107,13 @@ def config_from_args(args: argparse.Namespace, argv_given: bool) -> TrainConfig:
     from_mapping(TrainConfig, to_mapping(cfg))
     cfg.validate()
     return cfg
+
+
+def train_options_given(args: argparse.Namespace) -> bool:
+    """Whether any training option was given (none: the default recipe, as for `train`)."""
+    values = vars(args)
+    return any(k in values for k in ("config", "recipe")) and any(values.get(k) for k in ("config", "recipe")) \
+        or bool(values.get("model_options")) or any("." in k or hasattr(TrainConfig(), k) for k in values)
 
 
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:

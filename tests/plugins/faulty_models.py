@@ -62,3 +62,23 @@ def oom_mlp(shape, classes, above=100, rank=None, **options):
 
     model.register_forward_pre_hook(hook)
     return model
+
+
+def sweep_fault_mlp(shape, classes, oom_above=100, kill_above=200, **options):
+    """Training forwards of more than `kill_above` samples kill the process outright (SIGKILL, as
+    the kernel's out-of-memory killer would: nothing gets recorded); more than `oom_above` raise
+    torch.OutOfMemoryError (the run records its own failure)."""
+    import signal
+
+    import torch
+
+    model = MLP(shape, classes, **options)
+
+    def hook(module, args):
+        if module.training and args[0].shape[0] > kill_above:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if module.training and args[0].shape[0] > oom_above:
+            raise torch.OutOfMemoryError(f"injected: batch {args[0].shape[0]} > {oom_above}")
+
+    model.register_forward_pre_hook(hook)
+    return model
