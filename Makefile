@@ -9,6 +9,8 @@ train:
 	bash scripts/setup.sh all
 	.venv/bin/scaletrain train
 
+# setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real.
 test:
 	bash scripts/setup.sh dev
+	bash scripts/setup-system.sh
 	.venv/bin/python -m pytest -q tests

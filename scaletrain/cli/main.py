@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="run one training per point of a sweep (batch size) and plot the results",
                            allow_abbrev=False)
     add_sweep_arguments(sweep)
+    from scaletrain.cli.tune import add_tune_arguments
+    tune = sub.add_parser("tune", help="hyperparameter search on Optuna (TPE, median pruning), trials in parallel "
+                          "as separate processes, each a run in the store", allow_abbrev=False)
+    add_tune_arguments(tune)
     sub.add_parser("list", help="list the models, data sets, precisions, strategies and recipes")
     return parser
 
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             from scaletrain.cli.sweep import run_sweep
             return run_sweep(args)
+        if args.command == "tune":
+            from scaletrain.cli.tune import run_tune
+            return run_tune(args)
         return _list()
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)

@@ -1,0 +1,61 @@
+"""`scaletrain tune --space space.toml --trials N --parallel P --metric M --direction D [train options]`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    from scaletrain.cli.train import add_train_arguments
+    parser.add_argument("--space", required=True, help="TOML file: one table per parameter (type float|int|"
+                        "categorical, low/high/log/step or choices)")
+    parser.add_argument("--trials", type=int, default=20, help="trials in the whole study, counting finished "
+                        "ones of earlier or other invocations (default 20)")
+    parser.add_argument("--parallel", type=int, default=1, help="trials at once, each on its own device "
+                        "(a GPU, or an equal share of the CPU cores) (default 1)")
+    parser.add_argument("--metric", default="val_accuracy", help="what to optimise: a per-epoch metric (its best "
+                        "epoch) or a run summary field such as time_to_target_s (default val_accuracy)")
+    parser.add_argument("--direction", default="maximize", help="maximize or minimize (default maximize)")
+    parser.add_argument("--out", help="folder for the trials, trials.csv and best.toml (default: "
+                        "<run store folder>/studies/<study name>)")
+    parser.add_argument("--study-name", help="the study's name in the storage (default: the space file's name)")
+    parser.add_argument("--storage", help="any database URL Optuna accepts, e.g. postgresql://user@host/db for "
+                        "trials from several hosts (default: sqlite:///<out>/study.db)")
+    parser.add_argument("--pruner", default="median", choices=("median", "none"),
+                        help="stop trials whose metric trails the median of earlier trials at the same epoch")
+    parser.add_argument("--prune-startup-trials", type=int, default=3,
+                        help="trials that finish before any pruning (default 3)")
+    parser.add_argument("--prune-warmup-epochs", type=int, default=1,
+                        help="epochs of each trial before it can be pruned (default 1)")
+    add_train_arguments(parser)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from scaletrain.cli.console import wide_console
+    from scaletrain.cli.train import config_from_args, train_options_given
+    from scaletrain.experiments.space import SearchSpace
+    from scaletrain.experiments.tune import Tuner, TuneSettings
+    space = SearchSpace.load(args.space)
+    cfg = config_from_args(args, argv_given=train_options_given(args))
+    study_name = args.study_name or Path(args.space).stem
+    out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "studies" / study_name
+    storage = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    out.mkdir(parents=True, exist_ok=True)
+    settings = TuneSettings(space=space, trials=args.trials, parallel=args.parallel, metric=args.metric,
+                            direction=args.direction, out=out, storage_url=storage, study_name=study_name,
+                            pruner={"kind": args.pruner, "startup_trials": args.prune_startup_trials,
+                                    "warmup_epochs": args.prune_warmup_epochs})
+    console = wide_console()
+    tuner = Tuner(cfg, settings, console)
+    tuner.run()
+    best_path, table = tuner.write_results()
+    console.print(table)
+    if best_path is None:
+        console.print("no trial finished; see the trials' train.log files under " + str(out / "trials"))
+        return 1
+    best = tuner.study.best_trial
+    console.print(f"best: trial {best.number}, {args.metric} {best.value:.4f}, params {best.params}; its config: "
+                  f"{best_path} (scaletrain train --config {best_path}); runs in the store under group "
+                  f"{tuner.group}", soft_wrap=True)
+    return 0

@@ -1,0 +1,68 @@
+"""The Optuna side of `tune`: storage (SQLite by default, any database URL Optuna accepts, such
+as PostgreSQL, for trials from several hosts), sampler and pruner."""
+
+from __future__ import annotations
+
+import random
+import time
+import warnings
+
+from scaletrain.errors import UserError
+
+# The parent records a heartbeat for each trial it runs; a trial whose heartbeat stops (its
+# parent was killed, on this host or another) is failed after the grace period and its place in
+# the trial budget freed.
+HEARTBEAT_S = 5
+GRACE_S = 20
+
+
+def require_optuna():
+    try:
+        import optuna
+    except ImportError:
+        raise UserError("tune needs Optuna: pip install 'scaletrain[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def open_storage(url: str):
+    optuna = require_optuna()
+    # heartbeat_interval is marked experimental since Optuna 2.9; it is what frees a killed host's trials.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    engine_kwargs = {}
+    if url.startswith("sqlite"):
+        # Trials report from their own processes: wait for the write lock instead of failing.
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S)
+        except ImportError as exc:
+            raise UserError(f"storage {url}: a database driver is missing ({exc}); for PostgreSQL: "
+                            "pip install 'scaletrain[postgres]'") from None
+        except Exception as exc:  # sqlalchemy's errors: a bad URL, a server that does not answer
+            # Two processes creating the schema of a new database at once: one of them loses the
+            # race on a unique constraint; a moment later the tables exist and opening succeeds.
+            if "unique" in str(exc).lower() and attempt < 4:
+                time.sleep(0.5 + random.random())
+                continue
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"cannot open the study storage {url}: {first}") from None
+
+
+def build_pruner(settings: dict):
+    optuna = require_optuna()
+    if settings.get("kind", "median") == "none":
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.MedianPruner(n_startup_trials=settings.get("startup_trials", 3),
+                                       n_warmup_steps=settings.get("warmup_epochs", 1))
+
+
+def build_sampler(n_trials: int, seed: int | None = None):
+    optuna = require_optuna()
+    # TPE after a few random trials (Optuna's default of 10 would leave a short study all random);
+    # constant_liar keeps parallel trials from sampling the same point while others still run.
+    startup = min(10, max(2, n_trials // 3))
+    return optuna.samplers.TPESampler(n_startup_trials=startup, multivariate=True, constant_liar=True, seed=seed)
