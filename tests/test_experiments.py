@@ -49,3 +49,42 @@ def test_sweep_rejects_bad_sizes(tmp_path):
                            ("8,8", "repeat a size")]:
         out = run(["sweep", "batch-size", sizes, "--data", "digits"], tmp_path)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def _config(path, seed, hidden):
+    path.write_text(f'epochs = 4\nseed = {seed}\nbatch_size = 64\n[model]\nname = "mlp"\n[model.options]\n'
+                    f'hidden = [{hidden}]\n[data]\nname = "digits"\n[optim]\nlr = 0.003\n')
+    return str(path)
+
+
+def test_multi_trains_side_by_side_and_ensemble_averages_them(tmp_path):
+    configs = [_config(tmp_path / f"m{i}.toml", i, 32 * i) for i in (1, 2)]
+    out = run(["multi", *configs, "--parallel", "2", "--group", "pair", "--out", str(tmp_path / "multi")], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    started = [i for i, line in enumerate(lines) if " started on cpu " in line]
+    ended = [i for i, line in enumerate(lines) if ": finished after " in line]
+    assert len(started) == 2 and max(started) < min(ended), "the two trainings should run at the same time"
+    with RunStore(tmp_path / "scaletrain-runs" / "runs.db", create=False) as store:
+        records = store.runs(group="pair")
+    assert [r.status for r in records] == ["finished", "finished"]
+    # Each got its own share of the two cores: one thread each.
+    assert all("1 threads" in r.environment["device"] for r in records)
+    ids = [r.id for r in records]
+    result = json.loads(run(["ensemble", *ids, "--json"], tmp_path).stdout)
+    by_run = {m["run"]: m["accuracy"] for m in result["members"]}
+    for record in records:  # the saved weights, evaluated again, give the run's own final accuracy
+        assert by_run[record.id] == pytest.approx(record.summary["final_val_accuracy"], abs=1e-6)
+    assert result["ensemble_accuracy"] >= min(by_run.values()) - 0.02
+    # An ensemble of one model with itself is that model.
+    twice = json.loads(run(["ensemble", ids[0], ids[0], "--json"], tmp_path).stdout)
+    assert twice["ensemble_accuracy"] == pytest.approx(by_run[ids[0]], abs=1e-6)
+
+
+def test_ensemble_rejects_runs_without_models_or_on_other_data(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    store.start_run("nomodel1", run_dir=str(tmp_path / "gone"), config={"data": {"name": "digits"}})
+    store.start_run("nomodel2", run_dir=str(tmp_path / "gone"), config={"data": {"name": "digits"}})
+    store.close()
+    out = run(["ensemble", "nomodel1", "nomodel2", "--store", str(tmp_path / "runs.db")], tmp_path)
+    assert out.returncode == 2 and "has no saved model" in out.stderr and "Traceback" not in out.stderr

@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="hyperparameter search on Optuna (TPE, median pruning), trials in parallel "
                           "as separate processes, each a run in the store", allow_abbrev=False)
     add_tune_arguments(tune)
+    from scaletrain.cli.multi import add_ensemble_arguments, add_multi_arguments
+    multi = sub.add_parser("multi", help="run independent trainings side by side, one per device, each a run in "
+                           "the store", allow_abbrev=False)
+    add_multi_arguments(multi)
+    ensemble = sub.add_parser("ensemble", help="evaluate the averaged predictions of saved models on the test split",
+                              allow_abbrev=False)
+    add_ensemble_arguments(ensemble)
     sub.add_parser("list", help="list the models, data sets, precisions, strategies and recipes")
     return parser
 
@@ -83,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tune":
             from scaletrain.cli.tune import run_tune
             return run_tune(args)
+        if args.command == "multi":
+            from scaletrain.cli.multi import run_multi_command
+            return run_multi_command(args)
+        if args.command == "ensemble":
+            from scaletrain.cli.multi import run_ensemble_command
+            return run_ensemble_command(args)
         return _list()
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)

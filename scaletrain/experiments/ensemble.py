@@ -1,0 +1,75 @@
+"""`scaletrain ensemble RUN_ID ...`: the averaged class probabilities of saved models (seed 002's
+models trained side by side), evaluated on their data set's test split."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.data import load_dataset
+from scaletrain.errors import UserError
+from scaletrain.models import build_model
+from scaletrain.tracking.store import RunRecord
+from scaletrain.training import Trainer
+
+# Data settings that must agree for the runs' test splits to be the same samples.
+SAME_DATA_KEYS = ("name", "num_samples", "shape", "num_classes")
+
+
+@dataclass(slots=True)
+class MemberResult:
+    run_id: str
+    model: str
+    accuracy: float
+
+
+def _member_config(record: RunRecord, device: str, data_dir: str | None) -> TrainConfig:
+    cfg = from_mapping(TrainConfig, copy.deepcopy(record.config))
+    cfg.device, cfg.distributed.strategy, cfg.distributed.nproc = device, "single", 1
+    cfg.compile, cfg.cuda_graphs = False, False
+    if data_dir:
+        cfg.data.data_dir = data_dir
+    return cfg
+
+
+def check_members(records: list[RunRecord]) -> None:
+    if len(records) < 2:
+        raise UserError("an ensemble needs at least two runs")
+    first = records[0]
+    for record in records:
+        if not record.run_dir or not (Path(record.run_dir) / "model.pt").is_file():
+            raise UserError(f"run {record.id} has no saved model ({record.run_dir or '?'}/model.pt): it failed, ran "
+                            "with --no-save-model, or its folder moved")
+        for key in SAME_DATA_KEYS:
+            a, b = first.config.get("data", {}).get(key), record.config.get("data", {}).get(key)
+            if a != b:
+                raise UserError(f"runs {first.id} and {record.id} were trained on different data (data.{key}: {a!r} vs "
+                                f"{b!r}); an ensemble averages predictions on one test split")
+
+
+def evaluate_ensemble(records: list[RunRecord], device: str = "auto",
+                      data_dir: str | None = None) -> tuple[list[MemberResult], float]:
+    check_members(records)
+    first_cfg = _member_config(records[0], device, data_dir)
+    dataset = load_dataset(first_cfg.data, seed=first_cfg.seed)
+    labels = dataset.test.y.long()
+    members, total = [], None
+    for record in records:
+        cfg = _member_config(record, device, data_dir)
+        model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
+        try:
+            model.load_state_dict(torch.load(Path(record.run_dir) / "model.pt", map_location="cpu", weights_only=True))
+        except (RuntimeError, OSError, EOFError) as exc:
+            raise UserError(f"run {record.id}: cannot load {record.run_dir}/model.pt ({str(exc).splitlines()[0]})") from None
+        trainer = Trainer(model, cfg)
+        trainer.evaluate(dataset)  # sets the input normalisation from the training split, as in training
+        probabilities = trainer.predict(dataset.test.x)
+        accuracy = (probabilities.argmax(-1) == labels).float().mean().item()
+        members.append(MemberResult(record.id, cfg.model.name, accuracy))
+        total = probabilities if total is None else total + probabilities
+    ensemble = (total.argmax(-1) == labels).float().mean().item()
+    return members, ensemble
