@@ -29,3 +29,10 @@ def _restore_matmul_precision():
     before = torch.get_float32_matmul_precision()
     yield
     torch.set_float32_matmul_precision(before)
+
+
+@pytest.fixture(autouse=True)
+def _work_in_tmp_path(tmp_path, monkeypatch):
+    """Every test runs in its own folder, so the run store and run folders a training creates by
+    default (./scaletrain-runs) never land in the repository."""
+    monkeypatch.chdir(tmp_path)

@@ -42,7 +42,7 @@ def test_two_ranks_with_batch_b_equal_one_rank_with_batch_2b(tmp_path):
     assert _same(_weights(tmp_path / "one" / "model.pt"), _weights(tmp_path / "two" / "model.pt"), atol=1e-5)
     # Only the chief printed, and the run folder holds exactly the chief's files.
     assert two.stdout.count("Run summary") == 1 and two.stdout.count("scaletrain: mlp") == 1
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["config.json", "metrics.jsonl", "model.pt",
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["config.json", "metrics.jsonl", "model.pt", "run_id",
                                                                      "summary.json"]
     s = summary(tmp_path / "two")
     assert (s["strategy"], s["world_size"], s["batch_size"], s["per_replica_batch_size"]) == ("ddp", 2, 64, 32)
