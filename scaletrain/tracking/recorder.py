@@ -27,8 +27,8 @@ class RunRecorder:
             self.monitor.start(self.wall_start)
 
     def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
-        self.store.log_epoch(self.run_id, epoch, time.perf_counter() - self.wall_start, plain_metrics(logs))
-        self.flush_samples()
+        samples = self.monitor.drain() if self.monitor is not None else []
+        self.store.log_epoch(self.run_id, epoch, time.perf_counter() - self.wall_start, plain_metrics(logs), samples)
 
     def flush_samples(self) -> None:
         if self.monitor is not None:

@@ -139,6 +139,10 @@ class RunStore:
             self._conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
             self._conn.execute("PRAGMA busy_timeout = %d" % int(timeout_s * 1000))
             self._conn.execute("PRAGMA journal_mode = WAL")
+            # In WAL mode NORMAL still never corrupts the database (a crashed process loses nothing
+            # committed; only a power cut can drop the last transactions) and skips an fsync per
+            # commit: the epoch-end write of a 20 ms epoch costs ~0.3 ms instead of ~2 ms.
+            self._conn.execute("PRAGMA synchronous = NORMAL")
             with self._write() as conn:
                 # Statement by statement: executescript would COMMIT the open transaction first.
                 for statement in filter(str.strip, _SCHEMA.split(";")):
@@ -186,19 +190,25 @@ class RunStore:
                 (run_id, now, now, group, name, run_dir, socket.gethostname(), os.getpid(),
                  _dumps(config), _dumps(environment)))
 
-    def log_epoch(self, run_id: str, epoch: int, elapsed_s: float, metrics: dict) -> None:
+    def log_epoch(self, run_id: str, epoch: int, elapsed_s: float, metrics: dict,
+                  samples: list[Sample] = ()) -> None:
+        """One epoch's metrics (and the system samples taken since the last call), one transaction."""
         with self._write() as conn:
             conn.execute("INSERT OR REPLACE INTO epochs VALUES (?, ?, ?, ?)",
                          (run_id, epoch, elapsed_s, _dumps(metrics)))
             conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
+            self._insert_samples(conn, run_id, samples)
 
     def log_samples(self, run_id: str, samples: list[Sample]) -> None:
-        if not samples:
-            return
-        with self._write() as conn:
-            conn.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?)",
-                             [(run_id, s.elapsed_s, s.rss_bytes, s.cpu_percent, s.gpu_memory_bytes,
-                               s.gpu_util_percent) for s in samples])
+        if samples:
+            with self._write() as conn:
+                self._insert_samples(conn, run_id, samples)
+
+    @staticmethod
+    def _insert_samples(conn, run_id: str, samples) -> None:
+        conn.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?)",
+                         [(run_id, s.elapsed_s, s.rss_bytes, s.cpu_percent, s.gpu_memory_bytes,
+                           s.gpu_util_percent) for s in samples])
 
     def finish_run(self, run_id: str, status: str, summary: dict | None = None, error: str | None = None) -> None:
         if status not in STATUSES:
