@@ -25,26 +25,54 @@ th:first-child, td:first-child { text-align: left; white-space: nowrap; }
 """
 
 
+def _flatten(mapping: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and key != "options":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+IGNORED_DIFFERENCES = ("tracking.", "run_dir", "progress", "summary_json")
+
+
+def varying_keys(records: list[RunRecord], most: int = 3) -> list[str]:
+    """The config keys whose values differ between the runs: what tells the lines apart."""
+    flat = [_flatten(r.config) for r in records]
+    keys = sorted({k for f in flat for k in f if not k.startswith(IGNORED_DIFFERENCES)})
+    varying = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
+    return varying[:most]
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 class RunData:
     """A run with its epochs and samples, loaded once for all the plots."""
 
-    def __init__(self, store: RunStore, record: RunRecord, index: int):
+    def __init__(self, store: RunStore, record: RunRecord, index: int, label_keys: list[str]):
         self.record, self.colour = record, colour(index)
         self.epochs = store.epochs(record.id)
         self.samples = store.samples(record.id)
-
-    @property
-    def label(self) -> str:
-        r = self.record
-        return f"{r.id} {r.name or ''}".strip()
+        flat = _flatten(record.config)
+        self.label = " ".join([record.id] + [f"{k.split('.')[-1]}={_short(flat.get(k))}" for k in label_keys]) \
+            if label_keys else f"{record.id} {record.name or ''}".strip()
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         points = [(e["elapsed_s"], e[key]) for e in self.epochs if e.get(key) is not None]
         return [p[0] for p in points], [p[1] for p in points]
 
 
+def _figure(runs: list[RunData]):
+    # Room for a legend beside the plot once there are more runs than fit inside it.
+    return new_figure(9.5 if len(runs) > 4 else 7.0, 3.8)
+
+
 def _accuracy(runs: list[RunData]) -> str:
-    figure, axes = new_figure()
+    figure, axes = _figure(runs)
     for run in runs:
         x, y = run.series("val_accuracy")
         axes.plot(x, y, marker="o", markersize=3, color=run.colour, label=run.label)
@@ -53,19 +81,19 @@ def _accuracy(runs: list[RunData]) -> str:
 
 
 def _loss(runs: list[RunData]) -> str:
-    figure, axes = new_figure()
+    figure, axes = _figure(runs)
     for run in runs:
         x, y = run.series("train_loss")
-        axes.plot(x, y, color=run.colour, label=f"{run.record.id} train")
+        axes.plot(x, y, color=run.colour, label=run.label)
         x, y = run.series("val_loss")
-        axes.plot(x, y, color=run.colour, linestyle="--", label=f"{run.record.id} validation")
+        axes.plot(x, y, color=run.colour, linestyle="--")
     style(axes, "Loss against wall time (solid: training, dashed: validation)", "wall time since start (s)", "loss")
     axes.set_yscale("log")
     return to_svg(figure)
 
 
 def _throughput(runs: list[RunData]) -> str:
-    figure, axes = new_figure()
+    figure, axes = _figure(runs)
     for run in runs:
         points = [(e["epoch"] + 1, e["images_per_sec"]) for e in run.epochs if e.get("images_per_sec")]
         if points:
@@ -75,29 +103,33 @@ def _throughput(runs: list[RunData]) -> str:
 
 
 def _memory(runs: list[RunData]) -> str:
-    figure, axes = new_figure()
+    figure, axes = _figure(runs)
     for run in runs:
         gpu = [(s.elapsed_s, s.gpu_memory_bytes / 2**20) for s in run.samples if s.gpu_memory_bytes is not None]
         rss = [(s.elapsed_s, s.rss_bytes / 2**20) for s in run.samples if s.rss_bytes is not None]
         points, what = (gpu, "GPU memory used") if gpu else (rss, "process RSS")
         if points:
-            axes.plot(*zip(*points), marker=".", color=run.colour, label=f"{run.record.id} {what}")
+            axes.plot(*zip(*points), marker=".", color=run.colour, label=run.label)
         peak = run.record.summary_value("peak_memory_bytes")
         if peak:
             axes.axhline(peak / 2**20, color=run.colour, linestyle=":", linewidth=1)
-    style(axes, "Memory during training (dotted: the run's reported peak)", "wall time since start (s)", "MiB")
+    kinds = {"GPU memory used" if any(s.gpu_memory_bytes is not None for s in run.samples) else "process RSS"
+             for run in runs if run.samples}
+    style(axes, f"Memory during training: {' / '.join(sorted(kinds)) or 'no samples'} (dotted: reported peak)",
+          "wall time since start (s)", "MiB")
     return to_svg(figure)
 
 
 def _time_vs_loss(runs: list[RunData]) -> str:
-    figure, axes = new_figure()
+    figure, axes = _figure(runs)
     for run in runs:
         time_s = run.record.summary_value("train_time_s")
         losses = [e["val_loss"] for e in run.epochs if e.get("val_loss") is not None]
         if time_s is None or not losses:
             continue
         axes.scatter([time_s], [losses[-1]], color=run.colour, s=50, label=run.label, zorder=3)
-        axes.annotate(run.record.id, (time_s, losses[-1]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        if len(runs) <= 12:
+            axes.annotate(run.record.id, (time_s, losses[-1]), textcoords="offset points", xytext=(5, 5), fontsize=8)
     style(axes, "Training time against final validation loss (seed 001's scatter)", "training time (s)",
           "final validation loss")
     return to_svg(figure)
@@ -132,7 +164,8 @@ def _environments(runs: list[RunData]) -> str:
 
 
 def render_report(store: RunStore, records: list[RunRecord], title: str = "scaletrain runs") -> str:
-    runs = [RunData(store, record, i) for i, record in enumerate(records)]
+    keys = varying_keys(records)
+    runs = [RunData(store, record, i, keys) for i, record in enumerate(records)]
     plots = "".join(f'<div class="plot">{plot(runs)}</div>' for plot in PLOTS)
     stamp = datetime.now().strftime("%Y-%m-%d %H:%M")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
