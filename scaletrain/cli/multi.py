@@ -26,20 +26,20 @@ def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def run_multi_command(args: argparse.Namespace) -> int:
+def run_multi(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
-    from scaletrain.experiments.multi import run_multi
+    from scaletrain.experiments.multi import train_side_by_side
     from scaletrain.reports.compare import compare_table
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     group = args.group or f"multi-{stamp}"
     out = Path(args.out) if args.out else Path(args.store or DEFAULT_STORE).parent / "multi" / stamp
     console = wide_console()
-    records = run_multi(args.configs, out, args.parallel, group, args.store, console)
+    records = train_side_by_side(args.configs, out, args.parallel, group, args.store, console)
     console.print(compare_table(records))
     return 0 if all(r.status == "finished" for r in records) else 1
 
 
-def run_ensemble_command(args: argparse.Namespace) -> int:
+def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.table import Table
 
     from scaletrain.cli.console import wide_console

@@ -87,7 +87,7 @@ def _show(store: RunStore, record: RunRecord, as_json: bool, console: Console) -
     console.print(f"config: {json.dumps(record.config)}", soft_wrap=True, markup=False)
 
 
-def run_runs(args: argparse.Namespace) -> int:
+def run_runs(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.reports.compare import compare_table, compare_values, list_table
     console = wide_console()
     with RunStore(args.store, create=False) as store:

@@ -26,7 +26,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(batch, exclude=("optim.lr_scaling",))
 
 
-def run_sweep(args: argparse.Namespace) -> int:
+def run_sweep(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import config_from_args, train_options_given
     from scaletrain.experiments.sweep import BatchSizeSweep, parse_sizes

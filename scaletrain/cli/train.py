@@ -8,6 +8,7 @@ field docs so the two never drift apart.
 from __future__ import annotations
 
 import argparse
+import gc
 import typing
 from importlib import resources
 
@@ -124,4 +125,8 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     if cfg.distributed.nproc > 1 and not inside_worker():
         return launch_from_config(cfg, list(argv) if argv else ["--recipe", DEFAULT_RECIPE])
     run_training(cfg)
+    # Free the trainer's reference cycles (DDP's reducer holds the last collectives' work objects)
+    # while the interpreter is fully alive: destroying gloo work during interpreter finalization
+    # can abort the process at exit (pytorch/pytorch#179291 describes the mechanism).
+    gc.collect()
     return 0

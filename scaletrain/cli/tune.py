@@ -31,7 +31,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)
 
 
-def run_tune(args: argparse.Namespace) -> int:
+def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import config_from_args, train_options_given
     from scaletrain.experiments.space import SearchSpace

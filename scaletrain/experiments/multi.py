@@ -39,7 +39,7 @@ def load_configs(paths: list[str]) -> list[tuple[str, TrainConfig]]:
     return configs
 
 
-def run_multi(paths: list[str], out: Path, parallel: int | None, group: str, store_path: str | None,
+def train_side_by_side(paths: list[str], out: Path, parallel: int | None, group: str, store_path: str | None,
               console: Console) -> list[RunRecord]:
     configs = load_configs(paths)
     device = configs[0][1].device

@@ -33,7 +33,7 @@ from scaletrain.experiments.space import SearchSpace
 from scaletrain.experiments.study import HEARTBEAT_S, build_pruner, build_sampler, open_storage, require_optuna
 from scaletrain.experiments.trainings import settle, training_job
 from scaletrain.summary import RunSummary
-from scaletrain.tracking.store import RunRecord, RunStore
+from scaletrain.tracking.store import RunRecord, RunStore, process_alive
 
 EPOCH_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")
 SUMMARY_METRICS = tuple(name for name, tp in RunSummary.__annotations__.items()
@@ -80,16 +80,6 @@ def objective_value(metric: str, direction: str, record: RunRecord, epochs: list
         return max(values) if direction == "maximize" else min(values)
     value = record.summary_value(metric)
     return None if value is None else float(value)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Tuner:
@@ -140,7 +130,7 @@ class Tuner:
         for trial in self.study.get_trials(deepcopy=False, states=(State.RUNNING,)):
             worker = trial.user_attrs.get(WORKER_ATTR, "")
             owner_host, _, pid = worker.rpartition(":")
-            if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            if owner_host == host and pid.isdigit() and not process_alive(int(pid)):
                 try:
                     self.storage.set_trial_state_values(trial._trial_id, state=State.FAIL)
                     self.console.print(f"trial {trial.number} was left running by a killed tune; failed it "

@@ -95,7 +95,7 @@ class RunRecord:
     @property
     def display_status(self) -> str:
         """'running' for a run whose process is gone (killed, out of memory) reads 'died'."""
-        if self.status == "running" and self.host == socket.gethostname() and self.pid and not _alive(self.pid):
+        if self.status == "running" and self.host == socket.gethostname() and self.pid and not process_alive(self.pid):
             return "died"
         return self.status
 
@@ -103,7 +103,8 @@ class RunRecord:
         return (self.summary or {}).get(key, default)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

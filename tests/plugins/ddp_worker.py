@@ -5,6 +5,7 @@ evaluation of the final model to OUT/rank{r}.pt, so the test can compare replica
 and with a single-process evaluation.
 """
 
+import gc
 import sys
 
 import torch
@@ -26,3 +27,6 @@ trainer.fit(dataset)
 result = {"state": trainer.model.state_dict(), "eval": trainer.evaluate(dataset), "history": trainer.history}
 torch.save(result, f"{out}/rank{trainer.strategy.rank}.pt")
 trainer.strategy.teardown()
+# As the CLI does: free the DDP reducer's work objects before interpreter finalization.
+del trainer, result
+gc.collect()

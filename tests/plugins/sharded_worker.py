@@ -2,6 +2,7 @@
 rank, the epoch history, the full final weights and the bytes this rank really holds for
 parameters, gradients and optimizer state (after a step, gradients kept), for the planner test."""
 
+import gc
 import sys
 
 import torch
@@ -42,3 +43,6 @@ weights = trainer.strategy.full_state_dict(trainer.model)
 torch.save({"history": trainer.history, "held": held, "weights": weights,
             "shapes": [tuple(p.shape) for p in model.parameters()]}, f"{out}/rank{trainer.strategy.rank}.pt")
 trainer.strategy.teardown()
+# As the CLI does: free the wrappers' work objects before interpreter finalization.
+del trainer, model, weights
+gc.collect()
