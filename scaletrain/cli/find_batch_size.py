@@ -36,12 +36,13 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
     limit = parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit is not None else None
     if cfg.distributed.nproc > 1 and not inside_worker():
         return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="find-batch-size")
+    import torch
+
     from scaletrain.data import load_dataset
     from scaletrain.distributed import build_strategy
     from scaletrain.memory.batch_finder import find_batch_size
     from scaletrain.models import build_model
     from scaletrain.training import Trainer
-    import torch
     strategy = build_strategy(cfg.distributed)
     strategy.setup(cfg.device)
     try:

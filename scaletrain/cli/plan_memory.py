@@ -13,7 +13,7 @@ from rich.table import Table
 from scaletrain.data.registry import sample_shape
 from scaletrain.errors import ConfigError
 from scaletrain.memory.model_state import PLAN_STRATEGIES
-from scaletrain.memory.planner import PlanRequest, Planner
+from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes, parse_bytes
 from scaletrain.precision import get_policy
 from scaletrain.precision.alignment import alignment_warnings

@@ -7,7 +7,6 @@ from datetime import datetime
 from pathlib import Path
 
 
-
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
     sub = parser.add_subparsers(dest="sweep_kind", required=True)

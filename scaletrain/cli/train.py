@@ -112,9 +112,9 @@ def config_from_args(args: argparse.Namespace, argv_given: bool) -> TrainConfig:
 
 def train_options_given(args: argparse.Namespace) -> bool:
     """Whether any training option was given (none: the default recipe, as for `train`)."""
-    values = vars(args)
-    return any(k in values for k in ("config", "recipe")) and any(values.get(k) for k in ("config", "recipe")) \
-        or bool(values.get("model_options")) or any("." in k or hasattr(TrainConfig(), k) for k in values)
+    values, cfg = vars(args), TrainConfig()
+    return (any(values.get(k) for k in ("config", "recipe", "model_options"))
+            or any("." in k or hasattr(cfg, k) for k in values))
 
 
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:

@@ -8,6 +8,7 @@ import copy
 from pathlib import Path
 
 from scaletrain.config import TrainConfig, write_toml
+from scaletrain.errors import UserError
 from scaletrain.experiments.slots import Finished, Job, scaletrain_argv
 from scaletrain.tracking.store import RunRecord, RunStore, new_run_id
 
@@ -32,7 +33,7 @@ def settle(store: RunStore, finished: Finished) -> RunRecord:
     run_id = cfg.tracking.run_id
     try:
         record = store.get(run_id)
-    except Exception:
+    except UserError:  # the process died before it recorded its start
         record = None
     if record is None or record.status == "running":
         reason = f"exit code {finished.returncode}" + (f": {finished.last_lines()}" if finished.last_lines() else "")

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from scaletrain.config import TrainConfig, load_toml, from_mapping, write_toml
+from scaletrain.config import TrainConfig, from_mapping, load_toml, write_toml
 from scaletrain.errors import PRUNED_EXIT_CODE, UserError
 from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots
@@ -93,6 +93,7 @@ class Tuner:
         self.storage = open_storage(settings.storage_url)
         self.study = self._open_study()
         self.running: dict[str, object] = {}  # job name -> optuna Trial
+        self._last_idle_beat = 0.0
 
     def _open_study(self):
         optuna = self.optuna
@@ -245,7 +246,7 @@ class Tuner:
 
     def _beat_if_due(self) -> None:
         now = time.monotonic()
-        if now - getattr(self, "_last_idle_beat", 0.0) >= HEARTBEAT_S:
+        if now - self._last_idle_beat >= HEARTBEAT_S:
             self._heartbeat()
             self._last_idle_beat = now
 
