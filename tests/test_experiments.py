@@ -88,3 +88,19 @@ def test_ensemble_rejects_runs_without_models_or_on_other_data(tmp_path):
     store.close()
     out = run(["ensemble", "nomodel1", "nomodel2", "--store", str(tmp_path / "runs.db")], tmp_path)
     assert out.returncode == 2 and "has no saved model" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["multi", "missing.toml"], "config file missing.toml does not exist"),
+    (["multi", "bad.toml"], "unknown config key 'epoch'"),
+    (["sweep", "batch-size", "8,16", "--repeats", "0", "--data", "digits"], "--repeats must be at least 1"),
+    (["sweep", "batch-size", "8,16", "--parallel", "0", "--data", "digits"], "--parallel must be at least 1"),
+    (["runs", "list", "--store", "."], "is a folder"),
+    (["train", "--data", "digits", "--sample-interval-s", "0"], "tracking.sample_interval_s"),
+])
+def test_experiment_commands_reject_bad_input_in_one_line(tmp_path, capsys, args, message):
+    from scaletrain.cli.main import main
+    (tmp_path / "bad.toml").write_text("epoch = 3\n")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

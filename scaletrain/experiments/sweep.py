@@ -77,6 +77,8 @@ class BatchSizeSweep:
                  parallel: int = 1, console: Console | None = None):
         if repeats < 1:
             raise UserError(f"--repeats must be at least 1 (got {repeats})")
+        if parallel < 1:
+            raise UserError(f"--parallel must be at least 1 (got {parallel})")
         if lr_scaling not in LR_SCALINGS:
             raise UserError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)} (got {lr_scaling!r})")
         self.base, self.sizes, self.repeats, self.lr_scaling = base, sizes, repeats, lr_scaling

@@ -59,6 +59,8 @@ class TuneSettings:
 def check_settings(s: TuneSettings, base: TrainConfig) -> None:
     if s.trials < 1:
         raise UserError(f"--trials must be at least 1 (got {s.trials})")
+    if s.parallel < 1:
+        raise UserError(f"--parallel must be at least 1 (got {s.parallel})")
     if s.direction not in ("maximize", "minimize"):
         raise UserError(f"--direction must be maximize or minimize (got {s.direction!r})")
     if s.metric not in EPOCH_METRICS + SUMMARY_METRICS:
