@@ -202,3 +202,26 @@ def test_report_renders_offline_in_headless_chromium_with_its_plots(recorded, tm
         return int((np.abs(pixels - np.array(colour)).max(axis=1) <= tolerance).sum())
     # Both runs' line colours (tab:blue, tab:orange) are drawn: the plots rendered, not just the text.
     assert near((0x1f, 0x77, 0xb4)) > 500 and near((0xff, 0x7f, 0x0e)) > 500
+
+
+def test_a_locked_store_never_ends_a_training(tmp_path, capsys, digits):
+    """Another process holding the store's write lock past the timeout: the run trains to the
+    end, warns once, and the lock holder's data is untouched."""
+    from scaletrain.tracking.recorder import RunRecorder
+    from tests.conftest import small_config
+    from tests.helpers import fit
+    path = tmp_path / "runs.db"
+    store = RunStore(path, timeout_s=0.2)
+    store.start_run("locked01", name="x")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        recorder = RunRecorder(store, "locked01", wall_start=0.0)
+        trainer = fit(small_config(tmp_path, epochs=2), digits, callbacks=[recorder])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert len(trainer.history) == 2 and recorder.failed is not None
+    assert capsys.readouterr().err.count("stopped recording run locked01") == 1
+    assert store.epochs("locked01") == []
+    store.close()

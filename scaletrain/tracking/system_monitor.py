@@ -66,7 +66,10 @@ class SystemMonitor:
         sample = Sample(elapsed_s=time.perf_counter() - self._t0, rss_bytes=self._process.memory_info().rss,
                         cpu_percent=self._process.cpu_percent(None))
         if self._gpu is not None:
-            sample.gpu_memory_bytes, sample.gpu_util_percent = self._gpu.read()
+            try:
+                sample.gpu_memory_bytes, sample.gpu_util_percent = self._gpu.read()
+            except Exception:  # NVML lost the device or the driver: keep the CPU-side samples
+                self._gpu = None
         return sample
 
     def _loop(self) -> None:

@@ -52,7 +52,7 @@ class TrackedRun:
 
     def finish(self, summary: dict) -> None:
         self.recorder.close()
-        self.store.finish_run(self.run_id, "finished", summary=summary)
+        self.recorder.guarded(self.store.finish_run, self.run_id, "finished", summary)
         self.store.close()
 
     def fail(self, exc: BaseException) -> None:
