@@ -55,7 +55,7 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
         console.print("no trial finished; see the trials' train.log files under " + str(out / "trials"))
         return 1
     best = tuner.study.best_trial
-    console.print(f"best: trial {best.number}, {args.metric} {best.value:.4f}, params {best.params}; its config: "
-                  f"{best_path} (scaletrain train --config {best_path}); runs in the store under group "
+    console.print(f"best: trial {best.number}, {args.metric} {best.value:.4f}, params {tuner.best_params(best)}; "
+                  f"its config: {best_path} (scaletrain train --config {best_path}); runs in the store under group "
                   f"{tuner.group}", soft_wrap=True)
     return 0

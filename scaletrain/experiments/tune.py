@@ -268,6 +268,10 @@ class Tuner:
         cfg.progress = self.base.progress
         return cfg
 
+    def best_params(self, trial) -> dict:
+        """A trial's values in the config's terms (list choices decoded)."""
+        return {p.name: p.decode(trial.params[p.name]) for p in self.s.space.parameters if p.name in trial.params}
+
     def write_results(self) -> tuple[Path | None, Table]:
         State = self.optuna.trial.TrialState
         trials = [t for t in self.study.get_trials(deepcopy=False) if SURPLUS_ATTR not in t.user_attrs]
@@ -295,6 +299,6 @@ class Tuner:
             return None, table
         best_path = write_toml(self.best_config(best), self.s.out / "best.toml")
         (self.s.out / "best.json").write_text(json.dumps({"trial": best.number, "value": best.value,
-                                                          "params": best.params,
+                                                          "params": self.best_params(best),
                                                           "run_id": best.user_attrs.get("run_id")}, indent=2))
         return best_path, table
