@@ -104,3 +104,19 @@ def test_experiment_commands_reject_bad_input_in_one_line(tmp_path, capsys, args
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cpu_slots_split_the_cores_and_lr_scales_with_the_batch():
+    import os
+
+    from scaletrain.experiments.slots import device_slots
+    from scaletrain.experiments.sweep import scaled_lr
+    cores = sorted(os.sched_getaffinity(0))
+    slots = device_slots(len(cores), "cpu")
+    assert [s.cpus for s in slots] == [[c] for c in cores]  # one core each, no core shared
+    assert all(s.env["OMP_NUM_THREADS"] == "1" and s.env["CUDA_VISIBLE_DEVICES"] == "" for s in slots)
+    whole = device_slots(1, "cpu")[0]
+    assert whole.cpus == cores and whole.env["OMP_NUM_THREADS"] == str(len(cores))
+    assert scaled_lr(0.1, 128, 512, "linear") == pytest.approx(0.4)
+    assert scaled_lr(0.1, 128, 512, "sqrt") == pytest.approx(0.2)
+    assert scaled_lr(0.1, 128, 512, "none") == 0.1
