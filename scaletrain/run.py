@@ -7,8 +7,8 @@ The CLI calls `run_training`; so can a notebook or a sweep.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import time
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from scaletrain.checkpoint import Checkpointer, CheckpointStore
 from scaletrain.config import TrainConfig
 from scaletrain.data import load_dataset
 from scaletrain.distributed import DistEnv, build_strategy, dist_env
+from scaletrain.experiments.pruning import trial_pruning_from_env
 from scaletrain.models import build_model
 from scaletrain.optim.schedules import replica_lr_scale
 from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
@@ -119,7 +120,6 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console) -> tuple[Ru
             callbacks.append(tracked.recorder)
         if cfg.tracking.tensorboard:
             callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
-        from scaletrain.experiments.pruning import trial_pruning_from_env
         pruning = trial_pruning_from_env()
         if pruning is not None:
             callbacks.append(pruning)
