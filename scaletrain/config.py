@@ -7,6 +7,8 @@ Every field has a default and a one-line doc (the `doc` metadata), which the CLI
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,10 +18,69 @@ from typing import Any, Union
 from scaletrain.errors import ConfigError
 
 
-def _f(default: Any, doc: str, **kwargs: Any) -> Any:
+@dataclass(frozen=True, slots=True)
+class Check:
+    """The values a field admits, declared beside its default and checked once, at the boundary
+    (`TrainConfig.validate`). Bounds apply to a number or to every item of a list; None passes
+    (an optional field left unset)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple | None = None
+    pattern: str | None = None      # a regular expression the whole text must match
+    rule: str = ""                  # the pattern in words, for the error message
+
+    def problem(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, list):
+            for item in value:
+                bad = self.problem(item)
+                if bad:
+                    return f"has an item that {bad}"
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}"
+        if self.pattern is not None and isinstance(value, str) and not re.fullmatch(self.pattern, value):
+            return f"must be {self.rule}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            for bound, ok, words in ((self.ge, lambda b: value >= b, "at least"), (self.gt, lambda b: value > b, "greater than"),
+                                     (self.le, lambda b: value <= b, "at most"), (self.lt, lambda b: value < b, "less than")):
+                if bound is not None and not ok(bound):
+                    return f"must be {self.describe()}"
+        return None
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(map(str, self.choices))
+        parts = [f"{w} {b:g}" for b, w in ((self.ge, ">="), (self.gt, ">"), (self.le, "<="), (self.lt, "<"))
+                 if b is not None]
+        return " and ".join(parts)
+
+
+def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, pattern=None, rule="") -> Any:
+    """A config field: its default, a one-line doc (also the CLI help) and the values it admits."""
+    check = Check(ge=ge, gt=gt, le=le, lt=lt, choices=tuple(choices) if choices is not None else None,
+                  pattern=pattern, rule=rule)
+    meta = {"doc": doc, "check": check}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc}, **kwargs)
-    return field(default=default, metadata={"doc": doc}, **kwargs)
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# Choices owned by the config; the registries that implement them are checked against these in
+# tests (tests/test_config.py), so a new precision or strategy is added here and there together.
+PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
+STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp")
+DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz")
+# Run ids name folders and are typed on the command line: no spaces, no path or SQL wildcards.
+RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}"
+RUN_ID_RULE = "1-64 letters, digits, '.' or '-', starting with a letter or digit"
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -30,58 +91,68 @@ class ModelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    name: str = _f("mnist1d", "data set: mnist1d, digits, synthetic, mnist, fashion-mnist, cifar10, npz")
+    name: str = _f("mnist1d", "data set: mnist1d, digits, synthetic, mnist, fashion-mnist, cifar10, npz",
+                   choices=DATA_SETS)
     data_dir: str | None = _f(None, "folder (or .npz file) holding the data set's files")
     download: bool = _f(False, "download missing MNIST/Fashion-MNIST files (checksum-verified)")
-    placement: str = _f("auto", "auto, device (whole set on the device) or stream (DataLoader)")
-    augment: list = _f([], "on-device augmentations: shift, flip")
-    shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation")
-    num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic)")
-    train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000)")
-    shape: list = _f([3, 32, 32], "sample shape for the synthetic data set")
-    num_classes: int = _f(10, "number of classes for the synthetic data set")
-    val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)")
-    num_workers: int = _f(0, "DataLoader worker processes for the streaming path")
+    placement: str = _f("auto", "auto, device (whole set on the device) or stream (DataLoader)",
+                        choices=("auto", "device", "stream"))
+    augment: list = _f([], "on-device augmentations: shift, flip", choices=("shift", "flip"))
+    shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation", ge=0)
+    num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic)", ge=2)
+    train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000)", ge=1)
+    shape: list = _f([3, 32, 32], "sample shape for the synthetic data set", ge=1)
+    num_classes: int = _f(10, "number of classes for the synthetic data set", ge=2)
+    val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1)
+    num_workers: int = _f(0, "DataLoader worker processes for the streaming path", ge=0)
 
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
-    optimizer: str = _f("adamw", "sgd (with momentum) or adamw")
-    lr: float = _f(1e-3, "peak learning rate")
-    weight_decay: float = _f(0.0, "decoupled weight decay (adamw) or L2 (sgd)")
-    momentum: float = _f(0.9, "SGD momentum")
+    optimizer: str = _f("adamw", "sgd (with momentum) or adamw", choices=("sgd", "adamw"))
+    lr: float = _f(1e-3, "peak learning rate", gt=0)
+    weight_decay: float = _f(0.0, "decoupled weight decay (adamw) or L2 (sgd)", ge=0)
+    momentum: float = _f(0.9, "SGD momentum", ge=0, lt=1)
     nesterov: bool = _f(False, "Nesterov momentum for SGD")
-    betas: list = _f([0.9, 0.999], "AdamW betas")
-    lr_schedule: str = _f("constant", "constant, step, cosine or onecycle")
-    warmup_epochs: float = _f(0.0, "linear warm-up length in epochs")
-    step_milestones: list = _f([15, 25, 35], "epochs at which the step schedule multiplies the LR by step_gamma")
-    step_gamma: float = _f(0.1, "factor of the step schedule")
-    min_lr_ratio: float = _f(0.0, "final LR of cosine/onecycle as a fraction of the peak")
-    clip_grad_norm: float | None = _f(None, "clip the global gradient norm to this value")
-    grad_accum_steps: int = _f(1, "split each batch into this many micro-batches (same gradient, less memory)")
-    lr_scaling: str = _f("none", "scale the LR with the number of replicas: none, linear or sqrt")
-    lr_scaling_warmup_epochs: float = _f(1.0, "ramp from the base LR to the scaled LR over this many epochs (Goyal et al.)")
+    betas: list = _f([0.9, 0.999], "AdamW betas", ge=0, lt=1)
+    lr_schedule: str = _f("constant", "constant, step, cosine or onecycle",
+                      choices=("constant", "step", "cosine", "onecycle"))
+    warmup_epochs: float = _f(0.0, "linear warm-up length in epochs", ge=0)
+    step_milestones: list = _f([15, 25, 35], "epochs at which the step schedule multiplies the LR by step_gamma",
+                          ge=0)
+    step_gamma: float = _f(0.1, "factor of the step schedule", gt=0)
+    min_lr_ratio: float = _f(0.0, "final LR of cosine/onecycle as a fraction of the peak", ge=0, le=1)
+    clip_grad_norm: float | None = _f(None, "clip the global gradient norm to this value", gt=0)
+    grad_accum_steps: int = _f(1, "split each batch into this many micro-batches (same gradient, less memory)",
+                           ge=1)
+    lr_scaling: str = _f("none", "scale the LR with the number of replicas: none, linear or sqrt",
+                     choices=("none", "linear", "sqrt"))
+    lr_scaling_warmup_epochs: float = _f(1.0, "ramp from the base LR to the scaled LR over this many epochs (Goyal et al.)",
+                                         ge=0)
 
 
 @dataclass(kw_only=True, slots=True)
 class PrecisionConfig:
-    policy: str = _f("fp32", "fp32, tf32, bf16-mixed, fp16-mixed or bf16-true")
+    policy: str = _f("fp32", "fp32, tf32, bf16-mixed, fp16-mixed or bf16-true", choices=PRECISIONS)
     fp32_modules: list = _f([], "module names or class names kept in float32")
-    init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale")
-    growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles")
+    init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale", gt=0)
+    growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 
 
 @dataclass(kw_only=True, slots=True)
 class DistributedConfig:
-    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single, ddp, zero1, zero2 or fsdp")
-    nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent")
-    max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure")
-    backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo")
-    grad_compression: str = _f("none", "all-reduce gradients in 16 bits: none, bf16 or fp16 (a DDP comm hook)")
+    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single, ddp, zero1, zero2 or fsdp",
+                       choices=STRATEGIES)
+    nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent", ge=1)
+    max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure", ge=0)
+    backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo",
+                  choices=("auto", "nccl", "gloo"))
+    grad_compression: str = _f("none", "all-reduce gradients in 16 bits: none, bf16 or fp16 (a DDP comm hook)",
+                           choices=("none", "bf16", "fp16"))
     sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm on CUDA, an all-reduce batch norm on CPU)")
-    bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB")
-    init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)")
-    step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast")
+    bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0)
+    init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)", gt=0)
+    step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast", gt=0)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -92,9 +163,9 @@ class MemoryConfig:
 
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
-    every: int = _f(0, "save a checkpoint every N optimizer steps (0: only at the end when a folder is set)")
+    every: int = _f(0, "save a checkpoint every N optimizer steps (0: only at the end when a folder is set)", ge=0)
     dir: str | None = _f(None, "checkpoint folder (default: <run folder>/checkpoints)")
-    keep: int = _f(3, "keep the newest K complete checkpoints")
+    keep: int = _f(3, "keep the newest K complete checkpoints", ge=1)
     resume: str | None = _f(None, "'auto' (newest complete checkpoint of the run folder) or a checkpoint folder")
 
 
@@ -102,9 +173,11 @@ class CheckpointConfig:
 class TrackingConfig:
     store: str = _f("scaletrain-runs/runs.db", "run store: the SQLite file every run is recorded in")
     record: bool = _f(True, "record this run in the run store (config, environment, metrics, system samples)")
-    run_id: str | None = _f(None, "id of this run in the store (default: a new one; a resumed run folder keeps its id)")
+    run_id: str | None = _f(None, "id of this run in the store (default: a new one; a resumed run folder keeps its id)",
+                           pattern=RUN_ID_PATTERN, rule=RUN_ID_RULE)
     group: str | None = _f(None, "label grouping runs in the store, e.g. a sweep or a study")
-    sample_interval_s: float = _f(1.0, "seconds between system samples (RSS and CPU; GPU memory and utilisation via NVML)")
+    sample_interval_s: float = _f(1.0, "seconds between system samples (RSS and CPU; GPU memory and utilisation via NVML)",
+                                  gt=0)
     tensorboard: bool = _f(False, "also write TensorBoard event files into <run folder>/tensorboard")
 
 
@@ -118,64 +191,50 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "checkpoints and resume"})
     memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"doc": "activation checkpointing"})
     tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata={"doc": "the run store"})
-    epochs: int = _f(10, "maximum number of epochs")
-    batch_size: int = _f(128, "global batch: samples per optimizer step over all replicas")
-    per_replica_batch_size: int | None = _f(None, "fix the per-replica batch instead (global = replicas x this)")
+    epochs: int = _f(10, "maximum number of epochs", ge=1)
+    batch_size: int = _f(128, "global batch: samples per optimizer step over all replicas", ge=1)
+    per_replica_batch_size: int | None = _f(None, "fix the per-replica batch instead (global = replicas x this)", ge=1)
     accumulate_to_global: bool = _f(False, "with both batch sizes fixed, make up the global batch by gradient accumulation")
-    seed: int = _f(0, "seed for weights, data order and augmentation")
-    device: str = _f("auto", "auto, cpu, cuda or cuda:N")
-    steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)")
+    seed: int = _f(0, "seed for weights, data order and augmentation", ge=0)
+    device: str = _f("auto", "auto, cpu, cuda or cuda:N", pattern=r"auto|cpu|cuda(:[0-9]+)?",
+                     rule="auto, cpu, cuda or cuda:N")
+    steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1)
     compile: bool = _f(False, "apply torch.compile to the model")
-    compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs")
+    compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES)
     cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)")
-    target_accuracy: float | None = _f(None, "stop once validation accuracy reaches this for `patience` epochs")
-    patience: int = _f(1, "epochs at or above the target before stopping")
-    early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss")
+    target_accuracy: float | None = _f(None, "stop once validation accuracy reaches this for `patience` epochs", gt=0, le=1)
+    patience: int = _f(1, "epochs at or above the target before stopping", ge=1)
+    early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss", ge=1)
     eval_each_epoch: bool = _f(True, "evaluate on the test split after every epoch (off: training only, e.g. to time steps)")
-    log_every: int = _f(50, "read the running loss back from the device every N steps")
+    log_every: int = _f(50, "read the running loss back from the device every N steps", ge=1)
     run_dir: str | None = _f(None, "folder for this run's metrics, summary and model (default: ./scaletrain-runs/<name>)")
-    metrics_format: str = _f("jsonl", "per-epoch metrics log format: jsonl or csv")
+    metrics_format: str = _f("jsonl", "per-epoch metrics log format: jsonl or csv", choices=("jsonl", "csv"))
     summary_json: str | None = _f(None, "also write the run summary as JSON to this path")
     progress: bool = _f(True, "show a progress bar when attached to a terminal")
     save_model: bool = _f(True, "save the final model's state dict as model.pt in the run folder")
+    overwrite: bool = _f(False, "start a new run in a --run-dir that already holds one, deleting that folder's files "
+                         "(the old run stays in the run store under its own id)")
 
     def validate(self) -> None:
-        """Checks values that the types alone do not constrain."""
-        checks = [
-            (self.epochs >= 1, "epochs", "must be at least 1"),
-            (self.batch_size >= 1, "batch_size", "must be at least 1"),
-            (self.steps_per_execution >= 1, "steps_per_execution", "must be at least 1"),
-            (self.patience >= 1, "patience", "must be at least 1"),
-            (self.log_every >= 1, "log_every", "must be at least 1"),
-            (self.optim.lr > 0, "optim.lr", "must be positive"),
-            (self.optim.grad_accum_steps >= 1, "optim.grad_accum_steps", "must be at least 1"),
-            (self.distributed.nproc >= 1, "distributed.nproc", "must be at least 1"),
-            (self.distributed.max_restarts >= 0, "distributed.max_restarts", "must be at least 0"),
-            (self.distributed.init_timeout_s > 0, "distributed.init_timeout_s", "must be positive"),
-            (self.distributed.step_timeout_s > 0, "distributed.step_timeout_s", "must be positive"),
-            (self.checkpoint.every >= 0, "checkpoint.every", "must be at least 0"),
-            (self.checkpoint.keep >= 1, "checkpoint.keep", "must be at least 1"),
-            (self.metrics_format in ("jsonl", "csv"), "metrics_format", "must be jsonl or csv"),
-            (self.data.placement in ("auto", "device", "stream"), "data.placement", "must be auto, device or stream"),
-            (self.target_accuracy is None or 0 < self.target_accuracy <= 1, "target_accuracy", "must be in (0, 1]"),
-            (self.tracking.sample_interval_s > 0, "tracking.sample_interval_s", "must be positive"),
-        ]
-        for ok, key, problem in checks:
-            if not ok:
-                raise ConfigError(f"config key '{key}' {problem} (got {get_path(self, key)!r})")
-        choices = [("optim.lr_scaling", ("none", "linear", "sqrt")),
-                   ("distributed.backend", ("auto", "nccl", "gloo")),
-                   ("distributed.grad_compression", ("none", "bf16", "fp16"))]
-        for key, allowed in choices:
-            if get_path(self, key) not in allowed:
-                raise ConfigError(f"config key '{key}' must be one of {', '.join(allowed)} (got {get_path(self, key)!r})")
+        """Checks every field against the values it admits (declared beside it), then the few
+        rules that tie fields together. Raises ConfigError naming the key and what it admits."""
+        for key, check, value in _checked_fields(self):
+            problem = check.problem(value)
+            if problem:
+                raise ConfigError(f"config key '{key}' {problem} (got {value!r})")
         if self.checkpoint.resume not in (None, "auto") and not Path(self.checkpoint.resume).is_dir():
             raise ConfigError(f"--resume {self.checkpoint.resume}: no such checkpoint folder; pass 'auto' or the "
                               "folder of a complete checkpoint (one holding a COMMITTED file)")
-        unknown_aug = set(self.data.augment) - {"shift", "flip"}
-        if unknown_aug:
-            raise ConfigError(f"config key 'data.augment' has unknown augmentation(s) {sorted(unknown_aug)}; "
-                              "valid: shift, flip")
+
+
+def _checked_fields(obj: Any, prefix: str = ""):
+    """(dotted key, Check, value) for every leaf field."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _checked_fields(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f.metadata.get("check", Check()), value
 
 
 def get_path(obj: Any, dotted: str) -> Any:

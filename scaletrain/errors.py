@@ -13,8 +13,13 @@ class DataError(UserError):
     """A data file that is missing, truncated, malformed or inconsistent."""
 
 
-class NonFiniteLossError(UserError):
-    """The loss became inf/NaN in a precision mode that has no loss scaling to absorb it."""
+class NonFiniteLossError(Exception):
+    """The loss became inf/NaN in a precision mode that has no loss scaling to absorb it: the
+    training diverged. Not bad input (the config was valid), so it has its own exit code; the CLI
+    prints the message on one line."""
+
+
+DIVERGED_EXIT_CODE = 4
 
 
 class RunPruned(Exception):

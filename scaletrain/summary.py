@@ -48,6 +48,7 @@ class RunSummary:
     restarts: int = 0               # torchrun restarts of the worker group before this attempt finished
     resumed_from: str | None = None
     checkpoints_saved: int = 0
+    checkpoint_time_s: float = 0.0     # saving checkpoints, not counted as training time
     run_id: str | None = None       # the run's id in the run store (None when not recorded)
 
     def to_json(self) -> str:
@@ -100,6 +101,7 @@ def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None,
         restarts=restarts,
         resumed_from=trainer.resumed_from,
         checkpoints_saved=trainer.checkpointer.saves if trainer.checkpointer else 0,
+        checkpoint_time_s=trainer.checkpoint_time_s,
     )
 
 
@@ -118,6 +120,8 @@ def print_summary(s: RunSummary, console: Console) -> None:
     table.add_row("images/sec (steady state)", "-" if s.images_per_sec is None else f"{s.images_per_sec:,.0f}")
     table.add_row("training time", _fmt_time(s.train_time_s))
     table.add_row("evaluation time", _fmt_time(s.eval_time_s))
+    if s.checkpoints_saved:
+        table.add_row("checkpoint time", f"{_fmt_time(s.checkpoint_time_s)} ({s.checkpoints_saved} saved)")
     table.add_row("compile / warm-up", _fmt_time(s.warmup_s))
     table.add_row("peak memory", f"{s.peak_memory_bytes / 2**20:,.1f} MiB ({s.peak_memory_kind})")
     table.add_row("precision", s.precision)

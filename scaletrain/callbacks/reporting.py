@@ -56,11 +56,13 @@ class MetricsLog:
     def __init__(self, path: str | Path, fmt: str | None = None):
         self.path = Path(path)
         self.format = fmt or ("csv" if self.path.suffix == ".csv" else "jsonl")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
         self.columns: list[str] | None = None
 
     def on_train_begin(self, trainer) -> None:
+        # Written from the start here, after a resume's checkpoint has loaded: a failed resume
+        # attempt leaves the run's log as it was.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
         for epoch, logs in enumerate(trainer.history):  # a resumed run: the epochs before the resume
             self.on_epoch_end(trainer, epoch, logs)
 

@@ -61,6 +61,7 @@ def host_state(trainer) -> dict:
         "global_step": trainer.global_step,
         "train_time_s": trainer.clock.total,
         "eval_time_s": trainer.eval_time_s,
+        "checkpoint_time_s": trainer.checkpoint_time_s,
         "history": trainer.history,
         "stop_training": trainer.stop_training,
         "callbacks": callbacks,
@@ -72,6 +73,7 @@ def restore_host_state(trainer, text: str) -> dict:
     trainer.history = values["history"]
     trainer.clock.total = values["train_time_s"]
     trainer.eval_time_s = values["eval_time_s"]
+    trainer.checkpoint_time_s = values.get("checkpoint_time_s", 0.0)
     trainer.global_step = values["global_step"]
     trainer.stop_training = values["stop_training"]
     for cb in trainer.callbacks:

@@ -32,7 +32,7 @@ def add_find_batch_size_arguments(parser: argparse.ArgumentParser) -> None:
 def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
     from scaletrain.distributed.launch import inside_worker, launch
-    cfg = config_from_args(args, argv_given=True)
+    cfg = config_from_args(args)
     limit = parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit is not None else None
     if cfg.distributed.nproc > 1 and not inside_worker():
         return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="find-batch-size")

@@ -12,7 +12,7 @@ import importlib
 import sys
 from dataclasses import dataclass
 
-from scaletrain.errors import PRUNED_EXIT_CODE, RunPruned, UserError
+from scaletrain.errors import DIVERGED_EXIT_CODE, PRUNED_EXIT_CODE, NonFiniteLossError, RunPruned, UserError
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as exc:
+        print(f"scaletrain: training diverged: {exc}", file=sys.stderr)
+        return DIVERGED_EXIT_CODE
     except RunPruned as exc:
         print(f"scaletrain: {exc}", file=sys.stderr)
         return PRUNED_EXIT_CODE

@@ -37,7 +37,7 @@ def _choices(text: str, default: tuple[str, ...]) -> list[str]:
 
 def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
-    cfg = config_from_args(args, argv_given=True)
+    cfg = config_from_args(args)
     strategies = _choices(cfg.distributed.strategy, PLAN_STRATEGIES)
     precisions = _choices(cfg.precision.policy, (cfg.precision.policy,))
     for name in strategies:

@@ -37,7 +37,7 @@ def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
 def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
     from scaletrain.planning.measure import measure_single_device
-    cfg = config_from_args(args, argv_given=True)
+    cfg = config_from_args(args)
     for name, value, low in (("--devices-per-host", args.devices_per_host, 1), ("--max-devices", args.max_devices, 1),
                              ("--measure-steps", args.measure_steps, 2)):
         if value < low:

@@ -27,10 +27,10 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_sweep(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
-    from scaletrain.cli.train import config_from_args, train_options_given
+    from scaletrain.cli.train import config_from_args
     from scaletrain.experiments.sweep import BatchSizeSweep, parse_sizes
     sizes = parse_sizes(args.sizes)
-    cfg = config_from_args(args, argv_given=train_options_given(args))
+    cfg = config_from_args(args)
     out = Path(args.out) if args.out else (Path(cfg.tracking.store).parent / "sweeps"
                                            / f"{datetime.now():%Y%m%d-%H%M%S}-batch-size")
     console = wide_console()

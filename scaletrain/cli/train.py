@@ -1,13 +1,15 @@
 """`scaletrain train`: flags and/or a TOML config mapped onto TrainConfig.
 
-Precedence: dataclass defaults < --recipe (or the default recipe when no argument is given)
-< --config FILE < flags. Every config field has a flag, generated from the config's own
+Precedence: defaults < recipe < --config FILE < flags. The recipe is the default one
+(mnist1d-cnn) unless --recipe names another or --config gives a whole configuration, so a flag
+changes only what it names. Every config field has a flag, generated from the config's own
 field docs so the two never drift apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import typing
 from importlib import resources
@@ -17,7 +19,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from scaletrain.config import TrainConfig, field_docs, from_mapping, load_toml, set_path, to_mapping
+from scaletrain.config import TrainConfig, field_docs, from_mapping, load_toml
+from scaletrain.lifecycle.resume import merge_mappings
 from scaletrain.errors import ConfigError
 
 DEFAULT_RECIPE = "mnist1d-cnn"
@@ -25,6 +28,7 @@ DEFAULT_RECIPE = "mnist1d-cnn"
 FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
               "checkpoint.every": "--checkpoint-every", "checkpoint.dir": "--checkpoint-dir",
               "checkpoint.keep": "--keep-checkpoints", "checkpoint.resume": "--resume"}
+TOP_LEVEL_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 LIST_ITEM_TYPES = {"data.augment": str, "data.shape": int, "optim.betas": float,
                    "optim.step_milestones": float, "precision.fp32_modules": str,
                    "memory.block_classes": str}
@@ -70,9 +74,14 @@ def _option_parser(text: str):
 def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """Every config field as a flag; `exclude` names dotted keys whose flag a command uses for
     something else (a sweep's --lr-scaling)."""
+    if parser.description is None:
+        parser.description = ("Every option below overrides one key of the default recipe "
+                              f"({DEFAULT_RECIPE}: the 1-D CNN on MNIST-1D, 40 epochs, AdamW one-cycle at lr 0.01, "
+                              "stop at 94%% accuracy); --recipe starts from another recipe, and --config from a "
+                              "TOML file on the built-in defaults. Precedence: recipe < --config < flags.")
     parser.add_argument("--config", help="TOML file with the run configuration")
-    parser.add_argument("--recipe", help="start from a named recipe (default with no arguments: "
-                        f"{DEFAULT_RECIPE})")
+    parser.add_argument("--recipe", help=f"start from a named recipe (default: {DEFAULT_RECIPE}, unless --config "
+                        "is given; flags override single keys of it)")
     parser.add_argument("--model-option", action="append", type=_option_parser, dest="model_options",
                         metavar="KEY=VALUE", help="a model option, e.g. --model-option channels=32")
     for key, (tp, doc) in field_docs(TrainConfig).items():
@@ -89,41 +98,62 @@ def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...
             parser.add_argument(flag, type=scalar, **kwargs)
 
 
-def config_from_args(args: argparse.Namespace, argv_given: bool) -> TrainConfig:
-    cfg = TrainConfig()
+def given_overrides(args: argparse.Namespace) -> dict:
+    """What the command line names, as one nested mapping in precedence order: a named --recipe,
+    then the --config file, then flags (model options merged key by key)."""
     values = vars(args)
-    recipe = values.get("recipe") or (None if argv_given else DEFAULT_RECIPE)
-    if recipe:
-        from_mapping(TrainConfig, load_recipe(recipe), base=cfg)
+    out: dict = {}
+    if values.get("recipe"):
+        out = merge_mappings(out, load_recipe(values["recipe"]))
     if values.get("config"):
-        from_mapping(TrainConfig, load_toml(values["config"]), base=cfg)
-    overrides = {k: v for k, v in values.items() if "." in k or hasattr(cfg, k)}
-    for key, value in overrides.items():
-        if key in ("config", "recipe", "model_options"):
-            continue
-        set_path(cfg, key, value)
+        out = merge_mappings(out, load_toml(values["config"]))
+    flags: dict = {}
+    for key, value in values.items():
+        if "." in key or key in TOP_LEVEL_KEYS:
+            *parents, last = key.split(".")
+            node = flags
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
     for key, value in values.get("model_options") or []:
-        cfg.model.options[key] = value
-    # Re-check the merged result field by field, so a flag and a file are held to the same types.
-    from_mapping(TrainConfig, to_mapping(cfg))
+        flags.setdefault("model", {}).setdefault("options", {})[key] = value
+    return merge_mappings(out, flags)
+
+
+def base_mapping(args: argparse.Namespace) -> dict:
+    """The default recipe, unless --recipe names another or --config gives a whole configuration
+    (a config file stands on the built-in defaults, as `best.toml` and sweep points are written)."""
+    values = vars(args)
+    return {} if values.get("recipe") or values.get("config") else load_recipe(DEFAULT_RECIPE)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The configuration a command line asks for: defaults < recipe < --config < flags; every
+    value checked against its field (config.py)."""
+    merged = merge_mappings(base_mapping(args), given_overrides(args))
+    cfg = from_mapping(TrainConfig, merged)
     cfg.validate()
     return cfg
 
 
-def train_options_given(args: argparse.Namespace) -> bool:
-    """Whether any training option was given (none: the default recipe, as for `train`)."""
-    values, cfg = vars(args), TrainConfig()
-    return (any(values.get(k) for k in ("config", "recipe", "model_options"))
-            or any("." in k or hasattr(cfg, k) for k in values))
-
-
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     """`argv`: the arguments after `train`."""
+    from scaletrain.distributed import dist_env
     from scaletrain.distributed.launch import inside_worker, launch_from_config
+    from scaletrain.lifecycle import plan_run, resume_config, resume_source
     from scaletrain.run import run_training
-    cfg = config_from_args(args, argv_given=len(argv) > 0)
+    cfg = config_from_args(args)
+    env = dist_env()
+    source = resume_source(cfg, env)
+    if source is not None and source.config() is not None:
+        # A resume continues the run with its own saved configuration; flags change only what may
+        # change mid-run (lifecycle/resume.py).
+        cfg = resume_config(source.config(), given_overrides(args), str(source))
+        cfg.run_dir = str(source.path)
+        cfg.validate()
     if cfg.distributed.nproc > 1 and not inside_worker():
-        return launch_from_config(cfg, list(argv) if argv else ["--recipe", DEFAULT_RECIPE])
+        plan = plan_run(cfg, env)
+        return launch_from_config(cfg, list(argv), str(plan.folder.path), plan.run_id)
     run_training(cfg)
     # Free the trainer's reference cycles (DDP's reducer holds the last collectives' work objects)
     # while the interpreter is fully alive: destroying gloo work during interpreter finalization

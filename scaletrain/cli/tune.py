@@ -33,11 +33,11 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
-    from scaletrain.cli.train import config_from_args, train_options_given
+    from scaletrain.cli.train import config_from_args
     from scaletrain.experiments.space import SearchSpace
     from scaletrain.experiments.tune import Tuner, TuneSettings
     space = SearchSpace.load(args.space)
-    cfg = config_from_args(args, argv_given=train_options_given(args))
+    cfg = config_from_args(args)
     study_name = args.study_name or Path(args.space).stem
     out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "studies" / study_name
     storage = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"

@@ -57,12 +57,10 @@ def torchrun_arguments(nproc: int, max_restarts: int, worker_argv: list[str], co
     return args + ["-m", "scaletrain", command, *strip_launcher_flags(worker_argv)]
 
 
-def launch_from_config(cfg, argv: list[str]) -> int:
-    """Checks what every worker would check, resolves the run folder once (so every worker and
-    every restart shares it), then launches. `argv`: the user's `train` arguments."""
+def launch_from_config(cfg, argv: list[str], run_dir: str, run_id: str) -> int:
+    """Checks what every worker would check, then launches. `argv`: the user's `train` arguments;
+    `run_dir` and `run_id`: the run the caller planned, which every worker and every restart shares."""
     from scaletrain.distributed.batching import plan_batch
-    from scaletrain.distributed.env import DistEnv
-    from scaletrain.run import resolve_run_dir
     spec = cluster_from_env()
     replicas = cfg.distributed.nproc * (spec.world_size if spec else 1)
     if cfg.distributed.strategy == "single":
@@ -73,7 +71,7 @@ def launch_from_config(cfg, argv: list[str]) -> int:
     if cfg.distributed.max_restarts > 0 and cfg.checkpoint.every <= 0:
         print("scaletrain: note: --max-restarts without --checkpoint-every: a restarted group starts over",
               file=sys.stderr)
-    worker_argv = argv + ["--run-dir", str(resolve_run_dir(cfg, DistEnv()))]
+    worker_argv = argv + ["--run-dir", run_dir, "--run-id", run_id]
     return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv)
 
 

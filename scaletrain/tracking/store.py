@@ -191,6 +191,19 @@ class RunStore:
                 (run_id, now, now, group, name, run_dir, socket.gethostname(), os.getpid(),
                  _dumps(config), _dumps(environment)))
 
+    def continue_run(self, run_id: str, from_epoch: int) -> float:
+        """A resumed run: drops the epochs it will train again (from `from_epoch` on) and returns
+        the wall time its record reaches so far, from which its new elapsed times continue."""
+        with self._write() as conn:
+            reached = conn.execute(
+                "SELECT MAX(t) FROM (SELECT MAX(elapsed_s) AS t FROM epochs WHERE run_id = ? "
+                "UNION ALL SELECT MAX(elapsed_s) FROM samples WHERE run_id = ?)", (run_id, run_id)).fetchone()[0]
+            conn.execute("DELETE FROM epochs WHERE run_id = ? AND epoch >= ?", (run_id, from_epoch))
+        return float(reached or 0.0)
+
+    def exists(self, run_id: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
+
     def log_epoch(self, run_id: str, epoch: int, elapsed_s: float, metrics: dict,
                   samples: list[Sample] = ()) -> None:
         """One epoch's metrics (and the system samples taken since the last call), one transaction."""

@@ -1,5 +1,10 @@
-"""The store's side of one training run, on the chief: picks the run's id, records its start
-(config and environment), its epochs (through the recorder callback) and how it ended."""
+"""The store's side of one training run, on the chief: records its start (config and
+environment), its epochs (through the recorder callback) and how it ended.
+
+Nothing is written to the store until training begins (for a resume: until its checkpoint has
+loaded), so a configuration error or a failed resume attempt leaves the store as it was. A
+resumed run keeps its id; the epochs it will train again are dropped, and its wall time continues
+from where the store's record of it ends (reports plot one continuous run)."""
 
 from __future__ import annotations
 
@@ -9,23 +14,11 @@ from pathlib import Path
 import torch
 
 from scaletrain.config import TrainConfig, to_mapping
-from scaletrain.errors import RunPruned
+from scaletrain.errors import RunPruned, UserError
 from scaletrain.tracking.environment import capture_environment
 from scaletrain.tracking.recorder import RunRecorder
-from scaletrain.tracking.store import RunStore, new_run_id
+from scaletrain.tracking.store import RunStore
 from scaletrain.tracking.system_monitor import SystemMonitor
-
-RUN_ID_FILE = "run_id"
-
-
-def resolve_run_id(cfg: TrainConfig, run_dir: Path) -> str:
-    """--run-id, else the id a resumed run folder was recorded under, else a new one."""
-    if cfg.tracking.run_id:
-        return cfg.tracking.run_id
-    saved = run_dir / RUN_ID_FILE
-    if saved.is_file() and saved.read_text().strip():
-        return saved.read_text().strip()
-    return new_run_id()
 
 
 def ending_status(exc: BaseException) -> str:
@@ -37,20 +30,33 @@ def ending_status(exc: BaseException) -> str:
 
 
 class TrackedRun:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, name: str, wall_start: float, device: torch.device):
-        self.cfg, self.run_dir, self.name = cfg, run_dir, name
+    def __init__(self, cfg: TrainConfig, run_dir: Path, run_id: str, name: str, wall_start: float,
+                 device: torch.device, resumed: bool = False):
+        self.cfg, self.run_dir, self.run_id, self.name, self.resumed = cfg, run_dir, run_id, name, resumed
         self.store = RunStore(cfg.tracking.store)
-        self.run_id = resolve_run_id(cfg, run_dir)
-        (run_dir / RUN_ID_FILE).write_text(self.run_id + "\n")
+        if not resumed and self.store.exists(run_id):
+            self.store.close()
+            raise UserError(f"run id {run_id} is already recorded in {self.store.path}; a new run needs a new id: "
+                            "drop --run-id or choose another")
         self.recorder = RunRecorder(self.store, self.run_id, wall_start,
                                     SystemMonitor(cfg.tracking.sample_interval_s, device))
+        self.environment: dict = {}
+        self.began = False
 
-    def start(self, device: torch.device, device_name: str, world_size: int) -> None:
+    def describe(self, device: torch.device, device_name: str, world_size: int) -> None:
+        self.environment = capture_environment(device, device_name, world_size)
+
+    def on_train_begin(self, trainer) -> None:
+        """Called before the recorder's own on_train_begin (it starts the sampling clock)."""
         self.store.start_run(self.run_id, name=self.name, group=self.cfg.tracking.group, run_dir=str(self.run_dir),
-                             config=to_mapping(self.cfg),
-                             environment=capture_environment(device, device_name, world_size))
+                             config=to_mapping(self.cfg), environment=self.environment)
+        if self.resumed:
+            offset = self.store.continue_run(self.run_id, len(trainer.history))
+            self.recorder.wall_start -= offset   # elapsed times continue the earlier processes'
+        self.began = True
 
-    def finish(self, summary: dict) -> None:
+    def finish(self, summary: dict | None) -> None:
+        """summary None: the run's stored summary stays as it was."""
         self.recorder.close()
         self.recorder.guarded(self.store.finish_run, self.run_id, "finished", summary)
         self.store.close()
@@ -59,9 +65,10 @@ class TrackedRun:
         """Records how the run ended; never raises over the exception being handled."""
         try:
             self.recorder.close()
-            status = ending_status(exc)
-            error = None if status == "pruned" else "".join(traceback.format_exception_only(exc)).strip()
-            self.store.finish_run(self.run_id, status, error=error)
+            if self.began:
+                status = ending_status(exc)
+                error = None if status == "pruned" else "".join(traceback.format_exception_only(exc)).strip()
+                self.store.finish_run(self.run_id, status, error=error)
             self.store.close()
         except Exception:
             pass

@@ -13,25 +13,40 @@ def synchronize(device: torch.device) -> None:
 
 
 class DeviceClock:
-    """Accumulates device-synchronised wall time over start/stop intervals."""
+    """Accumulates device-synchronised wall time over start/stop intervals. Inside an interval,
+    `pause`/`resume` leave out work that is not training (a checkpoint save) without ending the
+    interval: `stop` returns the whole interval's training time."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.total = 0.0
         self._started: float | None = None
+        self._interval = 0.0      # time of the current interval before its last pause
 
     def now(self) -> float:
         synchronize(self.device)
         return time.perf_counter()
 
     def start(self) -> None:
+        self._interval = 0.0
+        self._started = self.now()
+
+    def pause(self) -> float:
+        """Stops counting (the interval goes on); returns the time of day for the paused work."""
+        now = self.now()
+        if self._started is not None:
+            self._interval += now - self._started
+            self._started = None
+        return now
+
+    def resume(self) -> None:
         self._started = self.now()
 
     def stop(self) -> float:
-        """Stops the clock; returns the interval just measured."""
-        if self._started is None:
-            return 0.0
-        interval = self.now() - self._started
+        """Stops the clock; returns the training time of the interval just measured."""
+        if self._started is not None:
+            self._interval += self.now() - self._started
+            self._started = None
+        interval, self._interval = self._interval, 0.0
         self.total += interval
-        self._started = None
         return interval

@@ -79,7 +79,9 @@ class Trainer:
         self.history: list[dict] = []
         self.warmup_s = 0.0
         self.eval_time_s = 0.0
+        self.checkpoint_time_s = 0.0   # saving checkpoints: left out of training time, reported beside it
         self.global_step = 0
+        self.resumed_at_step = 0       # the global step this process began training at
         self.epoch = 0           # the epoch being trained (0-based)
         self.epoch_step = 0      # optimizer steps done in it
         self.steps_per_epoch = 0
@@ -130,6 +132,7 @@ class Trainer:
         position = self.checkpointer.restore(self) if self.checkpointer else None
         start_epoch, start_step = (position.epoch, position.epoch_step) if position else (0, 0)
         self.resumed_from = position.resumed_from if position else None
+        self.resumed_at_step = self.global_step
         self.callbacks.call("on_train_begin", self)
         logs: dict = self.history[-1] if self.history else {}
         for epoch in range(start_epoch, cfg.epochs):
@@ -147,7 +150,9 @@ class Trainer:
         self.epoch, self.epoch_step = len(self.history), 0
         if self.checkpointer is not None and self.checkpointer.every > 0 \
                 and self.checkpointer.last_saved_step != self.global_step:
+            started = time.perf_counter()
             self.checkpointer.save(self)  # the final state, so a resumed finished run has nothing left to do
+            self.checkpoint_time_s += time.perf_counter() - started
         self.callbacks.call("on_train_end", self, logs)
         return self.history
 
@@ -197,9 +202,10 @@ class Trainer:
                 batch_logs["loss"] = sum(losses[-cfg.log_every:]) / len(losses[-cfg.log_every:])
             self.callbacks.call("on_train_batch_end", self, self.global_step, batch_logs)
             if self.checkpointer is not None and self.checkpointer.due(self.global_step, len(chunk)):
-                self.clock.stop()  # checkpoint writing is not training time
+                paused_at = self.clock.pause()  # checkpoint writing is not training time
                 self.checkpointer.save(self)
-                self.clock.start()
+                self.checkpoint_time_s += time.perf_counter() - paused_at
+                self.clock.resume()
         epoch_time = self.clock.stop()
         values = c.read(epoch_step, self.strategy)
         self._check_finite(values["losses"], first_global_step)
@@ -212,6 +218,7 @@ class Trainer:
             "samples": (epoch_step - start_step) * self.batch.global_batch,  # trained in this process
             "epoch_train_time_s": epoch_time,
             "cumulative_train_time_s": self.clock.total,
+            "checkpoint_time_s": self.checkpoint_time_s,
             "skipped_steps": values["skipped"],
             "optimizer_steps": values["applied_steps"],
             **({"loss_scale": float(self.scaler.scale)} if self.scaler else {}),

@@ -1,0 +1,99 @@
+"""The files of one run folder, and what they say about the run.
+
+    <run folder>/
+        .lock            held while a training uses the folder (lock.py)
+        run.json         id, status (running/finished/failed/interrupted/pruned), created, launch identity
+        run_id           the id alone, for shells (`cat run_id`)
+        config.json      the full configuration, written when the run starts: resume reads it
+        metrics.jsonl    per-epoch metrics (or metrics.csv)
+        checkpoints/     committed DCP checkpoints (checkpoint/store.py)
+        model.pt         the final weights, a plain state dict (written first at the end)
+        summary.json     the run summary (written last)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from scaletrain.checkpoint.store import write_atomically
+from scaletrain.errors import UserError
+from scaletrain.lifecycle.lock import LOCK_FILE
+
+CONFIG, META, RUN_ID, SUMMARY, MODEL = "config.json", "run.json", "run_id", "summary.json", "model.pt"
+# What a run leaves in its folder; any of these means the folder holds a run.
+RUN_FILES = (CONFIG, META, RUN_ID, SUMMARY, MODEL, "metrics.jsonl", "metrics.csv", "checkpoints", "tensorboard")
+
+
+class RunFolder:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def holds_run(self) -> bool:
+        return self.path.is_dir() and any((self.path / name).exists() for name in RUN_FILES)
+
+    def _read_json(self, name: str) -> dict | None:
+        file = self.path / name
+        if not file.is_file():
+            return None
+        try:
+            value = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{file} is not readable JSON ({exc}); the run folder is damaged: pass another "
+                            "--run-dir, or --overwrite to start afresh there") from None
+        if not isinstance(value, dict):
+            raise UserError(f"{file} does not hold a JSON object; the run folder is damaged: pass another "
+                            "--run-dir, or --overwrite to start afresh there")
+        return value
+
+    def config(self) -> dict | None:
+        """The configuration the run was started with (None: not recorded)."""
+        return self._read_json(CONFIG)
+
+    def meta(self) -> dict:
+        meta = self._read_json(META) or {}
+        if "run_id" not in meta and (self.path / RUN_ID).is_file():
+            meta["run_id"] = (self.path / RUN_ID).read_text().strip()  # folders written before run.json
+        return meta
+
+    @property
+    def run_id(self) -> str | None:
+        return self.meta().get("run_id") or None
+
+    @property
+    def status(self) -> str | None:
+        return self.meta().get("status")
+
+    def start(self, run_id: str, config: dict, launch: dict) -> None:
+        """Records a run as running: its id, launch identity and configuration."""
+        meta = self.meta() if self.holds_run() else {}
+        now = time.time()
+        meta.update({"run_id": run_id, "status": "running", "updated_at": now, "launch": launch})
+        meta.setdefault("created_at", now)
+        write_atomically(self.path / META, json.dumps(meta, indent=2))
+        write_atomically(self.path / RUN_ID, run_id + "\n")
+        write_atomically(self.path / CONFIG, json.dumps(config, indent=2))
+
+    def set_status(self, status: str) -> None:
+        meta = self.meta()
+        meta.update({"status": status, "updated_at": time.time()})
+        write_atomically(self.path / META, json.dumps(meta, indent=2))
+
+    def clear(self) -> None:
+        """--overwrite: deletes the run's files (not the lock, nor files that are not a run's)."""
+        for name in RUN_FILES:
+            target = self.path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+
+    def remove_if_unused(self) -> None:
+        """Deletes a folder this process created for a run that never trained."""
+        if self.path.is_dir() and all(p.name in RUN_FILES + (LOCK_FILE,) for p in self.path.iterdir()):
+            shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,232 @@
+"""One owner of a run: `plan_run` decides (reading only) which folder a training uses and whether it
+starts, resumes or overwrites a run there; `open_run` takes the folder (lock, id, saved config).
+
+The rules, in order:
+- a torchrun restart continues the folder of the attempt before it (found by its launch identity:
+  host, agent pid, rendezvous id), whatever else was asked;
+- `--run-dir DIR` that holds no run: a new run there; one that holds a run: `--resume` continues
+  it (its saved configuration, see resume.py), `--overwrite` deletes it and starts afresh, and
+  anything else is refused with one line naming both;
+- no `--run-dir`: `--resume auto` continues the newest run under ./scaletrain-runs whose fixed
+  configuration equals this one and that has a complete checkpoint; otherwise a new folder named
+  `<time>-<model>-<data>-<precision>-<run id>`: two trainings never share one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from scaletrain.checkpoint import Checkpointer, CheckpointStore
+from scaletrain.config import TrainConfig, from_mapping, to_mapping
+from scaletrain.errors import ConfigError, UserError
+from scaletrain.lifecycle.folder import RunFolder
+from scaletrain.lifecycle.lock import FolderLock
+from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
+from scaletrain.lifecycle.resume import describe_differences, locked_differences
+from scaletrain.tracking.store import new_run_id
+
+RUNS_ROOT = Path("scaletrain-runs")
+
+
+def run_name(cfg: TrainConfig) -> str:
+    return f"{cfg.model.name}-{cfg.data.name}-{cfg.precision.policy}".replace("/", "_").replace(":", "_")
+
+
+def launch_identity(env) -> dict:
+    """What stays the same across torchrun's restarts of one job and differs between two jobs:
+    the host and the agent process (every worker's parent), and the rendezvous id."""
+    return {"host": socket.gethostname(), "agent_pid": os.getppid() if env.under_elastic else None,
+            "rdzv_id": env.run_id}
+
+
+@dataclass(slots=True)
+class RunPlan:
+    folder: RunFolder
+    mode: str                    # "new", "resume" or "overwrite"
+    run_id: str
+
+    def describe(self) -> str:
+        return {"new": "new run", "resume": "resuming run", "overwrite": "new run (overwriting the folder)"}[self.mode]
+
+
+def _checkpoints(cfg: TrainConfig, folder: RunFolder) -> CheckpointStore:
+    root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else folder.path / "checkpoints"
+    return CheckpointStore(root, keep=cfg.checkpoint.keep)
+
+
+def _check_resumable(cfg: TrainConfig, folder: RunFolder) -> None:
+    saved = folder.config()
+    if saved is not None:
+        diffs = locked_differences(from_mapping(TrainConfig, saved), cfg)
+        if diffs:
+            raise ConfigError(f"cannot resume {folder} with a different configuration ({describe_differences(diffs)}); "
+                              "these keys are fixed for a run: drop those flags to continue it, or start a new run "
+                              "(another --run-dir, or --overwrite)")
+    if folder.status == "finished" and not _checkpoints(cfg, folder).complete():
+        raise UserError(f"run {folder.run_id} in {folder} finished and kept no checkpoint to continue from; "
+                        "pass --overwrite to start afresh there, or another --run-dir")
+
+
+def _probe_lock(folder: RunFolder) -> None:
+    if folder.path.is_dir():
+        lock = FolderLock(folder.path)
+        lock.acquire()   # raises RunFolderBusy naming the holder
+        lock.release()
+
+
+def _new_folder(cfg: TrainConfig, run_id: str) -> RunFolder:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return RunFolder(RUNS_ROOT / f"{stamp}-{run_name(cfg)}-{run_id}")
+
+
+def _candidates() -> list[RunFolder]:
+    """Run folders under RUNS_ROOT, newest first."""
+    if not RUNS_ROOT.is_dir():
+        return []
+    found = [RunFolder(p) for p in RUNS_ROOT.iterdir() if p.is_dir()]
+    return sorted(found, key=lambda f: f.path.stat().st_mtime, reverse=True)
+
+
+def _folder_of_launch(env) -> RunFolder | None:
+    identity = launch_identity(env)
+    for folder in _candidates():
+        try:
+            if folder.meta().get("launch") == identity:
+                return folder
+        except UserError:
+            continue
+    return None
+
+
+def latest_resumable(cfg: TrainConfig) -> RunFolder | None:
+    """The newest run under RUNS_ROOT with the same fixed configuration and a complete checkpoint."""
+    for folder in _candidates():
+        try:
+            saved = folder.config()
+            if saved is None or locked_differences(from_mapping(TrainConfig, saved), cfg):
+                continue
+        except UserError:
+            continue
+        if _checkpoints(cfg, folder).complete():
+            return folder
+    return None
+
+
+def resume_source(cfg: TrainConfig, env) -> RunFolder | None:
+    """The run folder a training would continue, or None for a new run (see the module doc)."""
+    if env.restart_count > 0:
+        folder = RunFolder(cfg.run_dir) if cfg.run_dir else _folder_of_launch(env)
+        if folder is not None and folder.holds_run():
+            return folder
+    if cfg.run_dir:
+        folder = RunFolder(cfg.run_dir)
+        return folder if cfg.checkpoint.resume is not None and folder.holds_run() and not cfg.overwrite else None
+    return latest_resumable(cfg) if cfg.checkpoint.resume == "auto" else None
+
+
+def check_outputs(cfg: TrainConfig) -> None:
+    """Every path the run will write, checked before any work starts."""
+    if cfg.summary_json:
+        check_writable_file(cfg.summary_json, "--summary-json")
+    if cfg.checkpoint.dir:
+        check_writable_dir(cfg.checkpoint.dir, "--checkpoint-dir")
+    if cfg.tracking.record:
+        check_writable_file(cfg.tracking.store, "run store (--store)")
+
+
+def plan_run(cfg: TrainConfig, env) -> RunPlan:
+    """Decides the run's folder and mode; writes nothing. Raises UserError on a conflict."""
+    check_outputs(cfg)
+    if cfg.run_dir:
+        check_writable_dir(cfg.run_dir, "--run-dir")
+    else:
+        check_writable_dir(RUNS_ROOT, "runs folder")
+    source = resume_source(cfg, env)
+    if source is not None:
+        _probe_lock(source)
+        if env.restart_count == 0:
+            _check_resumable(cfg, source)
+        if cfg.tracking.run_id and source.run_id and cfg.tracking.run_id != source.run_id:
+            raise UserError(f"run folder {source} holds run {source.run_id}; --run-id {cfg.tracking.run_id} names "
+                            "another: drop --run-id to continue it")
+        return RunPlan(source, "resume", source.run_id or cfg.tracking.run_id or new_run_id())
+    run_id = cfg.tracking.run_id or new_run_id()
+    if not cfg.run_dir:
+        return RunPlan(_new_folder(cfg, run_id), "new", run_id)
+    folder = RunFolder(cfg.run_dir)
+    _probe_lock(folder)
+    if not folder.holds_run():
+        return RunPlan(folder, "new", run_id)
+    if cfg.overwrite:
+        return RunPlan(folder, "overwrite", run_id)
+    raise UserError(f"run folder {folder} already holds run {folder.run_id or '?'} ({folder.status or 'status unknown'}); "
+                    "continue it with --resume auto, start afresh there with --overwrite (deletes its files), "
+                    "or pass another --run-dir")
+
+
+class Run:
+    """A run taken: its folder (locked), id, configuration and checkpoints, and how it ends."""
+
+    def __init__(self, plan: RunPlan, cfg: TrainConfig, env):
+        self.folder, self.mode, self.run_id, self.config = plan.folder, plan.mode, plan.run_id, cfg
+        self.path = plan.folder.path
+        self.launch = launch_identity(env)
+        self.created = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock = FolderLock(self.path)
+        try:
+            self.lock.acquire()
+            if self.mode == "overwrite":
+                self.folder.clear()
+            if not self.resumed:
+                self.folder.start(self.run_id, to_mapping(cfg), self.launch)
+        except BaseException:
+            self.lock.release()
+            if self.created:
+                self.folder.remove_if_unused()
+            raise
+        self.began = False     # training began in this process (a resume: its checkpoint loaded)
+
+    @property
+    def resumed(self) -> bool:
+        return self.mode == "resume"
+
+    def on_train_begin(self, trainer) -> None:
+        """A callback hook: a resumed run is marked running (with the configuration it continues
+        with) only once its checkpoint has loaded, so a failed resume attempt changes nothing."""
+        if self.resumed:
+            self.folder.start(self.run_id, to_mapping(self.config), self.launch)
+        self.began = True
+
+    def finish(self) -> None:
+        self.folder.set_status("finished")
+        self.lock.release()
+
+    def fail(self, status: str) -> None:
+        """Records how the run ended. A run that never began in a folder this process made leaves
+        nothing behind (a configuration error costs no empty folder); a resume that never began
+        leaves the run as it was."""
+        try:
+            if not self.began and self.created:
+                self.folder.remove_if_unused()
+            elif self.began:
+                self.folder.set_status(status)
+        finally:
+            self.lock.release()
+
+
+def make_checkpointer(plan: RunPlan, cfg: TrainConfig, env) -> Checkpointer | None:
+    """Every rank's checkpointer for the run's folder. A resumed run, and a torchrun restart,
+    continue from the newest complete checkpoint."""
+    resume = cfg.checkpoint.resume or ("auto" if plan.mode == "resume" or env.restart_count > 0 else None)
+    if cfg.checkpoint.every <= 0 and resume is None:
+        return None
+    return Checkpointer(_checkpoints(cfg, plan.folder), every=cfg.checkpoint.every, resume=resume)
+
+
+def open_run(plan: RunPlan, cfg: TrainConfig, env) -> Run:
+    return Run(plan, cfg, env)
