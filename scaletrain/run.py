@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from scaletrain.console import make_console
+
 from scaletrain.callbacks import EarlyStopping, MetricsLog, ProgressBar, StopAtAccuracy, Throughput, TotalTime
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig, from_mapping, to_mapping
@@ -36,9 +38,9 @@ def run_training(cfg: TrainConfig, console: Console | None = None, callbacks=())
     strategy = build_strategy(cfg.distributed, env)
     try:
         strategy.setup(cfg.device)
-        console = console or Console()
+        console = console or make_console()
         if not strategy.is_chief:
-            console = Console(quiet=True)
+            console = make_console(quiet=True)
         result = _run(cfg, env, strategy, console, list(callbacks))
     except BaseException:
         strategy.teardown(clean=False)  # a peer may be dead or hung: no draining barrier

@@ -8,13 +8,15 @@ import statistics
 
 from rich.console import Console
 
+from scaletrain.console import make_console
+
 
 class Throughput:
     """Images/sec of each epoch's training loop. The first epoch is marked as warm-up and left
     out of the steady-state figure when there are later epochs."""
 
     def __init__(self, console: Console | None = None, verbose: bool = True):
-        self.console = console or Console()
+        self.console = console or make_console()
         self.verbose = verbose
         self.per_epoch: list[float] = []
 
@@ -46,7 +48,7 @@ class StopAtAccuracy:
     def __init__(self, target: float, patience: int = 1, monitor: str = "val_accuracy",
                  console: Console | None = None, verbose: bool = True):
         self.target, self.patience, self.monitor = target, patience, monitor
-        self.console = console or Console()
+        self.console = console or make_console()
         self.verbose = verbose
         self.met_in_a_row = 0
         self.reached_epoch: int | None = None
@@ -86,7 +88,7 @@ class TotalTime:
     """Cumulative training time after each epoch and at the end (seed 003's PrintTotalTime)."""
 
     def __init__(self, console: Console | None = None, verbose: bool = True):
-        self.console = console or Console()
+        self.console = console or make_console()
         self.verbose = verbose
         self.after_epoch: list[float] = []
 

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+
+from scaletrain.console import make_console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -14,7 +16,7 @@ class ProgressBar:
     """A rich progress bar per epoch (only on a terminal), and one summary line per epoch always."""
 
     def __init__(self, console: Console | None = None, show_bar: bool | None = None):
-        self.console = console or Console()
+        self.console = console or make_console()
         self.show_bar = self.console.is_terminal if show_bar is None else show_bar
         self.progress: Progress | None = None
         self.task = None

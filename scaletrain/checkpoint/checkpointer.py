@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
+from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 from scaletrain.checkpoint.state import apply_rng, host_state, restore_host_state, tensor_state
 from scaletrain.checkpoint.store import CheckpointStore
-from scaletrain.errors import ConfigError
+from scaletrain.errors import ConfigError, UserError
 
 
 @contextlib.contextmanager
@@ -84,19 +85,40 @@ class Checkpointer:
         return path
 
     def find(self) -> Path | None:
-        """The checkpoint to resume from, or None to start fresh."""
+        """The checkpoint to resume from (verified against its manifest), or None to start fresh."""
         if self.resume is None:
             return None
         if self.resume == "auto":
-            return self.store.latest()
+            return self.store.latest_verified()
         path = Path(self.resume)
         if not CheckpointStore.is_complete(path):
             raise ConfigError(f"--resume {path}: not a complete checkpoint (no COMMITTED file); "
                               "pass 'auto' to take the newest complete one")
+        problem = CheckpointStore.problem(path)
+        if problem:
+            raise UserError(f"--resume {path}: the checkpoint is damaged ({problem}); pass 'auto' to take the "
+                            "newest intact one")
         return path
 
+    def _agreed_path(self, strategy) -> Path | None:
+        """The chief verifies and chooses; every rank loads what it chose (or fails with its error)."""
+        if strategy.world_size == 1:
+            return self.find()
+        if strategy.is_chief:
+            try:
+                path = self.find()
+            except UserError as exc:
+                strategy.broadcast_object({"error": str(exc)})
+                raise
+            strategy.broadcast_object({"path": str(path) if path else None})
+            return path
+        message = strategy.broadcast_object(None)
+        if "error" in message:
+            raise UserError(message["error"])
+        return Path(message["path"]) if message["path"] else None
+
     def restore(self, trainer) -> Position:
-        path = self.find()
+        path = self._agreed_path(trainer.strategy)
         if path is None:
             return Position()
         meta = CheckpointStore.read_meta(path)
@@ -122,7 +144,7 @@ class Checkpointer:
                     name: torch.zeros_like(t) for name, t in own["epoch_counters"].items()}
         state["host"] = {"json": ""}
         with _single_process_quiet():
-            dcp.load(state, checkpoint_id=str(path))
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
         values = restore_host_state(trainer, state["host"]["json"])
         if "rng" in state.get(f"rank{rank}", {}):
             apply_rng(state[f"rank{rank}"]["rng"])

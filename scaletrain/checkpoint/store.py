@@ -3,17 +3,24 @@
     <dir>/step-000000120/   torch.distributed.checkpoint files (every rank writes its part)
     <dir>/step-000000120/COMMITTED   written last by the chief: temp file, fsync, rename, fsync dir
 
-A folder without COMMITTED (a crash or a kill mid-write) is never read and is cleaned up later;
-the previous complete checkpoint is untouched until a newer one has been committed, so the newest
-complete checkpoint is always readable.
+COMMITTED holds the loop position and a manifest: every file of the checkpoint with its size and
+SHA-256. A folder without COMMITTED (a crash or a kill mid-write) is never read and is cleaned up
+later; one whose files do not match its manifest (truncated, zeroed, deleted, a garbage marker)
+is skipped with a warning naming it, and the next-older verified checkpoint is used. The previous
+checkpoint is untouched until a newer one has been committed, so a crash mid-save never costs the
+last good one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
+
+from scaletrain.errors import UserError
 
 MARKER = "COMMITTED"
 PREFIX = "step-"
@@ -36,6 +43,14 @@ def write_atomically(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class CheckpointStore:
@@ -70,11 +85,50 @@ class CheckpointStore:
 
     @staticmethod
     def read_meta(path: Path) -> dict:
-        return json.loads((path / MARKER).read_text())
+        """The loop position saved with a verified checkpoint."""
+        return json.loads((path / MARKER).read_text())["meta"]
+
+    @staticmethod
+    def problem(path: Path) -> str | None:
+        """Why the checkpoint at `path` cannot be trusted, or None when every file matches its manifest."""
+        try:
+            marker = json.loads((path / MARKER).read_text())
+            files, meta = marker["files"], marker["meta"]
+            if not isinstance(files, dict) or not files or not isinstance(meta, dict):
+                raise ValueError("no file list")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return f"its {MARKER} marker is not a scaletrain manifest ({type(exc).__name__}: {exc})"
+        for name, expected in files.items():
+            file = path / name
+            if not file.is_file():
+                return f"{name} is missing"
+            if file.stat().st_size != expected.get("size"):
+                return f"{name} has {file.stat().st_size} bytes, the manifest says {expected.get('size')}"
+            if _sha256(file) != expected.get("sha256"):
+                return f"{name} does not match its SHA-256 in the manifest"
+        return None
+
+    def latest_verified(self) -> Path | None:
+        """The newest checkpoint whose files match its manifest; warns about each newer one that
+        does not. None when there is no committed checkpoint at all; UserError when there are
+        some but none can be trusted."""
+        done = self.complete()
+        for path in reversed(done):
+            problem = self.problem(path)
+            if problem is None:
+                return path
+            print(f"scaletrain: warning: skipping damaged checkpoint {path}: {problem}", file=sys.stderr)
+        if done:
+            raise UserError(f"no usable checkpoint in {self.root}: all {len(done)} are damaged (see the warnings); "
+                            "start a new run (another --run-dir, or --overwrite)")
+        return None
 
     def commit(self, path: Path, meta: dict) -> None:
-        """Chief only, after every rank's files are written: makes the checkpoint visible."""
-        write_atomically(path / MARKER, json.dumps(meta, indent=2))
+        """Chief only, after every rank's files are written: records the manifest and makes the
+        checkpoint visible."""
+        files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in sorted(path.iterdir()) if p.is_file() and p.name != MARKER}
+        write_atomically(path / MARKER, json.dumps({"meta": meta, "files": files}, indent=2))
         _fsync_dir(self.root)
 
     def prune(self) -> None:

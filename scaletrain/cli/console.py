@@ -1,13 +1,5 @@
-"""The console the commands print tables to."""
+"""The console the commands print tables to (see scaletrain/console.py)."""
 
-from __future__ import annotations
+from scaletrain.console import make_console, wide_console
 
-import sys
-
-from rich.console import Console
-
-
-def wide_console() -> Console:
-    """A terminal's own width; piped or redirected output keeps whole rows (rich would fold
-    tables to 80 columns)."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
+__all__ = ["make_console", "wide_console"]

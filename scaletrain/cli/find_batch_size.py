@@ -8,6 +8,8 @@ import json
 import sys
 
 from rich.console import Console
+
+from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.memory.units import format_bytes, parse_bytes
@@ -65,7 +67,7 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _print(result, cfg) -> None:
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = make_console(width=None if sys.stdout.isatty() else 140)
     table = Table(title=f"{cfg.model.name}, {cfg.precision.policy}, {result.devices} device(s)"
                         + (f", budget {format_bytes(result.memory_limit)}" if result.memory_limit else ""))
     for col in ("batch / device", "fits", "peak memory / device", "samples/s"):

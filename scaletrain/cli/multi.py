@@ -7,6 +7,8 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from rich.text import Text
+
 from scaletrain.tracking.store import DEFAULT_STORE
 
 
@@ -57,6 +59,6 @@ def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
     table.add_column("test accuracy", justify="right")
     for m in members:
         table.add_row(f"{m.run_id} ({m.model})", f"{m.accuracy:.4f}")
-    table.add_row("[bold]averaged probabilities[/]", f"[bold]{ensemble:.4f}[/]")
+    table.add_row(Text("averaged probabilities", style="bold"), Text(f"{ensemble:.4f}", style="bold"))
     wide_console().print(table)
     return 0

@@ -8,6 +8,8 @@ import json
 import sys
 
 from rich.console import Console
+
+from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.data.registry import sample_shape
@@ -69,7 +71,7 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = make_console(width=None if sys.stdout.isatty() else 160)
     ac = "with" if cfg.memory.activation_checkpointing else "without"
     table = Table(title=f"{cfg.model.name}: {plans[0].params / 1e6:.2f}M parameters, global batch {cfg.batch_size} "
                         f"over {devices} device(s), {cfg.optim.optimizer}, {ac} activation checkpointing "

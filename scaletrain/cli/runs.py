@@ -8,6 +8,7 @@ from datetime import datetime
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from scaletrain.cli.console import wide_console
 from scaletrain.errors import UserError
@@ -60,10 +61,11 @@ def _show(store: RunStore, record: RunRecord, as_json: bool, console: Console) -
                           "epochs": epochs, "samples": len(store.samples(record.id))}, indent=2))
         return
     created = datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
-    console.print(f"[bold]run {record.id}[/] {record.name or ''}: {record.display_status}, started {created}"
-                  f"{', group ' + record.group if record.group else ''}, folder {record.run_dir or '-'}", soft_wrap=True)
+    console.print(Text.assemble((f"run {record.id}", "bold"), f" {record.name or ''}: {record.display_status}, "
+                                f"started {created}{', group ' + record.group if record.group else ''}, "
+                                f"folder {record.run_dir or '-'}"), soft_wrap=True)
     if record.error:
-        console.print(f"[red]error:[/] {record.error}", soft_wrap=True)
+        console.print(Text.assemble(("error:", "red"), f" {record.error}"), soft_wrap=True)
     info = Table(title="Environment", show_header=False)
     for key, value in record.environment.items():
         if key != "argv":

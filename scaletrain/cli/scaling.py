@@ -7,6 +7,8 @@ import json
 import sys
 
 from rich.console import Console
+
+from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.errors import ConfigError
@@ -45,7 +47,7 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     if not 0 <= args.overlap <= 1:
         raise ConfigError(f"--overlap must be between 0 and 1 (got {args.overlap})")
     # The table has nine columns: give it room when the output is not a terminal (logs, CI).
-    console = Console(quiet=args.json, width=None if sys.stdout.isatty() else 140)
+    console = make_console(quiet=args.json, width=None if sys.stdout.isatty() else 140)
     given = args.step_time_ms is not None or args.assume_h100_mfu is not None
     console.print(f"{'counting' if given else 'measuring'} {cfg.model.name} at batch {cfg.batch_size} "
                   f"({cfg.precision.policy}) on one device...")

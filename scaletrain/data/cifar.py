@@ -12,12 +12,27 @@ from scaletrain.data.dataset import ArraySplit, Dataset, as_labels, make_dataset
 from scaletrain.errors import DataError
 
 
+# What a CIFAR python batch is made of: a dict of bytes, ints, lists and one numpy array. The
+# pickle names numpy's array reconstructor, ndarray and dtype (numpy 1.x or 2.x module paths);
+# anything else is refused, so a crafted batch file cannot run code when loaded.
+_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+            ("numpy._core.multiarray", "scalar")}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR batch never holds (refused, not run)")
+
+
 def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
         raise DataError(f"{path}: file not found; --data-dir must be the 'cifar-10-batches-py' folder")
     try:
         with path.open("rb") as fh:
-            batch = pickle.load(fh, encoding="bytes")
+            batch = _BatchUnpickler(fh, encoding="bytes").load()
     except Exception as exc:  # pickle raises many types on corrupt input
         raise DataError(f"{path}: not a readable CIFAR python batch ({type(exc).__name__}: {exc})") from None
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:

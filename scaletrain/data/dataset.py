@@ -45,7 +45,12 @@ def as_features(x: np.ndarray | torch.Tensor, source: str) -> torch.Tensor:
         return t
     if not (t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64)):
         raise DataError(f"{source}: features have unsupported dtype {t.dtype}")
-    return t.to(torch.float32)
+    t = t.to(torch.float32)
+    bad = int((~torch.isfinite(t)).sum())
+    if bad:
+        raise DataError(f"{source}: {bad} feature value(s) are inf or NaN (or overflow float32); "
+                        "clean or impute them before training")
+    return t
 
 
 def as_labels(y: np.ndarray | torch.Tensor, n: int, num_classes: int | None, source: str) -> torch.Tensor:
@@ -66,6 +71,23 @@ def as_labels(y: np.ndarray | torch.Tensor, n: int, num_classes: int | None, sou
             bad = low if low < 0 else high
             raise DataError(f"{source}: label {bad} is out of range [0, {limit})")
     return t
+
+
+# Inferred class counts: a model gets one output per class up to the largest label, so a stray huge
+# label would allocate a huge head. Labels must be (nearly) dense: 0..K-1 with at most this many
+# unused values, or the file states its class count.
+MAX_UNUSED_CLASSES = 1000
+
+
+def infer_num_classes(y: torch.Tensor, source: str) -> int:
+    """Classes = largest label + 1, refused when most of those classes would never be seen."""
+    if len(y) == 0:
+        raise DataError(f"{source}: no labels")
+    highest, distinct = int(y.max()), int(torch.unique(y).numel())
+    if highest + 1 - distinct > MAX_UNUSED_CLASSES:
+        raise DataError(f"{source}: labels go up to {highest} but only {distinct} distinct values occur; relabel them "
+                        f"to 0..{distinct - 1}, or store the class count as num_classes in the file")
+    return max(highest + 1, 2)
 
 
 def with_channel_dim(x: torch.Tensor, sample_ndim: int) -> torch.Tensor:

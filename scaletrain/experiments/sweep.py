@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
+
+from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.config import TrainConfig
@@ -83,7 +84,7 @@ class BatchSizeSweep:
             raise UserError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)} (got {lr_scaling!r})")
         self.base, self.sizes, self.repeats, self.lr_scaling = base, sizes, repeats, lr_scaling
         self.out, self.parallel = Path(out), parallel
-        self.console = console or Console()
+        self.console = console or make_console()
         self.group = f"sweep-{self.out.name}"
         self.results: list[PointResult] = []
 
@@ -117,7 +118,7 @@ class BatchSizeSweep:
                                                           "wall_time_s", "peak_memory_bytes")})
             self.results.append(result)
             shown = (f"{result.images_per_sec:,.0f} img/s, best acc {result.best_val_accuracy:.4f}"
-                     if record.status == "finished" else f"[red]{record.status}[/]: {record.error or ''}")
+                     if record.status == "finished" else f"{record.status}: {record.error or ''}")
             self.console.print(f"  batch {size:>5} repeat {repeat + 1}: {shown} (run {record.id}, "
                                f"{finished.seconds:.1f} s)", soft_wrap=True)
             self.write_csv()  # after every point: an interrupted sweep keeps what it measured
@@ -192,18 +193,18 @@ class BatchSizeSweep:
         return written
 
     def table(self) -> Table:
-        table = Table(title=escape(f"Batch-size sweep ({self.repeats} repeat(s); median [min-max])"))
+        table = Table(title=f"Batch-size sweep ({self.repeats} repeat(s); median [min-max])")
         for header in ("batch", "finished", "images/sec", "time to target", "best acc", "failures"):
             table.add_column(header, justify="left" if header == "failures" else "right")
 
         def spread(row, key, fmt):
             if row[f"{key}_median"] is None:
                 return "-"
-            return escape(f"{fmt(row[key + '_median'])} [{fmt(row[key + '_min'])}-{fmt(row[key + '_max'])}]")
+            return f"{fmt(row[key + '_median'])} [{fmt(row[key + '_min'])}-{fmt(row[key + '_max'])}]"
         for row in self.per_size():
             table.add_row(str(row["batch_size"]), f"{row['finished']}/{row['runs']}",
                           spread(row, "images_per_sec", lambda v: f"{v:,.0f}"),
                           spread(row, "time_to_target_s", lambda v: f"{v:.2f} s"),
                           "-" if row["best_val_accuracy_median"] is None else f"{row['best_val_accuracy_median']:.4f}",
-                          escape(row["failures"][:120]))
+                          row["failures"][:120])
         return table

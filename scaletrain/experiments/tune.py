@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
+
+from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.config import TrainConfig, from_mapping, load_toml, write_toml
@@ -89,7 +90,7 @@ class Tuner:
         check_settings(settings, base)
         self.optuna = require_optuna()
         self.base, self.s = base, settings
-        self.console = console or Console()
+        self.console = console or make_console()
         self.group = f"tune-{settings.study_name}"
         self.me = f"{socket.gethostname()}:{os.getpid()}"
         self.storage = open_storage(settings.storage_url)
@@ -119,7 +120,7 @@ class Tuner:
             study.set_user_attr("metric", self.s.metric)
             study.set_user_attr("space", self.s.space.text)
         elif attrs.get("space") != self.s.space.text:
-            self.console.print("[yellow]note:[/] the space file differs from the one this study started with; "
+            self.console.print("note: the space file differs from the one this study started with; "
                                "finished trials keep their values")
         return study
 
@@ -207,7 +208,7 @@ class Tuner:
             reason = record.error or f"the run reported no {self.s.metric}"
             trial.set_user_attr(FAILED_RUN_ATTR, reason)
             self.study.tell(trial, state=State.FAIL)
-            self.console.print(f"trial {trial.number}: [red]failed[/] ({escape(reason)}), run {record.id}",
+            self.console.print(f"trial {trial.number}: failed ({reason}), run {record.id}",
                                soft_wrap=True)
             return
         self.study.tell(trial, value)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from rich.table import Table
+from rich.text import Text
 
 from scaletrain.memory.units import format_bytes
 from scaletrain.tracking.store import RunRecord
@@ -90,7 +91,7 @@ def compare_table(records: list[RunRecord]) -> Table:
         table.add_column(record.id, justify="right")
     for column in COLUMNS[1:]:
         best = _best(records, column)
-        table.add_row(column.header, *[f"[bold green]{column.text(r)}[/]" if r.id in best else column.text(r)
+        table.add_row(column.header, *[Text(column.text(r), style="bold green" if r.id in best else "")
                                        for r in records])
     return table
 

@@ -269,9 +269,13 @@ class RunStore:
 
     def resolve(self, run_id: str) -> str:
         """The full id of the run that `run_id` names (the whole id or a unique prefix of it)."""
-        if not run_id or any(c in run_id for c in "%_"):
-            raise UserError(f"'{run_id}' is not a run id; `scaletrain runs list` shows the ids")
-        rows = self._conn.execute("SELECT id FROM runs WHERE id LIKE ? ORDER BY id", (run_id + "%",)).fetchall()
+        if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+            return run_id   # an exact id always works, whatever characters it holds
+        if not run_id:
+            raise UserError("an empty run id; `scaletrain runs list` shows the ids")
+        # A prefix match without LIKE: no character of the prefix is a wildcard.
+        rows = self._conn.execute("SELECT id FROM runs WHERE substr(id, 1, ?) = ? ORDER BY id",
+                                  (len(run_id), run_id)).fetchall()
         if not rows:
             raise UserError(f"no run '{run_id}' in {self.path}; `scaletrain runs list --store {self.path}` shows the ids")
         if len(rows) > 1 and rows[0][0] != run_id:
