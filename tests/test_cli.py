@@ -45,13 +45,13 @@ def test_toml_config_with_flag_override(tmp_path):
     config.write_text('epochs = 7\nbatch_size = 32\n[model]\nname = "mlp"\n[model.options]\nhidden = [16]\n'
                       '[data]\nname = "digits"\n[optim]\nlr = 0.01\nlr_schedule = "cosine"\n')
     args = build_parser().parse_args(["train", "--config", str(config), "--epochs", "2", "--lr", "0.5"])
-    cfg = config_from_args(args, argv_given=True)
+    cfg = config_from_args(args)
     assert (cfg.epochs, cfg.batch_size, cfg.optim.lr, cfg.optim.lr_schedule) == (2, 32, 0.5, "cosine")
     assert cfg.model.options == {"hidden": [16]}
 
 
 def test_no_arguments_means_the_default_recipe():
-    cfg = config_from_args(build_parser().parse_args(["train"]), argv_given=False)
+    cfg = config_from_args(build_parser().parse_args(["train"]))
     assert (cfg.model.name, cfg.data.name, cfg.target_accuracy) == ("cnn1d", "mnist1d", 0.94)
 
 
@@ -70,6 +70,7 @@ def _bad_inputs(tmp_path):
     shape = make_idx_folder(tmp_path / "shape")
     write_idx(shape / "t10k-images-idx3-ubyte.gz", np.zeros((16, 28, 27)), 2051, gz=True)
     fashion = ["--data", "fashion-mnist", "--model", "mlp", "--epochs", "1"]
+    digits = ["--model", "mlp", "--data", "digits"]
     return [
         (["--config", str(tmp_path / "unknown.toml")], "unknown config key 'learning_rate'"),
         (["--config", str(tmp_path / "nested.toml")], "unknown config key 'optim.learning_rate'"),
@@ -82,21 +83,49 @@ def _bad_inputs(tmp_path):
         (fashion + ["--data-dir", str(labels)], "label 99 is out of range [0, 10)"),
         (fashion + ["--data-dir", str(shape)], "shape mismatch"),
         (fashion + ["--data-dir", str(folder), "--model", "nope"], "unknown model 'nope'"),
-        (["--model", "mlp", "--data", "digits", "--precision", "fp8"], "unknown precision 'fp8'"),
+        (["--model", "mlp", "--data", "digits", "--precision", "fp8"], "'precision.policy' must be one of fp32, tf32, bf16-mixed, fp16-mixed, bf16-true"),
         (["--model", "mlp", "--data", "digits", "--batch-size", "30", "--grad-accum-steps", "4"],
          "global batch 30 does not divide across 1 replica(s) x 4 accumulation steps; use --batch-size 28 or 32"),
-        (["--model", "mlp", "--data", "digits", "--epochs", "0"], "config key 'epochs' must be at least 1"),
+        (["--model", "mlp", "--data", "digits", "--epochs", "0"], "config key 'epochs' must be >= 1"),
         (["--model", "mlp", "--data", "digits", "--fp32-modules", "nothing"], "matches no module"),
         (["--model", "wrn-16-10", "--data", "mnist1d"], "needs image samples"),
-        (["--model", "mlp", "--data", "digits", "--strategy", "zero9"], "unknown strategy 'zero9'"),
+        (["--model", "mlp", "--data", "digits", "--strategy", "zero9"], "'distributed.strategy' must be one of auto, single, ddp"),
         (["--model", "mlp", "--data", "digits", "--resume", str(tmp_path / "nope")], "no such checkpoint folder"),
         (["--model", "mlp", "--data", "digits", "--grad-compression", "int4"],
          "'distributed.grad_compression' must be one of none, bf16, fp16"),
-        (["--model", "mlp", "--data", "digits", "--nproc", "0"], "'distributed.nproc' must be at least 1"),
+        (["--model", "mlp", "--data", "digits", "--nproc", "0"], "'distributed.nproc' must be >= 1"),
         (["--model", "mlp", "--data", "digits", "--nproc", "2", "--strategy", "single"],
          "--strategy single cannot run on --nproc 2 processes"),
         (["--model", "no_such_module:build", "--data", "digits"], "cannot import module 'no_such_module'"),
+        # Values out of range: each declared beside its field (config.py), all caught the same way.
+        (digits + ["--clip-grad-norm", "-1"], "'optim.clip_grad_norm' must be > 0"),
+        (digits + ["--val-batch-size", "-1"], "'data.val_batch_size' must be >= 1"),
+        (digits + ["--num-workers", "-1"], "'data.num_workers' must be >= 0"),
+        (digits + ["--momentum", "-5"], "'optim.momentum' must be >= 0 and < 1"),
+        (digits + ["--early-stopping-patience", "0"], "'early_stopping_patience' must be >= 1"),
+        (digits + ["--lr", "nan"], "'optim.lr' must be a finite number"),
+        (digits + ["--warmup-epochs", "-0.5"], "'optim.warmup_epochs' must be >= 0"),
+        (digits + ["--step-milestones", "5,-1"], "'optim.step_milestones' has an item that must be >= 0"),
+        (digits + ["--device", "gpu"], "'device' must be auto, cpu, cuda or cuda:N"),
+        (digits + ["--run-id", "a b/c"], "'tracking.run_id' must be 1-64 letters"),
+        (digits + ["--compile-mode", "fastest"], "'compile_mode' must be one of default"),
+        (digits + ["--augment", "rotate"], "'data.augment' has an item that must be one of shift, flip"),
+        # Data that cannot train.
+        (npz_data(tmp_path, "empty", x=np.zeros((0, 4)), y=np.zeros(0, dtype=np.int64)), "x holds no samples"),
+        (npz_data(tmp_path, "sparse", x=np.zeros((8, 4)), y=np.array([0, 1] * 3 + [10**9, 5])),
+         "labels go up to 1000000000 but only 4 distinct values occur"),
+        (npz_data(tmp_path, "nan", x=np.where(np.arange(32).reshape(8, 4) % 7 == 0, np.nan, 1.0), y=np.arange(8) % 2),
+         "[x]: 5 feature value(s) are inf or NaN"),
+        # Outputs that cannot be written: caught before any data is loaded or any step runs.
+        (digits + ["--summary-json", str(tmp_path)], "--summary-json " + str(tmp_path) + " is a folder"),
+        (digits + ["--summary-json", str(tmp_path / "unknown.toml" / "s.json")], "unknown.toml is a file"),
+        (digits + ["--store", str(tmp_path / "unknown.toml" / "runs.db")], "unknown.toml is a file"),
     ]
+
+
+def npz_data(tmp_path, name, **arrays):
+    np.savez(tmp_path / f"{name}.npz", **arrays)
+    return ["--data", "npz", "--data-dir", str(tmp_path / f"{name}.npz"), "--model", "mlp"]
 
 
 def test_each_bad_input_gives_one_clear_line_and_exit_2(tmp_path, capsys):
@@ -106,6 +135,7 @@ def test_each_bad_input_gives_one_clear_line_and_exit_2(tmp_path, capsys):
         assert code == 2, (argv, err)
         assert message in err, (argv, err)
         assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert not (tmp_path / "r").exists(), f"{argv} left a run folder behind"
 
 
 def test_bad_input_through_the_real_console_entry_point(tmp_path):
@@ -119,5 +149,5 @@ def test_bad_input_through_the_real_console_entry_point(tmp_path):
 def test_model_option_flag_is_read_as_toml():
     args = build_parser().parse_args(["train", "--model", "mlp", "--model-option", "hidden=[32, 16]",
                                       "--model-option", "dropout=0.1"])
-    cfg = config_from_args(args, argv_given=True)
+    cfg = config_from_args(args)
     assert cfg.model.options == {"hidden": [32, 16], "dropout": 0.1}

@@ -55,7 +55,8 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
         trainer = Trainer(model, cfg, strategy=strategy)
         result = find_batch_size(trainer, dataset, start=args.first_batch_size, max_batch=args.max_batch_size,
                                  steps=args.trial_steps, margin=args.margin, memory_limit=limit,
-                                 global_batch=args.global_batch)
+                                 global_batch=args.global_batch,
+                                 on_trial=_show_trial if strategy.is_chief else None)
     finally:
         strategy.teardown()
     if strategy.is_chief:
@@ -64,6 +65,16 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
         else:
             _print(result, cfg)
     return 0
+
+
+def _show_trial(trial) -> None:
+    """Each trial as it ends, on stderr (stdout stays the table or the JSON)."""
+    if trial.fits:
+        text = (f"fits, peak {format_bytes(trial.peak_bytes) if trial.peak_bytes else '-'}, "
+                f"{trial.samples_per_s:,.0f} samples/s")
+    else:
+        text = f"does not fit ({trial.reason})"
+    print(f"find-batch-size: batch {trial.batch_size} per device: {text}", file=sys.stderr, flush=True)
 
 
 def _print(result, cfg) -> None:
@@ -82,4 +93,6 @@ def _print(result, cfg) -> None:
     if result.grad_accum_steps:
         line += (f"; global batch {result.global_batch_size} = {result.devices} x {result.recommended_batch_size} "
                  f"x {result.grad_accum_steps} accumulation steps")
+    if result.limited_by:
+        line += f"; the search stopped at {result.limited_by}, which still fit (a larger batch may too)"
     console.print(line, soft_wrap=True)

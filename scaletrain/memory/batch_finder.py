@@ -44,6 +44,7 @@ class BatchSizeResult:
     trials: list[Trial] = field(default_factory=list)
     global_batch_size: int | None = None     # held fixed with --global-batch
     grad_accum_steps: int | None = None
+    limited_by: str | None = None   # the largest batch tried still fit: what capped the search
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,7 +69,7 @@ def accumulation_for(global_batch: int, devices: int, max_per_device: int) -> tu
 
 class BatchSizeFinder:
     def __init__(self, trainer, dataset, *, steps: int = 3, margin: float = 0.1, memory_limit: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, on_trial=None):
         if steps < 2:
             raise ConfigError(f"--trial-steps must be at least 2 (one warm-up, one timed; got {steps})")
         if not 0 <= margin < 1:
@@ -79,6 +80,7 @@ class BatchSizeFinder:
         self.steps, self.margin, self.memory_limit = steps, margin, memory_limit
         self.generator = torch.Generator().manual_seed(seed)
         self.trials: dict[int, Trial] = {}
+        self.on_trial = on_trial or (lambda trial: None)   # called as each trial ends (progress)
         if trainer.normalizer is None:
             trainer.normalizer = Normalizer(dataset.mean, dataset.std, trainer.policy.input_dtype)
 
@@ -87,6 +89,13 @@ class BatchSizeFinder:
         if start < 1 or max_batch < start:
             raise ConfigError(f"need 1 <= --first-batch-size ({start}) <= --max-batch-size ({max_batch})")
         t = self.trainer
+        # A batch larger than the training set is never a useful answer (every step would repeat samples).
+        samples = len(self.dataset.train)
+        if start > samples:
+            raise ConfigError(f"--first-batch-size {start} is larger than the {samples} training samples")
+        limit_name = f"--max-batch-size {max_batch}"
+        if max_batch > samples:
+            max_batch, limit_name = samples, f"the training set's {samples} samples"
         snapshot = TrainingSnapshot(t.model, t.optimizer, {**t.counters.tensors(),
                                                           **(t.scaler.state_tensors() if t.scaler else {})})
         try:
@@ -114,7 +123,8 @@ class BatchSizeFinder:
                               + (f" in --memory-limit {self.memory_limit} bytes" if self.memory_limit else ""))
         result = BatchSizeResult(max_batch_size=good, recommended_batch_size=recommended(good, self.margin),
                                  devices=t.strategy.world_size, margin=self.margin, memory_limit=self.memory_limit,
-                                 trials=[self.trials[k] for k in sorted(self.trials)])
+                                 trials=[self.trials[k] for k in sorted(self.trials)],
+                                 limited_by=limit_name if good == max_batch else None)
         if global_batch is not None:
             micro, accum = accumulation_for(global_batch, t.strategy.world_size, result.recommended_batch_size)
             result.global_batch_size, result.grad_accum_steps = global_batch, accum
@@ -147,7 +157,23 @@ class BatchSizeFinder:
             t.model.zero_grad(set_to_none=True)
 
     def _trial(self, size: int, snapshot: TrainingSnapshot) -> Trial:
+        trial = self._run_trial(size, snapshot)
+        self.trials[size] = trial
+        self.on_trial(trial)
+        return trial
+
+    def _input_bytes(self, size: int) -> int:
+        """Bytes of one trial batch as the step sees it (normalised inputs and labels)."""
+        train = self.dataset.train
+        per_sample = train.x[0].numel() * torch.empty((), dtype=self.trainer.normalizer.dtype).element_size()
+        return size * (per_sample + train.y[:1].element_size())
+
+    def _run_trial(self, size: int, snapshot: TrainingSnapshot) -> Trial:
         t = self.trainer
+        if self.memory_limit is not None and t.device.type != "cuda" and self._input_bytes(size) > self.memory_limit:
+            # The batch alone exceeds the budget: refused before allocating it (every rank alike).
+            return Trial(size, False, self._input_bytes(size), None,
+                         f"the batch alone needs {self._input_bytes(size)} bytes > --memory-limit {self.memory_limit}")
         failed, reason, peak, rate = 0.0, "", 0, None
         if not t.strategy.eval_in_lockstep:
             x, y = self._batch(size)
@@ -157,9 +183,7 @@ class BatchSizeFinder:
             if flag.item():
                 snapshot.restore()
                 self._release()
-                trial = Trial(size, False, None, None, reason or "out of memory on another rank")
-                self.trials[size] = trial
-                return trial
+                return Trial(size, False, None, None, reason or "out of memory on another rank")
         try:
             peak, rate = self.measure(size, self.steps)
             if self.memory_limit is not None and peak > self.memory_limit:
@@ -173,10 +197,8 @@ class BatchSizeFinder:
         flags = torch.tensor([failed, float(peak)], dtype=torch.float64, device=t.device)
         t.strategy.all_reduce_max_(flags)
         fits = flags[0].item() == 0
-        trial = Trial(size, fits, int(flags[1].item()) or None, rate if fits else None,
-                      "" if fits else (reason or "out of memory on another rank"))
-        self.trials[size] = trial
-        return trial
+        return Trial(size, fits, int(flags[1].item()) or None, rate if fits else None,
+                     "" if fits else (reason or "out of memory on another rank"))
 
     def measure(self, size: int, steps: int) -> tuple[int, float]:
         """(peak bytes, samples/s over all devices) of `steps` real training steps at a per-device
@@ -202,8 +224,10 @@ class BatchSizeFinder:
                 step(x, y)
             torch.cuda.synchronize(t.device)
             return int(torch.cuda.max_memory_allocated(t.device)), time.perf_counter() - start
-        # CPU: resident state plus everything the steps allocate, counted tensor by tensor.
-        resident = _state_bytes(t)
+        # CPU: resident state, the batch itself, and everything the steps allocate, counted tensor
+        # by tensor (the batch is held for the whole step: leaving it out once let a 3x64x64 MLP
+        # search grow past 6 GB of resident memory under a 300 MB budget).
+        resident = _state_bytes(t) + x.untyped_storage().nbytes() + y.untyped_storage().nbytes()
         tracker = LiveBytes(_state_tensors(t) + [x, y])
         with tracker:
             step(x, y)
@@ -242,8 +266,9 @@ def _state_bytes(trainer) -> int:
 
 def find_batch_size(trainer, dataset, *, start: int = 1, max_batch: int = 65536, steps: int = 3,
                     margin: float = 0.1, memory_limit: int | None = None,
-                    global_batch: int | None = None) -> BatchSizeResult:
+                    global_batch: int | None = None, on_trial=None) -> BatchSizeResult:
     """The Python API of `scaletrain find-batch-size`: searches with `trainer`'s own step and
-    leaves the trainer exactly as it found it."""
-    finder = BatchSizeFinder(trainer, dataset, steps=steps, margin=margin, memory_limit=memory_limit)
+    leaves the trainer exactly as it found it. `on_trial(trial)` is called as each trial ends."""
+    finder = BatchSizeFinder(trainer, dataset, steps=steps, margin=margin, memory_limit=memory_limit,
+                             on_trial=on_trial)
     return finder.run(start=start, max_batch=max_batch, global_batch=global_batch)
