@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
+from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
 from scaletrain.checkpoint.state import apply_rng, host_state, restore_host_state, tensor_state
 from scaletrain.checkpoint.store import CheckpointStore
 from scaletrain.errors import ConfigError, UserError
@@ -57,6 +57,7 @@ class Checkpointer:
         self.every = every
         self.resume = resume
         self.last_saved_step: int | None = None
+        self.last_saved_position: tuple[int, int] | None = None   # (epoch, step in epoch)
         self.saves = 0
 
     def due(self, global_step: int, steps_just_run: int) -> bool:
@@ -69,8 +70,11 @@ class Checkpointer:
         strategy = trainer.strategy
         step = trainer.global_step
         path = self.store.path_for(step)
-        if strategy.is_chief and path.exists() and not self.store.is_complete(path):
-            shutil.rmtree(path)  # a half-written leftover of a crash at this same step
+        if strategy.is_chief and path.exists():
+            # A half-written leftover of a crash at this step, or the same step saved again (the
+            # final state after a save at the epoch's last step): un-commit first, then replace.
+            (path / "COMMITTED").unlink(missing_ok=True)
+            shutil.rmtree(path)
         strategy.barrier()
         state = {**tensor_state(trainer, strategy.rank), "host": host_state(trainer)}
         with _single_process_quiet():
@@ -81,6 +85,7 @@ class Checkpointer:
                                      "steps_per_epoch": trainer.steps_per_epoch})
             self.store.prune()
         self.last_saved_step = step
+        self.last_saved_position = (trainer.epoch, trainer.epoch_step)
         self.saves += 1
         return path
 
@@ -143,6 +148,11 @@ class Checkpointer:
                 state.setdefault(f"rank{k}", {})["epoch_counters"] = {
                     name: torch.zeros_like(t) for name, t in own["epoch_counters"].items()}
         state["host"] = {"json": ""}
+        try:
+            SafeFileSystemReader(str(path)).read_metadata()   # DCP would hide this error in another
+        except UnsafeCheckpoint as exc:
+            raise UserError(f"checkpoint {path} was refused: {exc}; it was not written by scaletrain's DCP "
+                            "checkpointer, so nothing in it was run") from None
         with _single_process_quiet():
             dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
         values = restore_host_state(trainer, state["host"]["json"])
@@ -152,4 +162,6 @@ class Checkpointer:
             saved = [state[f"rank{k}"]["epoch_counters"] for k in range(saved_world)] if rank == 0 else []
             merge_epoch_counters(own["epoch_counters"], saved, saved_world, world)
         self.last_saved_step = values["global_step"]
+        self.last_saved_position = (values["epoch"], values["epoch_step"])
+        trainer.resumed_epoch_time_s = values.get("epoch_time_s", 0.0)
         return Position(values["epoch"], values["epoch_step"], str(path))

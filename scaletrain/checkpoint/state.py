@@ -59,6 +59,7 @@ def host_state(trainer) -> dict:
         "epoch": trainer.epoch,
         "epoch_step": trainer.epoch_step,
         "global_step": trainer.global_step,
+        "epoch_time_s": trainer.clock.interval,   # training time of the epoch so far (mid-epoch saves)
         "train_time_s": trainer.clock.total,
         "eval_time_s": trainer.eval_time_s,
         "checkpoint_time_s": trainer.checkpoint_time_s,

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from scaletrain.cli.console import wide_console
 from scaletrain.errors import UserError
+from scaletrain.lifecycle.paths import check_writable_file
 from scaletrain.tracking.store import DEFAULT_STORE, RunRecord, RunStore
 
 
@@ -92,6 +93,8 @@ def _show(store: RunStore, record: RunRecord, as_json: bool, console: Console) -
 def run_runs(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.reports.compare import compare_table, compare_values, list_table
     console = wide_console()
+    if args.runs_command == "report":
+        check_writable_file(args.output, "--output")   # before any work: a report is never lost
     with RunStore(args.store, create=False) as store:
         if args.runs_command == "list":
             records = store.runs(group=args.group, limit=args.last)

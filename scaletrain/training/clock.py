@@ -27,9 +27,15 @@ class DeviceClock:
         synchronize(self.device)
         return time.perf_counter()
 
-    def start(self) -> None:
-        self._interval = 0.0
+    def start(self, already: float = 0.0) -> None:
+        """Starts an interval; `already`: training time it had before (a resumed epoch's)."""
+        self._interval = already
         self._started = self.now()
+
+    @property
+    def interval(self) -> float:
+        """The current interval's training time up to its last pause."""
+        return self._interval
 
     def pause(self) -> float:
         """Stops counting (the interval goes on); returns the time of day for the paused work."""

@@ -82,6 +82,7 @@ class Trainer:
         self.checkpoint_time_s = 0.0   # saving checkpoints: left out of training time, reported beside it
         self.global_step = 0
         self.resumed_at_step = 0       # the global step this process began training at
+        self.resumed_epoch_time_s = 0.0  # training time of a resumed epoch before its checkpoint
         self.epoch = 0           # the epoch being trained (0-based)
         self.epoch_step = 0      # optimizer steps done in it
         self.steps_per_epoch = 0
@@ -149,7 +150,7 @@ class Trainer:
             self.history.append(logs)
         self.epoch, self.epoch_step = len(self.history), 0
         if self.checkpointer is not None and self.checkpointer.every > 0 \
-                and self.checkpointer.last_saved_step != self.global_step:
+                and self.checkpointer.last_saved_position != (self.epoch, 0):
             started = time.perf_counter()
             self.checkpointer.save(self)  # the final state, so a resumed finished run has nothing left to do
             self.checkpoint_time_s += time.perf_counter() - started
@@ -186,7 +187,8 @@ class Trainer:
         epoch_step = self.epoch_step = start_step
         next_log = (start_step // cfg.log_every + 1) * cfg.log_every
         first_global_step = self.global_step - start_step
-        self.clock.start()
+        # A resumed epoch counts the training time its first steps took before the checkpoint.
+        self.clock.start(already=self.resumed_epoch_time_s if start_step else 0.0)
         while chunk := list(islice(batches, cfg.steps_per_execution)):
             self.callbacks.call("on_train_batch_begin", self, self.global_step)
             for x, y in chunk:
@@ -215,7 +217,7 @@ class Trainer:
             "train_loss": sum(values["losses"]) / max(epoch_step, 1),
             "train_accuracy": values["correct"] / max(samples, 1),
             "lr": current_lr(self.optimizer),
-            "samples": (epoch_step - start_step) * self.batch.global_batch,  # trained in this process
+            "samples": samples,
             "epoch_train_time_s": epoch_time,
             "cumulative_train_time_s": self.clock.total,
             "checkpoint_time_s": self.checkpoint_time_s,

@@ -1,0 +1,376 @@
+"""A run is one thing, its numbers are right, and nothing it wrote is lost: each test reproduces a
+way scaletrain once broke that promise, through the real CLI, real files and real processes."""
+
+import hashlib
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scaletrain.tracking import RunStore
+from tests.processes import DIGITS_MLP, cli_env, run, start
+
+EPOCHS2 = DIGITS_MLP + ["--epochs", "2", "--no-record"]
+
+
+def _one_error_line(result, code=2):
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    return sorted((folder / "checkpoints").glob("step-*"))
+
+
+def _store(tmp_path) -> RunStore:
+    return RunStore(tmp_path / "scaletrain-runs" / "runs.db", create=False)
+
+
+# -- 1. one identity ------------------------------------------------------------------------------
+
+def test_a_fresh_run_never_reuses_a_folder_that_holds_a_run(tmp_path):
+    first = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-dir", "a"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    first_id = (tmp_path / "a" / "run_id").read_text().strip()
+    model_before = (tmp_path / "a" / "model.pt").read_bytes()
+    again = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-dir", "a"], cwd=tmp_path)
+    line = _one_error_line(again)
+    assert first_id in line and "--resume auto" in line and "--overwrite" in line
+    assert (tmp_path / "a" / "model.pt").read_bytes() == model_before   # nothing touched
+    fresh = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-dir", "a", "--overwrite"], cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    second_id = (tmp_path / "a" / "run_id").read_text().strip()
+    assert second_id != first_id
+    with _store(tmp_path) as store:   # the old result stays in the store under its own id
+        assert {r.id: r.status for r in store.runs()} == {first_id: "finished", second_id: "finished"}
+
+
+def test_a_second_training_in_a_locked_folder_exits_at_once_naming_the_holder(tmp_path):
+    slow = ["--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.05", "--data", "digits",
+            "--no-progress", "--epochs", "30", "--no-record", "--target-accuracy", "0.999", "--run-dir", "busy"]
+    holder = start(["train", *slow], tmp_path, tmp_path / "holder.log")
+    try:
+        deadline = time.time() + 60
+        while not (tmp_path / "busy" / "run.json").exists():
+            assert time.time() < deadline and holder.poll() is None, (tmp_path / "holder.log").read_text()
+            time.sleep(0.1)
+        started = time.perf_counter()
+        second = run(["train", *slow, "--resume", "auto"], cwd=tmp_path)
+        line = _one_error_line(second)
+        assert time.perf_counter() - started < 30
+        assert f"host {socket.gethostname()}, pid " in line and "in use by another training" in line
+        assert int(line.split("pid ")[1].split(")")[0]) == holder.pid
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    # The kernel dropped the dead holder's lock: the run can be resumed (it had no checkpoint:
+    # it starts over as the same run).
+    after = run(["train", *slow[:-2], "--epochs", "1", "--model-option", "delay_s=0.0", "--run-dir", "busy",
+                 "--overwrite"], cwd=tmp_path)
+    assert after.returncode == 0, after.stderr
+
+
+def test_torchrun_twice_without_rdzv_id_makes_two_runs(tmp_path):
+    """torchrun's rendezvous id defaults to 'none': once, every such job shared one folder and id."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+               "-m", "scaletrain", "train", *DIGITS_MLP, "--epochs", "1"]
+    for _ in range(2):
+        result = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stderr
+    folders = sorted(p for p in (tmp_path / "scaletrain-runs").iterdir() if p.is_dir())
+    assert len(folders) == 2
+    ids = [(f / "run_id").read_text().strip() for f in folders]
+    assert ids[0] != ids[1] and all(f.name.endswith(i) for f, i in zip(folders, ids))
+    with _store(tmp_path) as store:
+        assert sorted(r.id for r in store.runs()) == sorted(ids)
+
+
+def test_resume_auto_without_run_dir_never_continues_a_different_configuration(tmp_path):
+    base = DIGITS_MLP + ["--epochs", "1", "--checkpoint-every", "5", "--no-record"]
+    assert run(["train", *base], cwd=tmp_path).returncode == 0
+    (first,) = [p for p in (tmp_path / "scaletrain-runs").iterdir() if p.is_dir()]
+    other = run(["train", *base, "--model-option", "hidden=[32]", "--resume", "auto"], cwd=tmp_path)
+    assert other.returncode == 0, other.stderr
+    assert "new run" in other.stdout and str(first) not in other.stdout
+    same = run(["train", *base, "--epochs", "2", "--resume", "auto"], cwd=tmp_path)
+    assert same.returncode == 0, same.stderr
+    assert f"resuming run {(first / 'run_id').read_text().strip()}" in same.stdout
+
+
+# -- 2. resume from the run's own config ----------------------------------------------------------
+
+def test_resume_continues_with_the_saved_config_and_refuses_fixed_changes(tmp_path):
+    made = run(["train", *DIGITS_MLP, "--epochs", "2", "--checkpoint-every", "5", "--run-dir", "a",
+                "--target-accuracy", "0.999"], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    run_id = (tmp_path / "a" / "run_id").read_text().strip()
+    config_before = (tmp_path / "a" / "config.json").read_text()
+    changed = run(["train", "--run-dir", "a", "--resume", "auto", "--model-option", "hidden=[32]",
+                   "--lr", "0.5"], cwd=tmp_path)
+    line = _one_error_line(changed)
+    assert "model.options" in line and "optim.lr" in line
+    assert (tmp_path / "a" / "config.json").read_text() == config_before
+    with _store(tmp_path) as store:
+        record = store.get(run_id)
+        assert record.status == "finished" and record.config["model"]["options"] == {"hidden": [64]}
+    # The README's form: no flag repeated; only what may change mid-run is given.
+    resumed = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "4", "--no-progress"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["epochs_run"] == 4 and summary["model"] == "mlp" and summary["run_id"] == run_id
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert saved["data"]["name"] == "digits" and saved["optim"]["lr"] == 0.003 and saved["epochs"] == 4
+    with _store(tmp_path) as store:
+        assert [r.id for r in store.runs()] == [run_id]
+        assert [e["epoch"] for e in store.epochs(run_id)] == [0, 1, 2, 3]
+
+
+# -- 3. verified checkpoints ----------------------------------------------------------------------
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _zero(path: Path) -> None:
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+DAMAGE = {
+    "truncated shard": lambda c: _truncate(next(c.glob("*.distcp"))),
+    "zeroed shard": lambda c: _zero(next(c.glob("*.distcp"))),
+    "deleted .metadata": lambda c: (c / ".metadata").unlink(),
+    "garbage marker": lambda c: (c / "COMMITTED").write_text("{not json"),
+    "empty marker": lambda c: (c / "COMMITTED").write_text(""),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("checkpointed")
+    made = run(["train", *EPOCHS2, "--checkpoint-every", "5", "--target-accuracy", "0.999", "--run-dir", "a"],
+               cwd=folder)
+    assert made.returncode == 0, made.stderr
+    return folder / "a"
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_checkpoint_is_skipped_for_the_next_older_one(checkpointed_run, tmp_path, damage):
+    import shutil
+    folder = tmp_path / "a"
+    shutil.copytree(checkpointed_run, folder)
+    older, newest = _checkpoints(folder)[-2:]
+    DAMAGE[damage](newest)
+    resumed = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "3"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"skipping damaged checkpoint {Path('a') / 'checkpoints' / newest.name}" in resumed.stderr
+    assert f"resumed from {Path('a') / 'checkpoints' / older.name}" in resumed.stdout
+
+
+def test_no_usable_checkpoint_is_one_line_and_exit_2(checkpointed_run, tmp_path):
+    import shutil
+    folder = tmp_path / "a"
+    shutil.copytree(checkpointed_run, folder)
+    for checkpoint in _checkpoints(folder):
+        _truncate(next(checkpoint.glob("*.distcp")))
+    resumed = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "3"], cwd=tmp_path)
+    assert resumed.returncode == 2
+    errors = [line for line in resumed.stderr.splitlines() if line.startswith("scaletrain: error")]
+    assert len(errors) == 1 and "no usable checkpoint" in errors[0] and "Traceback" not in resumed.stderr
+
+
+# -- 4. files from elsewhere never run code -------------------------------------------------------
+
+class _Payload:
+    """Unpickling this runs a shell command that creates `target`."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_a_crafted_cifar_batch_is_refused_without_running_it(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    marker = tmp_path / "pwned-cifar"
+    with (folder / "data_batch_1").open("wb") as fh:
+        pickle.dump({b"data": _Payload(marker), b"labels": [0]}, fh)
+    result = run(["train", "--data", "cifar10", "--data-dir", str(folder), "--model", "mlp", "--no-record"],
+                 cwd=tmp_path)
+    line = _one_error_line(result)
+    assert "data_batch_1" in line and "posix.system" in line and "refused" in line
+    assert not marker.exists()
+
+
+def test_a_real_cifar_style_batch_still_loads(tmp_path):
+    from scaletrain.data.cifar import _read_batch
+    path = tmp_path / "data_batch_1"
+    data = np.random.default_rng(0).integers(0, 255, (4, 3072), dtype=np.uint8)
+    with path.open("wb") as fh:
+        pickle.dump({b"batch_label": b"training batch 1 of 5", b"labels": [1, 2, 3, 4], b"data": data,
+                     b"filenames": [b"a.png", b"b.png", b"c.png", b"d.png"]}, fh)
+    x, y = _read_batch(path)
+    assert x.shape == (4, 3, 32, 32) and y.tolist() == [1, 2, 3, 4]
+
+
+def test_crafted_checkpoint_metadata_is_refused_even_with_a_matching_manifest(checkpointed_run, tmp_path):
+    """An attacker who rewrites both `.metadata` and the manifest still cannot run code: the
+    metadata is read by an unpickler that admits only DCP's own classes."""
+    import shutil
+    folder = tmp_path / "a"
+    shutil.copytree(checkpointed_run, folder)
+    marker = tmp_path / "pwned-dcp"
+    for checkpoint in _checkpoints(folder):
+        (checkpoint / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+        manifest = json.loads((checkpoint / "COMMITTED").read_text())
+        data = (checkpoint / ".metadata").read_bytes()
+        manifest["files"][".metadata"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (checkpoint / "COMMITTED").write_text(json.dumps(manifest))
+    result = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "3"], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert "posix.system" in line and "refused" in line
+    assert not marker.exists()
+
+
+# -- 5. outputs checked before training; the model written first ----------------------------------
+
+def test_unwritable_outputs_fail_before_any_step_and_leave_no_folder(tmp_path):
+    (tmp_path / "file").write_text("")
+    cases = [(["--summary-json", "file/summary.json"], "--summary-json"),
+             (["--run-dir", "file/run"], "--run-dir"),
+             (["--store", "file/runs.db"], "run store"),
+             (["--run-dir", "/proc/scaletrain-run"], "--run-dir")]
+    for flags, what in cases:
+        result = run(["train", *DIGITS_MLP, "--epochs", "1", *flags], cwd=tmp_path)
+        line = _one_error_line(result)
+        assert what in line, line
+        assert "Epoch" not in result.stdout and not (tmp_path / "scaletrain-runs").exists()
+    assert run(["train", *DIGITS_MLP, "--epochs", "1"], cwd=tmp_path).returncode == 0
+    report = run(["runs", "report", "-o", "file/report.html"], cwd=tmp_path)
+    line = _one_error_line(report)
+    assert "--output" in line and "file is a file" in line
+
+
+def test_model_is_written_before_the_summaries(tmp_path):
+    result = run(["train", *EPOCHS2, "--run-dir", "a", "--summary-json", "out/s.json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    times = {name: (tmp_path / name).stat().st_mtime_ns for name in ("a/model.pt", "a/summary.json", "out/s.json")}
+    assert times["a/model.pt"] <= times["a/summary.json"] <= times["out/s.json"]
+
+
+# -- 6. honest clocks -----------------------------------------------------------------------------
+
+def test_checkpoint_saves_do_not_inflate_throughput(tmp_path):
+    """The epoch clock once restarted after each save, so images/sec counted only the steps after
+    the last one (255k vs 88k on digits). Slow saves make the difference unmissable."""
+    slow = ["--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.01", "--data", "digits",
+            "--no-progress", "--epochs", "3", "--no-record", "--lr", "0.003", "--target-accuracy", "0.999"]
+    plain = run(["train", *slow, "--run-dir", "plain", "--summary-json", "plain.json"], cwd=tmp_path)
+    saving = run(["train", *slow, "--run-dir", "saving", "--summary-json", "saving.json", "--checkpoint-every", "2"],
+                 cwd=tmp_path)
+    assert plain.returncode == 0 and saving.returncode == 0, saving.stderr
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("plain", "saving"))
+    assert b["checkpoints_saved"] >= 15 and b["checkpoint_time_s"] > 0
+    # Each step sleeps 10 ms: both runs train ~11 steps per epoch in ~0.11 s or more.
+    assert 0.7 < b["images_per_sec"] / a["images_per_sec"] < 1.3, (a["images_per_sec"], b["images_per_sec"])
+    assert b["train_time_s"] > 0.7 * a["train_time_s"]
+
+
+# -- 7. a diverged training has its own exit code -------------------------------------------------
+
+def test_a_diverged_training_is_not_bad_input(tmp_path):
+    result = run(["train", *DIGITS_MLP, "--epochs", "2", "--lr", "1e12", "--optimizer", "sgd", "--no-record",
+                  "--lr-schedule", "constant"], cwd=tmp_path)
+    line = _one_error_line(result, code=4)
+    assert "diverged" in line and "inf/NaN" in line
+
+
+# -- 8. run store output --------------------------------------------------------------------------
+
+def test_user_text_is_never_markup_and_every_accepted_id_shows(tmp_path):
+    for run_id, group in (("a.b-1", "[/]"), ("Z9", "[bold]x")):
+        result = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-id", run_id, "--group", group], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        shown = run(["runs", "show", run_id], cwd=tmp_path)
+        assert shown.returncode == 0 and f"group {group}" in shown.stdout, shown.stderr
+    listing = run(["runs", "list"], cwd=tmp_path)
+    assert listing.returncode == 0 and "[/]" in listing.stdout and "[bold]x" in listing.stdout, listing.stderr
+    assert run(["runs", "compare", "a.b-1", "Z9"], cwd=tmp_path).returncode == 0
+    piped = subprocess.run(f"{sys.executable} -m scaletrain runs show a.b-1 --json | head -1", shell=True,
+                           cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert piped.stdout == "{\n" and piped.stderr == ""
+
+
+# -- 9. the batch finder on CPU -------------------------------------------------------------------
+
+def test_batch_finder_counts_the_batch_and_stays_inside_the_training_set(tmp_path):
+    started = time.perf_counter()
+    result = run(["find-batch-size", "--model", "mlp", "--data", "synthetic", "--shape", "3,64,64",
+                  "--num-samples", "8000", "--memory-limit", "100MB", "--no-progress", "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert time.perf_counter() - started < 120
+    found = json.loads(result.stdout)
+    input_bytes = 3 * 64 * 64 * 4
+    assert found["max_batch_size"] * input_bytes < 100e6   # the inputs alone fit the budget
+    assert found["limited_by"] is None
+    assert result.stderr.count("find-batch-size: batch ") == len(found["trials"])   # each trial shown
+    small = run(["find-batch-size", "--model", "mlp", "--data", "digits", "--memory-limit", "4GB", "--json"],
+                cwd=tmp_path)
+    found = json.loads(small.stdout)
+    assert found["max_batch_size"] == 1438 and found["limited_by"] == "the training set's 1438 samples"
+
+
+# -- 10. the default recipe is the default --------------------------------------------------------
+
+def test_a_flag_changes_only_what_it_names(tmp_path):
+    from scaletrain.cli.main import build_parser
+    from scaletrain.cli.train import config_from_args, load_recipe
+    bare = config_from_args(build_parser().parse_args(["train"]))
+    for flags, key, value in ((["--epochs", "3"], "epochs", 3), (["--no-record"], "tracking.record", False),
+                              (["--nproc", "2"], "distributed.nproc", 2)):
+        cfg = config_from_args(build_parser().parse_args(["train", *flags]))
+        from scaletrain.config import get_path, set_path
+        set_path(bare_copy := config_from_args(build_parser().parse_args(["train"])), key, value)
+        assert cfg == bare_copy, flags
+        assert get_path(cfg, key) == value
+    recipe = load_recipe("mnist1d-cnn")
+    assert (bare.optim.lr, bare.optim.lr_schedule, bare.target_accuracy, bare.epochs) == \
+        (recipe["optim"]["lr"], recipe["optim"]["lr_schedule"], recipe["target_accuracy"], recipe["epochs"])
+    help_text = run(["train", "--help"], cwd=tmp_path).stdout
+    assert "default recipe" in help_text and "mnist1d-cnn" in help_text
+
+
+# -- 11. reports of resumed runs ------------------------------------------------------------------
+
+def test_a_resumed_run_continues_its_wall_time(tmp_path):
+    made = run(["train", *DIGITS_MLP, "--epochs", "2", "--checkpoint-every", "11", "--run-dir", "a",
+                "--target-accuracy", "0.999", "--sample-interval-s", "0.05"], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    run_id = (tmp_path / "a" / "run_id").read_text().strip()
+    with _store(tmp_path) as store:
+        before = store.epochs(run_id)
+    resumed = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "4"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    with _store(tmp_path) as store:
+        after = store.epochs(run_id)
+        samples = store.samples(run_id)
+    assert [e["epoch"] for e in after] == [0, 1, 2, 3]
+    assert after[0] == before[0]
+    # Epoch 2 ended after the newest checkpoint was taken (its last step), so the resumed run
+    # finishes it again: same samples and a throughput over the whole epoch's training time.
+    assert after[1]["samples"] == before[1]["samples"] and after[1]["images_per_sec"] > 0
+    elapsed = [e["elapsed_s"] for e in after]
+    assert elapsed == sorted(elapsed) and elapsed[2] > elapsed[1]
+    times = [s.elapsed_s for s in samples]
+    assert times == sorted(times)
