@@ -163,7 +163,8 @@ def test_bad_run_ids_and_stores_give_one_line(tmp_path):
     cases = [(["runs", "show", "zzzz", *db], "no run 'zzzz'"),
              (["runs", "show", "aaaa", *db], "ambiguous"),
              (["runs", "compare", "aaaa1111", "nope", *db], "no run 'nope'"),
-             (["runs", "show", "%", *db], "not a run id"),
+             (["runs", "show", "%", *db], "no run '%'"),   # no wildcard: '%' matches only itself
+             (["runs", "show", "aaaa_", *db], "no run 'aaaa_'"),
              (["runs", "list", "--store", str(tmp_path / "missing.db")], "no run store at"),
              (["runs", "report", "--group", "none", *db], "no runs in group 'none'")]
     (tmp_path / "corrupt.db").write_bytes(b"this is not a database" * 100)

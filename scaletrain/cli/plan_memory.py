@@ -39,9 +39,13 @@ def _choices(text: str, default: tuple[str, ...]) -> list[str]:
 
 def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
+    # --precision and --strategy take comma lists here: taken out before the config (one value
+    # each) is built and checked, and each name checked on its own below.
+    values = vars(args)
+    strategy_list, precision_list = values.pop("distributed.strategy", "auto"), values.pop("precision.policy", None)
     cfg = config_from_args(args)
-    strategies = _choices(cfg.distributed.strategy, PLAN_STRATEGIES)
-    precisions = _choices(cfg.precision.policy, (cfg.precision.policy,))
+    strategies = _choices(strategy_list, PLAN_STRATEGIES)
+    precisions = _choices(precision_list or cfg.precision.policy, (cfg.precision.policy,))
     for name in strategies:
         if name not in PLAN_STRATEGIES:
             raise ConfigError(f"unknown strategy '{name}' for plan-memory; choose from: {', '.join(PLAN_STRATEGIES)}")
