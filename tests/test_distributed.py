@@ -42,14 +42,14 @@ def test_two_ranks_with_batch_b_equal_one_rank_with_batch_2b(tmp_path):
     assert _same(_weights(tmp_path / "one" / "model.pt"), _weights(tmp_path / "two" / "model.pt"), atol=1e-5)
     # Only the chief printed, and the run folder holds exactly the chief's files.
     assert two.stdout.count("Run summary") == 1 and two.stdout.count("scaletrain: mlp") == 1
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["config.json", "metrics.jsonl", "model.pt", "run_id",
-                                                                     "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == [".lock", "config.json", "metrics.jsonl", "model.pt",
+                                                                     "run.json", "run_id", "summary.json"]
     s = summary(tmp_path / "two")
     assert (s["strategy"], s["world_size"], s["batch_size"], s["per_replica_batch_size"]) == ("ddp", 2, 64, 32)
 
 
 def test_exported_model_loads_into_the_bare_model_without_a_process_group(tmp_path):
-    result = run(["train", *DIGITS_MLP, "--epochs", "2", "--nproc", "2", "--lr-scaling", "linear",
+    result = run(["train", *DIGITS_MLP, "--epochs", "2", "--nproc", "2", "--lr-scaling", "linear", "--lr-schedule", "constant",
                   "--lr-scaling-warmup-epochs", "0.5", "--run-dir", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stderr
     # Linear LR scaling: 2 replicas double the LR once the warm-up is over.
@@ -103,7 +103,8 @@ def test_killed_run_resumed_equals_uninterrupted_run_bitwise(tmp_path):
     finally:
         kill_group(proc)
     assert not (tmp_path / "cut" / "model.pt").exists()
-    resumed = run(args + ["--resume", "auto"], tmp_path)
+    # A resume continues with the run's own model (the slow one: the same weights and arithmetic).
+    resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto", "--nproc", "2"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
     keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "optimizer_steps")

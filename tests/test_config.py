@@ -1,0 +1,63 @@
+"""Config values are checked once, beside their fields: each check can fail, and the choices the
+config declares are exactly what the registries implement."""
+
+import dataclasses
+
+import pytest
+
+from scaletrain.config import COMPILE_MODES, DATA_SETS, PRECISIONS, STRATEGIES, Check, TrainConfig, field_docs, set_path
+from scaletrain.errors import ConfigError
+
+
+def test_declared_choices_match_the_registries():
+    from scaletrain.data import DATASETS
+    from scaletrain.distributed import STRATEGIES as IMPLEMENTED
+    from scaletrain.precision import POLICIES
+    assert set(PRECISIONS) == set(POLICIES)
+    assert set(STRATEGIES) == {"auto", *IMPLEMENTED}
+    assert set(DATA_SETS) == set(DATASETS)
+    assert "max-autotune-no-cudagraphs" in COMPILE_MODES
+
+
+def test_every_numeric_field_declares_what_it_admits():
+    """A new number field without a range would let a negative or zero value through unchecked."""
+    unchecked = []
+    for key, (tp, _doc) in field_docs(TrainConfig).items():
+        args = set(getattr(tp, "__args__", (tp,))) - {type(None)}
+        if args & {int, float}:
+            obj = TrainConfig()
+            *parents, last = key.split(".")
+            for part in parents:
+                obj = getattr(obj, part)
+            check = next(f for f in dataclasses.fields(obj) if f.name == last).metadata["check"]
+            if check == Check():
+                unchecked.append(key)
+    assert unchecked == []
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("optim.clip_grad_norm", -1.0, "must be > 0"),
+    ("optim.clip_grad_norm", float("inf"), "must be a finite number"),
+    ("data.val_batch_size", 0, "must be >= 1"),
+    ("optim.momentum", 1.0, "must be >= 0 and < 1"),
+    ("optim.betas", [0.9, 1.5], "has an item that must be >= 0 and < 1"),
+    ("optim.min_lr_ratio", 1.5, "must be >= 0 and <= 1"),
+    ("precision.policy", "fp8", "must be one of fp32"),
+    ("target_accuracy", 0.0, "must be > 0 and <= 1"),
+    ("tracking.run_id", "-x", "must be 1-64 letters"),
+    ("tracking.run_id", "x" * 65, "must be 1-64 letters"),
+])
+def test_out_of_range_values_name_the_key(key, value, message):
+    cfg = TrainConfig()
+    set_path(cfg, key, value)
+    with pytest.raises(ConfigError, match=f"config key '{key}' {message}"):
+        cfg.validate()
+
+
+def test_boundary_values_pass():
+    cfg = TrainConfig()
+    for key, value in (("optim.momentum", 0.0), ("data.num_workers", 0), ("target_accuracy", 1.0),
+                       ("optim.min_lr_ratio", 1.0), ("tracking.run_id", "a" * 64), ("device", "cuda:1"),
+                       ("optim.clip_grad_norm", None), ("seed", 0)):
+        set_path(cfg, key, value)
+    cfg.validate()
