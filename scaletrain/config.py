@@ -329,6 +329,17 @@ def to_mapping(obj: Any) -> dict:
     return out
 
 
+def flatten_mapping(mapping: dict, prefix: str = "") -> dict:
+    """A config mapping as {dotted key: value}; model options stay one value (a dict)."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and key != "options":
+            out.update(flatten_mapping(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def load_toml(path: str | Path) -> dict:
     try:
         import tomllib

@@ -374,3 +374,18 @@ def test_a_resumed_run_continues_its_wall_time(tmp_path):
     assert elapsed == sorted(elapsed) and elapsed[2] > elapsed[1]
     times = [s.elapsed_s for s in samples]
     assert times == sorted(times)
+
+
+def test_experiment_outputs_are_checked_first_and_never_merged(tmp_path):
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "points.csv").write_text("batch_size\n16\n")
+    (tmp_path / "file").write_text("")
+    (tmp_path / "space.toml").write_text('[lr]\ntype = "float"\nlow = 0.001\nhigh = 0.01\n')
+    cases = [(["sweep", "batch-size", "16", *DIGITS_MLP, "--out", "done"], "--out done already holds a sweep's results"),
+             (["sweep", "batch-size", "16", *DIGITS_MLP, "--out", "file/sweep"], "file is a file"),
+             (["multi", "a.toml", "--out", "done"], "--out done already holds runs"),
+             (["tune", "--space", "space.toml", *DIGITS_MLP, "--out", "file"], "--out file is a file")]
+    for argv, message in cases:
+        line = _one_error_line(run(argv, cwd=tmp_path))
+        assert message in line, line
+    assert (tmp_path / "done" / "points.csv").read_text() == "batch_size\n16\n"

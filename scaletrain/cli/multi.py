@@ -31,10 +31,14 @@ def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
 def run_multi(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.experiments.multi import train_side_by_side
+    from scaletrain.lifecycle.paths import check_new_output_dir, check_writable_file
     from scaletrain.reports.compare import compare_table
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     group = args.group or f"multi-{stamp}"
     out = Path(args.out) if args.out else Path(args.store or DEFAULT_STORE).parent / "multi" / stamp
+    check_new_output_dir(out, "--out", "runs")
+    if args.store:
+        check_writable_file(args.store, "--store")
     console = wide_console()
     records = train_side_by_side(args.configs, out, args.parallel, group, args.store, console)
     console.print(compare_table(records))

@@ -29,10 +29,14 @@ def run_sweep(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import config_from_args
     from scaletrain.experiments.sweep import BatchSizeSweep, parse_sizes
+    from scaletrain.lifecycle.paths import check_new_output_dir, check_writable_file
     sizes = parse_sizes(args.sizes)
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else (Path(cfg.tracking.store).parent / "sweeps"
                                            / f"{datetime.now():%Y%m%d-%H%M%S}-batch-size")
+    check_new_output_dir(out, "--out", "a sweep's results")
+    if cfg.tracking.record:
+        check_writable_file(cfg.tracking.store, "run store (--store)")
     console = wide_console()
     sweep = BatchSizeSweep(cfg, sizes, args.repeats, args.sweep_lr_scaling, out, args.parallel, console)
     results = sweep.run()

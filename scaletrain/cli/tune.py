@@ -36,11 +36,16 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
     from scaletrain.experiments.space import SearchSpace
     from scaletrain.experiments.tune import Tuner, TuneSettings
+    from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
     space = SearchSpace.load(args.space)
     cfg = config_from_args(args)
     study_name = args.study_name or Path(args.space).stem
     out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "studies" / study_name
     storage = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    # An existing --out is this study's own folder: a rerun continues the study (by design).
+    check_writable_dir(out, "--out")
+    if cfg.tracking.record:
+        check_writable_file(cfg.tracking.store, "run store (--store)")
     out.mkdir(parents=True, exist_ok=True)
     settings = TuneSettings(space=space, trials=args.trials, parallel=args.parallel, metric=args.metric,
                             direction=args.direction, out=out, storage_url=storage, study_name=study_name,

@@ -43,6 +43,15 @@ def check_writable_dir(path: str | Path, what: str) -> Path:
     return path
 
 
+def check_new_output_dir(path: str | Path, what: str, holds: str) -> Path:
+    """A folder for a command's results that must not already hold results (a finished result is
+    never overwritten or merged into another), and can be written."""
+    path = check_writable_dir(path, what)
+    if path.is_dir() and any(path.iterdir()):
+        raise UserError(f"{what} {path} already holds {holds}; pass a new folder (or none, for a fresh default)")
+    return path
+
+
 def check_writable_file(path: str | Path, what: str) -> Path:
     """`path` can be (over)written as a file: not a folder, its folder exists or can be made."""
     path = Path(path)

@@ -8,7 +8,7 @@ of model, data, optimizer, precision or batch plan is an error naming the keys.
 
 from __future__ import annotations
 
-from scaletrain.config import TrainConfig, from_mapping, to_mapping
+from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, to_mapping
 from scaletrain.errors import ConfigError
 
 MUTABLE_ON_RESUME = frozenset({
@@ -28,19 +28,9 @@ MUTABLE_ON_RESUME = frozenset({
 })
 
 
-def _flat(mapping: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and key != "options":
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def locked_differences(saved: TrainConfig, given: TrainConfig) -> dict[str, tuple]:
     """{dotted key: (saved value, given value)} for every key that differs and may not change."""
-    a, b = _flat(to_mapping(saved)), _flat(to_mapping(given))
+    a, b = flatten_mapping(to_mapping(saved)), flatten_mapping(to_mapping(given))
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if k not in MUTABLE_ON_RESUME and a.get(k) != b.get(k)}
 

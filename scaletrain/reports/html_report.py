@@ -8,6 +8,7 @@ import html
 from datetime import datetime
 from pathlib import Path
 
+from scaletrain.config import flatten_mapping
 from scaletrain.reports.compare import COLUMNS
 from scaletrain.reports.figures import colour, new_figure, style, to_svg
 from scaletrain.tracking.store import RunRecord, RunStore
@@ -25,22 +26,12 @@ th:first-child, td:first-child { text-align: left; white-space: nowrap; }
 """
 
 
-def _flatten(mapping: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and key != "options":
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 IGNORED_DIFFERENCES = ("tracking.", "run_dir", "progress", "summary_json")
 
 
 def varying_keys(records: list[RunRecord], most: int = 3) -> list[str]:
     """The config keys whose values differ between the runs: what tells the lines apart."""
-    flat = [_flatten(r.config) for r in records]
+    flat = [flatten_mapping(r.config) for r in records]
     keys = sorted({k for f in flat for k in f if not k.startswith(IGNORED_DIFFERENCES)})
     varying = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
     return varying[:most]
@@ -57,7 +48,7 @@ class RunData:
         self.record, self.colour = record, colour(index)
         self.epochs = store.epochs(record.id)
         self.samples = store.samples(record.id)
-        flat = _flatten(record.config)
+        flat = flatten_mapping(record.config)
         self.label = " ".join([record.id] + [f"{k.split('.')[-1]}={_short(flat.get(k))}" for k in label_keys]) \
             if label_keys else f"{record.id} {record.name or ''}".strip()
 
