@@ -13,7 +13,7 @@ import time
 import pytest
 
 from scaletrain.cli.main import main
-from tests.processes import descendants, run, start
+from tests.processes import DIGITS_MLP, descendants, run, start
 
 optuna = pytest.importorskip("optuna")
 
@@ -177,3 +177,27 @@ def test_tune_rejects_a_missing_space_file_and_a_bad_metric(tmp_path, capsys):
     assert main(["tune", "--space", str(tmp_path / "space.toml"), "--metric", "accuracy", "--out",
                  str(tmp_path / "s"), "--data", "digits"]) == 2
     assert "--metric accuracy is not something a run reports" in capsys.readouterr().err
+
+
+def test_a_trial_process_is_pruned_through_the_real_cli(tmp_path):
+    """The tuner's pruning reaches a trial's `train` process: a trial trailing a finished one at
+    every epoch is stopped (exit 3) and recorded as pruned."""
+    import json as _json
+
+    import optuna
+
+    from scaletrain.experiments.pruning import TRIAL_ENV
+    from scaletrain.tracking import RunStore
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=0.999, intermediate_values={k: 0.999 for k in range(1, 11)},
+                                              params={}, distributions={}))
+    trial = study.ask()
+    spec = {"storage": storage, "study": "s", "trial_id": trial._trial_id, "metric": "val_accuracy",
+            "pruner": {"kind": "median", "startup_trials": 1, "warmup_epochs": 0}}
+    result = run(["train", *DIGITS_MLP, "--epochs", "5", "--run-id", "trial1", "--target-accuracy", "0.9999"],
+                 tmp_path, **{TRIAL_ENV: _json.dumps(spec)})
+    assert result.returncode == 3, result.stderr
+    assert "pruned after epoch 1" in result.stderr
+    with RunStore(tmp_path / "scaletrain-runs" / "runs.db", create=False) as store:
+        assert store.get("trial1").status == "pruned"

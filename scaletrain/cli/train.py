@@ -140,6 +140,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     """`argv`: the arguments after `train`."""
     from scaletrain.distributed import dist_env
     from scaletrain.distributed.launch import inside_worker, launch_from_config
+    from scaletrain.experiments.pruning import trial_pruning_from_env
     from scaletrain.lifecycle import plan_run, resume_config, resume_source
     from scaletrain.run import run_training
     cfg = config_from_args(args)
@@ -154,7 +155,9 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     if cfg.distributed.nproc > 1 and not inside_worker():
         plan = plan_run(cfg, env)
         return launch_from_config(cfg, list(argv), str(plan.folder.path), plan.run_id)
-    run_training(cfg)
+    # A trial of `scaletrain tune` reports each epoch's metric to its study, which may prune it.
+    pruning = trial_pruning_from_env()
+    run_training(cfg, callbacks=[pruning] if pruning is not None else [])
     # Free the trainer's reference cycles (DDP's reducer holds the last collectives' work objects)
     # while the interpreter is fully alive: destroying gloo work during interpreter finalization
     # can abort the process at exit (pytorch/pytorch#179291 describes the mechanism).
