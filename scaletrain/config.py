@@ -101,6 +101,9 @@ class DataConfig:
     shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation", ge=0)
     num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic)", ge=2)
     train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000)", ge=1)
+    val_fraction: float = _f(0.1, "fraction of the training split held out for validation (per-epoch evaluation, "
+                             "stopping, tuning) when the data set has no validation split; the test split is "
+                             "evaluated once, at the end", gt=0, lt=1)
     shape: list = _f([3, 32, 32], "sample shape for the synthetic data set", ge=1)
     num_classes: int = _f(10, "number of classes for the synthetic data set", ge=2)
     val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1)

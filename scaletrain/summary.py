@@ -49,6 +49,9 @@ class RunSummary:
     resumed_from: str | None = None
     checkpoints_saved: int = 0
     checkpoint_time_s: float = 0.0     # saving checkpoints, not counted as training time
+    # The test split, evaluated once after training (validation drove stopping and selection).
+    test_accuracy: float | None = None
+    test_loss: float | None = None
     run_id: str | None = None       # the run's id in the run store (None when not recorded)
 
     def to_json(self) -> str:
@@ -102,6 +105,8 @@ def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None,
         resumed_from=trainer.resumed_from,
         checkpoints_saved=trainer.checkpointer.saves if trainer.checkpointer else 0,
         checkpoint_time_s=trainer.checkpoint_time_s,
+        test_accuracy=trainer.test_logs.get("test_accuracy"),
+        test_loss=trainer.test_logs.get("test_loss"),
     )
 
 
@@ -117,6 +122,8 @@ def print_summary(s: RunSummary, console: Console) -> None:
         table.add_row("reached target", f"{'yes' if s.reached_target else 'no'} (val acc >= {s.target_accuracy})")
         table.add_row("time to target", _fmt_time(s.time_to_target_s) + " (training time, evaluation excluded)")
     table.add_row("best val accuracy", f"{s.best_val_accuracy:.4f}")
+    if s.test_accuracy is not None:
+        table.add_row("test accuracy (once, at the end)", f"{s.test_accuracy:.4f}")
     table.add_row("images/sec (steady state)", "-" if s.images_per_sec is None else f"{s.images_per_sec:,.0f}")
     table.add_row("training time", _fmt_time(s.train_time_s))
     table.add_row("evaluation time", _fmt_time(s.eval_time_s))

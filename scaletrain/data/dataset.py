@@ -31,6 +31,9 @@ class Dataset:
     # broadcast against one sample (C, 1, ...).
     mean: torch.Tensor
     std: torch.Tensor
+    # Held out of the training split: drives per-epoch evaluation, stopping and tuning, so the
+    # test split is looked at once, at the end (None: a data set built without one).
+    val: ArraySplit | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -95,7 +98,8 @@ def with_channel_dim(x: torch.Tensor, sample_ndim: int) -> torch.Tensor:
     return x.unsqueeze(1) if x.ndim == sample_ndim + 1 else x
 
 
-def make_dataset(name: str, train: ArraySplit, test: ArraySplit, num_classes: int) -> Dataset:
+def make_dataset(name: str, train: ArraySplit, test: ArraySplit, num_classes: int,
+                 val: ArraySplit | None = None) -> Dataset:
     """Computes per-channel normalisation statistics from the training split only."""
     if train.x.shape[1:] != test.x.shape[1:]:
         raise DataError(f"{name}: train samples have shape {tuple(train.x.shape[1:])} but test samples "
@@ -106,7 +110,22 @@ def make_dataset(name: str, train: ArraySplit, test: ArraySplit, num_classes: in
     dims = [0] + list(range(2, x.ndim))
     mean = x.mean(dim=dims, keepdim=True)[0].to(torch.float32)
     std = x.std(dim=dims, keepdim=True)[0].clamp_min(1e-6).to(torch.float32)
-    return Dataset(name=name, train=train, test=test, num_classes=num_classes, mean=mean, std=std)
+    return Dataset(name=name, train=train, test=test, num_classes=num_classes, mean=mean, std=std, val=val)
+
+
+def hold_out_validation(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
+    """Moves a seeded random `fraction` of the training split into a validation split (at least
+    one sample, and at least one left to train on); statistics are recomputed on what remains.
+    The seed is fixed by default so runs with different training seeds validate on the same samples."""
+    n = len(ds.train)
+    n_val = min(max(1, round(n * fraction)), n - 1)
+    if n < 2:
+        raise DataError(f"{ds.name}: {n} training sample(s) cannot be split into train and validation")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    val_idx, train_idx = perm[:n_val].sort().values, perm[n_val:].sort().values
+    train = ArraySplit(ds.train.x[train_idx], ds.train.y[train_idx])
+    val = ArraySplit(ds.train.x[val_idx], ds.train.y[val_idx])
+    return make_dataset(ds.name, train, ds.test, ds.num_classes, val=val)
 
 
 def random_split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int) -> tuple[ArraySplit, ArraySplit]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scaletrain.data.cifar import load_cifar10
-from scaletrain.data.dataset import ArraySplit, Dataset, make_dataset
+from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
 from scaletrain.data.generated import load_digits, load_mnist1d, load_synthetic
 from scaletrain.data.idx import load_idx_dataset
 from scaletrain.data.npz import load_npz
@@ -42,8 +42,10 @@ def load_dataset(cfg, seed: int = 0) -> Dataset:
         ds = load_npz(cfg.data_dir, seed=0)
     else:
         raise ConfigError(f"unknown data set '{name}'; choose one of: {', '.join(DATASETS)}")
+    if ds.val is None:   # a data set with a validation split of its own keeps it
+        ds = hold_out_validation(ds, cfg.val_fraction)
     if cfg.train_subset:
         # The statistics stay those of the subset actually trained on.
         sub = ArraySplit(ds.train.x[:cfg.train_subset], ds.train.y[:cfg.train_subset])
-        ds = make_dataset(ds.name, sub, ds.test, ds.num_classes)
+        ds = make_dataset(ds.name, sub, ds.test, ds.num_classes, val=ds.val)
     return ds

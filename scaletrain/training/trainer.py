@@ -87,6 +87,7 @@ class Trainer:
         self.epoch_step = 0      # optimizer steps done in it
         self.steps_per_epoch = 0
         self.resumed_from: str | None = None
+        self.test_logs: dict = {}      # the test split's figures, evaluated once after training
         self.normalizer: Normalizer | None = None
         self.peak_memory = PeakMemory(self.device)
         self._step = None
@@ -109,12 +110,14 @@ class Trainer:
 
     # ----------------------------------------------------------------- train
     def fit(self, dataset: Dataset) -> list[dict]:
-        """Trains on `dataset.train`, evaluating on `dataset.test` after every epoch. With a
-        checkpointer that has something to resume, continues from it exactly."""
+        """Trains on `dataset.train`, evaluating on `dataset.val` after every epoch and on
+        `dataset.test` once at the end (`self.test_logs`). A data set without a validation split
+        is validated on its test split, and then has no separate test figure. With a checkpointer
+        that has something to resume, continues from it exactly."""
         cfg = self.config
         self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype)
         train_loader = self._loader(dataset.train, train=True)
-        val_loader = self._loader(dataset.test, train=False)
+        val_loader = self._loader(dataset.val if dataset.val is not None else dataset.test, train=False)
         self.steps_per_epoch = len(train_loader)
         if self.steps_per_epoch == 0:
             raise ConfigError(f"global batch {self.batch.global_batch} is larger than the {len(dataset.train)} "
@@ -149,6 +152,9 @@ class Trainer:
             self.callbacks.call("on_epoch_end", self, epoch, logs)
             self.history.append(logs)
         self.epoch, self.epoch_step = len(self.history), 0
+        if cfg.eval_each_epoch and dataset.val is not None:
+            test = self.evaluate_loader(self._loader(dataset.test, train=False), report=False)
+            self.test_logs = {"test_loss": test["val_loss"], "test_accuracy": test["val_accuracy"]}
         if self.checkpointer is not None and self.checkpointer.every > 0 \
                 and self.checkpointer.last_saved_position != (self.epoch, 0):
             started = time.perf_counter()
@@ -238,11 +244,14 @@ class Trainer:
 
     # ------------------------------------------------------------- evaluate
     @torch.no_grad()
-    def evaluate_loader(self, loader, max_batches: int | None = None, reduce: bool = True) -> dict:
+    def evaluate_loader(self, loader, max_batches: int | None = None, reduce: bool = True,
+                        report: bool = True) -> dict:
         """Loss and accuracy over a loader, summed on the device and read once; under data
         parallelism each rank holds its own range and the sums are all-reduced, so every sample
-        counts exactly once. Not timed as training: the training clock is stopped meanwhile."""
-        self.callbacks.call("on_validation_begin", self)
+        counts exactly once. Not timed as training: the training clock is stopped meanwhile.
+        `report`: a validation pass (callbacks hear of it, its time counts as evaluation time)."""
+        if report:
+            self.callbacks.call("on_validation_begin", self)
         start = self.clock.now()
         was_training = self.model.training
         self.model.eval()
@@ -263,10 +272,11 @@ class Trainer:
         loss, right, count = sums.tolist()
         logs = {"val_loss": loss / max(count, 1), "val_accuracy": right / max(count, 1)}
         elapsed = self.clock.now() - start
-        if max_batches is None:
+        if max_batches is None and report:
             self.eval_time_s += elapsed
             logs["eval_time_s"] = elapsed
-        self.callbacks.call("on_validation_end", self, logs)
+        if report:
+            self.callbacks.call("on_validation_end", self, logs)
         return logs
 
     def _pad_eval_forwards(self, batches_run: int, last_x: torch.Tensor | None) -> None:
