@@ -33,7 +33,8 @@ def make_idx_folder(folder, n_train=64, n_test=16, gz=True, **breakage):
 @pytest.mark.parametrize("gz", [True, False])
 def test_idx_folder_loads(tmp_path, gz):
     ds = load_dataset(DataConfig(name="fashion-mnist", data_dir=str(make_idx_folder(tmp_path / "f", gz=gz))))
-    assert ds.train.x.shape == (64, 1, 28, 28) and ds.train.x.dtype == torch.uint8
+    # 10 % of the training split is held out for validation (seeded, the same every run).
+    assert ds.train.x.shape == (58, 1, 28, 28) and ds.val.x.shape == (6, 1, 28, 28) and ds.train.x.dtype == torch.uint8
     assert ds.test.y.dtype == torch.int64 and len(ds.test) == 16
     # Featurewise statistics come from the training split alone.
     assert ds.mean.item() == pytest.approx(ds.train.x.double().mean().item(), rel=1e-5)
@@ -93,7 +94,7 @@ def test_cifar10_batches(tmp_path):
             pickle.dump({b"data": rng.integers(0, 256, (20, 3072), dtype=np.uint8),
                          b"labels": list(rng.integers(0, 10, 20))}, fh)
     ds = load_dataset(DataConfig(name="cifar10", data_dir=str(tmp_path)))
-    assert ds.train.x.shape == (100, 3, 32, 32) and ds.mean.shape == (3, 1, 1)
+    assert ds.train.x.shape == (90, 3, 32, 32) and ds.val.x.shape == (10, 3, 32, 32) and ds.mean.shape == (3, 1, 1)
     (tmp_path / "data_batch_3").write_bytes(b"garbage")
     with pytest.raises(DataError, match="data_batch_3: not a readable CIFAR python batch"):
         load_dataset(DataConfig(name="cifar10", data_dir=str(tmp_path)))
@@ -120,13 +121,13 @@ def test_npz_files(tmp_path):
 
 def test_mnist1d_is_float32_with_the_paper_split():
     ds = load_dataset(DataConfig(name="mnist1d"))
-    assert ds.train.x.shape == (4000, 1, 40) and ds.test.x.shape == (1000, 1, 40)
+    assert (len(ds.train) + len(ds.val), len(ds.val)) == (4000, 400) and ds.test.x.shape == (1000, 1, 40)
     assert ds.train.x.dtype == torch.float32
 
 
 def test_synthetic_any_shape():
     ds = load_dataset(DataConfig(name="synthetic", shape=[3, 8, 8], num_samples=100, num_classes=7))
-    assert ds.train.x.shape == (100, 3, 8, 8) and int(ds.train.y.max()) < 7
+    assert ds.train.x.shape == (90, 3, 8, 8) and int(ds.train.y.max()) < 7
 
 
 def _split(n=100):
@@ -167,3 +168,20 @@ def test_device_augment_shifts_and_flips_per_sample():
     n_flipped = sum(torch.equal(s[0], torch.arange(5.0, -1, -1)) for s in flipped)
     assert 0 < n_flipped < 32 and all(torch.equal(s[0], seq[0, 0]) or torch.equal(s[0], seq[0, 0].flip(0))
                                       for s in flipped)
+
+
+def test_validation_is_held_out_of_training_and_never_the_test_split():
+    from scaletrain.data.dataset import hold_out_validation, make_dataset
+    x = torch.arange(200, dtype=torch.float32).view(100, 1, 2)   # every sample distinct
+    y = torch.arange(100) % 3
+    base = make_dataset("ids", ArraySplit(x, y), ArraySplit(x[:10] + 1000, y[:10]), num_classes=3)
+    ds = hold_out_validation(base, 0.2)
+    ids = lambda split: set(split.x[:, 0, 0].tolist())  # noqa: E731
+    assert len(ds.val) == 20 and len(ds.train) == 80
+    assert not ids(ds.val) & ids(ds.train) and ids(ds.val) | ids(ds.train) == ids(base.train)
+    assert ids(ds.test) == ids(base.test)
+    assert torch.equal(hold_out_validation(base, 0.2).val.x, ds.val.x)   # the same samples every run
+    # Statistics come from what is trained on, not the held-out samples.
+    assert ds.mean.item() == pytest.approx(ds.train.x.double().mean().item(), rel=1e-5)
+    digits = load_dataset(DataConfig(name="digits", val_fraction=0.25))
+    assert len(digits.val) == round(1438 * 0.25) and len(digits.train) + len(digits.val) == 1438

@@ -328,7 +328,7 @@ def test_batch_finder_counts_the_batch_and_stays_inside_the_training_set(tmp_pat
     small = run(["find-batch-size", "--model", "mlp", "--data", "digits", "--memory-limit", "4GB", "--json"],
                 cwd=tmp_path)
     found = json.loads(small.stdout)
-    assert found["max_batch_size"] == 1438 and found["limited_by"] == "the training set's 1438 samples"
+    assert found["max_batch_size"] == 1294 and found["limited_by"] == "the training set's 1294 samples"
 
 
 # -- 10. the default recipe is the default --------------------------------------------------------
