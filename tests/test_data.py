@@ -185,3 +185,15 @@ def test_validation_is_held_out_of_training_and_never_the_test_split():
     assert ds.mean.item() == pytest.approx(ds.train.x.double().mean().item(), rel=1e-5)
     digits = load_dataset(DataConfig(name="digits", val_fraction=0.25))
     assert len(digits.val) == round(1438 * 0.25) and len(digits.train) + len(digits.val) == 1438
+
+
+def test_npz_keeps_its_own_validation_split(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "own.npz"
+    np.savez(path, x=rng.normal(size=(40, 5)), y=np.arange(40) % 4, x_test=rng.normal(size=(8, 5)),
+             y_test=np.arange(8) % 4, x_val=rng.normal(size=(6, 5)), y_val=np.arange(6) % 4)
+    ds = load_dataset(DataConfig(name="npz", data_dir=str(path)))
+    assert (len(ds.train), len(ds.val), len(ds.test)) == (40, 6, 8)
+    np.savez(path, x=rng.normal(size=(40, 5)), y=np.arange(40) % 4, x_val=rng.normal(size=(6, 5)))
+    with pytest.raises(DataError, match="x_val and y_val must come together"):
+        load_dataset(DataConfig(name="npz", data_dir=str(path)))

@@ -1,4 +1,5 @@
-"""User data sets in .npz files: arrays `x` and `y`, optionally `x_test` and `y_test`."""
+"""User data sets in .npz files: arrays `x` and `y`, optionally `x_test`/`y_test`, `x_val`/`y_val`
+(a validation split of their own) and `num_classes`."""
 
 from __future__ import annotations
 
@@ -41,18 +42,28 @@ def load_npz(path: str | None, seed: int = 0):
         declared = int(value)
     y = as_labels(arrays["y"], len(x), declared, f"{file}[y]")
     num_classes = declared or infer_num_classes(y, f"{file}[y]")
-    if "x_test" in arrays or "y_test" in arrays:
-        if not ("x_test" in arrays and "y_test" in arrays):
-            raise DataError(f"{file}: x_test and y_test must come together")
-        if np.ndim(arrays["x_test"]) == 0 or len(arrays["x_test"]) == 0:
-            raise DataError(f"{file}: x_test holds no samples; save at least one, or leave x_test and y_test out")
-        xt = as_features(arrays["x_test"], f"{file}[x_test]")
-        xt = xt.unsqueeze(1) if xt.ndim == 2 else xt
-        yt = as_labels(arrays["y_test"], len(xt), num_classes, f"{file}[y_test]")
-        train, test = ArraySplit(x, y), ArraySplit(xt, yt)
+    test = _optional_split(arrays, file, "test", num_classes)
+    if test is not None:
+        train = ArraySplit(x, y)
     else:
         if len(x) < 2:
             raise DataError(f"{file}: {len(x)} sample(s) cannot be split into train and test; add samples or "
                             "save x_test and y_test")
         train, test = random_split(x, y, test_fraction=0.2, seed=seed)
-    return make_dataset(file.name, train, test, num_classes=num_classes)
+    # A validation split of the file's own (x_val, y_val); otherwise one is held out of training.
+    val = _optional_split(arrays, file, "val", num_classes)
+    return make_dataset(file.name, train, test, num_classes=num_classes, val=val)
+
+
+def _optional_split(arrays: dict, file: Path, name: str, num_classes: int) -> ArraySplit | None:
+    """The file's x_<name>/y_<name> pair, checked like the training arrays; None when absent."""
+    xk, yk = f"x_{name}", f"y_{name}"
+    if xk not in arrays and yk not in arrays:
+        return None
+    if not (xk in arrays and yk in arrays):
+        raise DataError(f"{file}: {xk} and {yk} must come together")
+    if np.ndim(arrays[xk]) == 0 or len(arrays[xk]) == 0:
+        raise DataError(f"{file}: {xk} holds no samples; save at least one, or leave {xk} and {yk} out")
+    x = as_features(arrays[xk], f"{file}[{xk}]")
+    x = x.unsqueeze(1) if x.ndim == 2 else x
+    return ArraySplit(x, as_labels(arrays[yk], len(x), num_classes, f"{file}[{yk}]"))
