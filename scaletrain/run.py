@@ -135,7 +135,9 @@ def _fit(cfg: TrainConfig, env: DistEnv, strategy, console: Console, dataset, mo
     summary.run_id = plan.run_id
     if previous_status == "finished" and trainer.global_step == trainer.resumed_at_step:
         # Nothing was trained: the finished run's results stay exactly as they were.
-        console.print(f"run {plan.run_id} had already finished; nothing left to train (raise --epochs to continue it)")
+        why = ("it had stopped at its target or by early stopping" if trainer.stop_training
+               else "raise --epochs to continue it")
+        console.print(f"run {plan.run_id} had already finished; nothing left to train ({why})")
         if tracked is not None:
             tracked.finish(None)
         run.finish()
