@@ -77,6 +77,12 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
 STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp")
 DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz")
+# The command-line flags whose name is not simply the field's last name (the config owns its
+# flag names: the CLI and the search-space files both read this).
+FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
+              "checkpoint.every": "--checkpoint-every", "checkpoint.dir": "--checkpoint-dir",
+              "checkpoint.keep": "--keep-checkpoints", "checkpoint.resume": "--resume"}
+
 # Run ids name folders and are typed on the command line: no spaces, no path or SQL wildcards.
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}"
 RUN_ID_RULE = "1-64 letters, digits, '.' or '-', starting with a letter or digit"

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.errors import ConfigError
-from scaletrain.memory.activation_checkpointing import apply_activation_checkpointing
+from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.memory.batch_finder import accumulation_for, find_batch_size, recommended
 from scaletrain.memory.model_state import ParamInfo, model_state
 from scaletrain.memory.planner import PlanRequest, Planner

@@ -19,15 +19,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from scaletrain.config import TrainConfig, field_docs, from_mapping, load_toml
+from scaletrain.config import FLAG_NAMES, TrainConfig, field_docs, from_mapping, load_toml
 from scaletrain.lifecycle.resume import merge_mappings
 from scaletrain.errors import ConfigError
 
 DEFAULT_RECIPE = "mnist1d-cnn"
-# Flags whose name is not simply the field's last name.
-FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
-              "checkpoint.every": "--checkpoint-every", "checkpoint.dir": "--checkpoint-dir",
-              "checkpoint.keep": "--keep-checkpoints", "checkpoint.resume": "--resume"}
 TOP_LEVEL_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 LIST_ITEM_TYPES = {"data.augment": str, "data.shape": int, "optim.betas": float,
                    "optim.step_milestones": float, "precision.fp32_modules": str,

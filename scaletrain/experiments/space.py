@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from scaletrain.config import TrainConfig, coerce, field_docs, load_toml, set_path
+from scaletrain.config import FLAG_NAMES, TrainConfig, coerce, field_docs, load_toml, set_path
 from scaletrain.errors import ConfigError
 
 TYPES = ("float", "int", "categorical")
@@ -40,7 +40,6 @@ def _config_keys() -> dict[str, object]:
 
 def resolve_key(name: str) -> str:
     """The dotted config key a parameter name stands for."""
-    from scaletrain.cli.train import FLAG_NAMES
     keys = _config_keys()
     if name.startswith("model.options.") and len(name) > len("model.options."):
         return name

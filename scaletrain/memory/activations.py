@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from scaletrain.memory.activation_checkpointing import apply_activation_checkpointing
+from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.models import build_model
 from scaletrain.models.blocks import find_blocks

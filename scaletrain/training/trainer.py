@@ -23,7 +23,7 @@ from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, Strea
 from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
 from scaletrain.distributed.sharding import eval_range
 from scaletrain.errors import ConfigError, NonFiniteLossError
-from scaletrain.memory.activation_checkpointing import apply_activation_checkpointing
+from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.optim import build_optimizer, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
