@@ -1,8 +1,8 @@
 """Reading a DCP checkpoint without executing code from it.
 
-torch.distributed.checkpoint stores its `.metadata` as a plain pickle, and loads non-tensor
-values with `torch.load(weights_only=False)`: a crafted checkpoint folder could run anything on
-load. We read the metadata through an unpickler that admits only the classes DCP's metadata is
+torch.distributed.checkpoint stores its `.metadata` as a plain pickle, and its default planner
+loads non-tensor values with full (unrestricted) unpickling: a crafted checkpoint folder could
+run anything on load. We read the metadata through an unpickler that admits only the classes DCP's metadata is
 made of (its dataclasses, torch.Size, dtypes, layouts, paths), and non-tensor values with
 `weights_only=True` (ours are plain JSON strings). Checkpoints are also verified against their
 manifest (store.py) before either happens.
