@@ -76,7 +76,7 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
 # tests (tests/test_config.py), so a new precision or strategy is added here and there together.
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
 STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp")
-DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz")
+DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus")
 # The command-line flags whose name is not simply the field's last name (the config owns its
 # flag names: the CLI and the search-space files both read this).
 FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
@@ -86,6 +86,7 @@ FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy"
 # Run ids name folders and are typed on the command line: no spaces, no path or SQL wildcards.
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}"
 RUN_ID_RULE = "1-64 letters, digits, '.' or '-', starting with a letter or digit"
+TASKS = ("auto", "classification", "regression", "language-model")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -97,7 +98,8 @@ class ModelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    name: str = _f("mnist1d", "data set: mnist1d, digits, synthetic, mnist, fashion-mnist, cifar10, npz",
+    name: str = _f("mnist1d", "data set: mnist1d, digits, synthetic, mnist, fashion-mnist, cifar10, npz, "
+                   "friedman1 (regression), char-corpus (characters of Python's docs, for language models)",
                    choices=DATA_SETS)
     data_dir: str | None = _f(None, "folder (or .npz file) holding the data set's files")
     download: bool = _f(False, "download missing MNIST/Fashion-MNIST files (checksum-verified)")
@@ -105,7 +107,8 @@ class DataConfig:
                         choices=("auto", "device", "stream"))
     augment: list = _f([], "on-device augmentations: shift, flip", choices=("shift", "flip"))
     shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation", ge=0)
-    num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic)", ge=2)
+    num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic, friedman1)", ge=2)
+    seq_len: int = _f(64, "characters per sample of the char-corpus data set (the model's context)", ge=1)
     train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000)", ge=1)
     val_fraction: float = _f(0.1, "fraction of the training split held out for validation (per-epoch evaluation, "
                              "stopping, tuning) when the data set has no validation split; the test split is "
@@ -211,10 +214,18 @@ class TrainConfig:
     compile: bool = _f(False, "apply torch.compile to the model")
     compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES)
     cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)")
-    target_accuracy: float | None = _f(None, "stop once validation accuracy reaches this for `patience` epochs", gt=0, le=1)
-    patience: int = _f(1, "epochs at or above the target before stopping", ge=1)
+    task: str = _f("auto", "what is learned and how it is scored: auto (the data set's), classification, regression "
+                   "or language-model", choices=TASKS)
+    target: float | None = _f(None, "stop once the validation metric --target-metric reaches this for `patience` "
+                              "epochs (at or above it; at or below for loss, perplexity and mae)",
+                              rule="any finite number (its range depends on the metric: checked below)")
+    target_metric: str = _f("auto", "the validation metric --target refers to: auto (the task's: accuracy, r2, "
+                            "perplexity) or another the task reports, e.g. loss",
+                            choices=("auto", "accuracy", "loss", "perplexity", "r2", "mae"))
+    patience: int = _f(1, "epochs at the target before stopping", ge=1)
     early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss", ge=1)
-    eval_each_epoch: bool = _f(True, "evaluate on the test split after every epoch (off: training only, e.g. to time steps)")
+    eval_each_epoch: bool = _f(True, "evaluate on the validation split after every epoch, and on the test split once "
+                               "at the end (off: training only, e.g. to time steps)")
     log_every: int = _f(50, "read the running loss back from the device every N steps", ge=1)
     run_dir: str | None = _f(None, "folder for this run's metrics, summary and model (default: ./scaletrain-runs/<name>)")
     metrics_format: str = _f("jsonl", "per-epoch metrics log format: jsonl or csv", choices=("jsonl", "csv"))
@@ -231,6 +242,9 @@ class TrainConfig:
             problem = check.problem(value)
             if problem:
                 raise ConfigError(f"config key '{key}' {problem} (got {value!r})")
+        if self.target is not None and self.target_metric in ("accuracy", "r2") and not self.target <= 1:
+            raise ConfigError(f"config key 'target' must be at most 1 for {self.target_metric} (got {self.target!r}); "
+                              "give a fraction, e.g. 0.95")
         if self.checkpoint.resume not in (None, "auto") and not Path(self.checkpoint.resume).is_dir():
             raise ConfigError(f"--resume {self.checkpoint.resume}: no such checkpoint folder; pass 'auto' or the "
                               "folder of a complete checkpoint (one holding a COMMITTED file)")
@@ -307,9 +321,26 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+def _renamed(data: dict) -> dict:
+    """Configs written before the target generalised: `target_accuracy = X` is `target = X` on
+    the accuracy metric (saved run configs and recipes keep loading)."""
+    if "target_accuracy" not in data:
+        return data
+    data = dict(data)
+    value = data.pop("target_accuracy")
+    if "target" in data:
+        raise ConfigError("config keys 'target_accuracy' and 'target' are both set; keep 'target' (with "
+                          "'target_metric')")
+    data["target"] = value
+    data.setdefault("target_metric", "accuracy")
+    return data
+
+
 def from_mapping(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any:
     """Builds (or updates `base` of) a config dataclass from a nested mapping, strictly."""
     obj = base if base is not None else cls()
+    if cls is TrainConfig:
+        data = _renamed(data)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key, value in data.items():

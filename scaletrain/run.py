@@ -16,19 +16,19 @@ from rich.console import Console
 
 from scaletrain.console import make_console
 
-from scaletrain.callbacks import EarlyStopping, MetricsLog, ProgressBar, StopAtAccuracy, Throughput, TotalTime
+from scaletrain.callbacks import EarlyStopping, MetricsLog, ProgressBar, StopAtTarget, Throughput, TotalTime
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig, from_mapping, to_mapping
 from scaletrain.data import load_dataset
 from scaletrain.distributed import DistEnv, build_strategy, dist_env
 from scaletrain.errors import UserError
 from scaletrain.lifecycle import Run, RunFolder, RunPlan, make_checkpointer, open_run, plan_run, run_name
-from scaletrain.models import build_model
 from scaletrain.optim.schedules import replica_lr_scale
 from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
 from scaletrain.tracking.tensorboard import TensorBoardLogger
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
-from scaletrain.training import Trainer
+from scaletrain.tasks import build_task
+from scaletrain.training import Trainer, build_run
 
 
 def run_training(cfg: TrainConfig, console: Console | None = None, callbacks=()) -> tuple[RunSummary, Trainer]:
@@ -73,16 +73,19 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
     wall_start = time.perf_counter()
     plan, cfg = _agree_on_plan(cfg, env, strategy)
     dataset = load_dataset(cfg.data, seed=cfg.seed)
-    torch.manual_seed(cfg.seed)  # the same initial weights for every precision, fusing choice and rank
-    model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
+    task = build_task(cfg.task, dataset.task)
+    if cfg.target is not None:
+        task.check_metric(cfg.target_metric)   # refused before the run's folder is opened
     run = open_run(plan, cfg, env) if strategy.is_chief else None
     tracked = None
     try:
         # Measuring and stopping callbacks run on every rank (a stop must be taken by all of
         # them, and the metrics they read are already reduced); reporting ones only on the chief.
         callbacks = [Throughput(console, verbose=False), TotalTime(console, verbose=False)]
-        if cfg.target_accuracy is not None:
-            callbacks.append(StopAtAccuracy(cfg.target_accuracy, cfg.patience, console=console))
+        if cfg.target is not None:
+            metric = task.check_metric(cfg.target_metric)
+            callbacks.append(StopAtTarget(cfg.target, cfg.patience, f"val_{metric}", task.metrics[metric],
+                                          console=console))
         if cfg.early_stopping_patience is not None:
             callbacks.append(EarlyStopping(patience=cfg.early_stopping_patience))
         if run is not None:
@@ -97,7 +100,9 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
             if cfg.tracking.tensorboard:
                 callbacks.append(TensorBoardLogger(run.path / "tensorboard"))
             callbacks += extra_callbacks
-        return _fit(cfg, env, strategy, console, dataset, model, plan, run, callbacks, tracked, wall_start)
+        built = build_run(cfg, strategy=strategy, dataset=dataset, task=task, callbacks=callbacks,
+                          checkpointer=make_checkpointer(plan, cfg, env))
+        return _fit(cfg, env, console, built.trainer, dataset, plan, run, tracked, wall_start)
     except BaseException as exc:
         if tracked is not None:
             tracked.fail(exc)
@@ -106,14 +111,15 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
         raise
 
 
-def _fit(cfg: TrainConfig, env: DistEnv, strategy, console: Console, dataset, model, plan: RunPlan, run: Run | None,
-         callbacks, tracked: TrackedRun | None, wall_start: float) -> tuple[RunSummary, Trainer]:
-    n_params = sum(p.numel() for p in model.parameters())
-    trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=make_checkpointer(plan, cfg, env))
+def _fit(cfg: TrainConfig, env: DistEnv, console: Console, trainer: Trainer, dataset, plan: RunPlan, run: Run | None,
+         tracked: TrackedRun | None, wall_start: float) -> tuple[RunSummary, Trainer]:
+    strategy = trainer.strategy
+    n_params = sum(p.numel() for p in trainer.model.parameters())
     if tracked is not None:
         tracked.describe(trainer.device, device_name(trainer.device), strategy.world_size)
     console.print(f"scaletrain: {cfg.model.name} ({n_params / 1e6:.2f}M params) on {dataset.name} "
-                  f"({len(dataset.train)} train / {len(dataset.test)} test), {cfg.precision.policy} on "
+                  f"({len(dataset.train)} train / {len(dataset.val) if dataset.val is not None else 0} val / "
+                  f"{len(dataset.test)} test, {trainer.task.name}), {cfg.precision.policy} on "
                   f"{trainer.device}, strategy {strategy.name}, {plan.describe()} {plan.run_id} in {plan.folder}",
                   soft_wrap=True)
     console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)

@@ -11,16 +11,16 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from scaletrain.callbacks import StopAtAccuracy, Throughput
+from scaletrain.callbacks import StopAtTarget, Throughput
 
 
 @dataclass(slots=True)
 class RunSummary:
     reached_target: bool | None
-    target_accuracy: float | None
+    target: float | None
     time_to_target_s: float | None
-    best_val_accuracy: float
-    final_val_accuracy: float
+    best_val_accuracy: float | None     # None where the task reports no accuracy (regression)
+    final_val_accuracy: float | None
     images_per_sec: float | None
     warmup_s: float
     train_time_s: float
@@ -52,6 +52,10 @@ class RunSummary:
     # The test split, evaluated once after training (validation drove stopping and selection).
     test_accuracy: float | None = None
     test_loss: float | None = None
+    task: str = "classification"
+    target_metric: str | None = None    # the validation metric `target` refers to (e.g. accuracy)
+    val_metrics: dict | None = None     # the last epoch's validation metrics, by name
+    test_metrics: dict | None = None    # every metric of the test split, by name
     run_id: str | None = None       # the run's id in the run store (None when not recorded)
 
     def to_json(self) -> str:
@@ -66,17 +70,18 @@ def device_name(device: torch.device) -> str:
 
 def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None, restarts: int = 0) -> RunSummary:
     history = trainer.history
-    stopper = trainer.callbacks.find(StopAtAccuracy)
+    stopper = trainer.callbacks.find(StopAtTarget)
+    val_names = [k for k in (history[-1] if history else {}) if k.startswith("val_")]
     throughput = trainer.callbacks.find(Throughput)
     accs = [h["val_accuracy"] for h in history if "val_accuracy" in h]
     last = history[-1] if history else {}
     ips = throughput.steady_state() if throughput else None
     return RunSummary(
         reached_target=(stopper.reached_epoch is not None) if stopper else None,
-        target_accuracy=stopper.target if stopper else None,
+        target=stopper.target if stopper else None,
         time_to_target_s=stopper.time_to_target_s if stopper else None,
-        best_val_accuracy=max(accs) if accs else 0.0,
-        final_val_accuracy=accs[-1] if accs else 0.0,
+        best_val_accuracy=max(accs) if accs else None,
+        final_val_accuracy=accs[-1] if accs else None,
         images_per_sec=ips,
         warmup_s=trainer.warmup_s,
         train_time_s=trainer.clock.total,
@@ -107,7 +112,14 @@ def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None,
         checkpoint_time_s=trainer.checkpoint_time_s,
         test_accuracy=trainer.test_logs.get("test_accuracy"),
         test_loss=trainer.test_logs.get("test_loss"),
+        task=trainer.task.name if trainer.task is not None else "classification",
+        target_metric=stopper.monitor[4:] if stopper else None,
+        val_metrics={k[4:]: history[-1][k] for k in val_names} if history else None,
+        test_metrics={k[5:]: v for k, v in trainer.test_logs.items()} or None,
     )
+
+
+LOWER_IS_BETTER = ("loss", "perplexity", "mae")
 
 
 def _fmt_time(seconds: float | None) -> str:
@@ -118,12 +130,18 @@ def print_summary(s: RunSummary, console: Console) -> None:
     table = Table(title="Run summary", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value")
-    if s.target_accuracy is not None:
-        table.add_row("reached target", f"{'yes' if s.reached_target else 'no'} (val acc >= {s.target_accuracy})")
+    if s.target is not None:
+        relation = "<=" if s.target_metric in LOWER_IS_BETTER else ">="
+        table.add_row("reached target", f"{'yes' if s.reached_target else 'no'} "
+                                        f"(val {s.target_metric} {relation} {s.target:g})")
         table.add_row("time to target", _fmt_time(s.time_to_target_s) + " (training time, evaluation excluded)")
-    table.add_row("best val accuracy", f"{s.best_val_accuracy:.4f}")
-    if s.test_accuracy is not None:
-        table.add_row("test accuracy (once, at the end)", f"{s.test_accuracy:.4f}")
+    if s.best_val_accuracy is not None:
+        table.add_row("best val accuracy", f"{s.best_val_accuracy:.4f}")
+    for name, value in (s.val_metrics or {}).items():
+        if name != "accuracy":
+            table.add_row(f"final val {name}", f"{value:.4f}")
+    for name, value in (s.test_metrics or {}).items():
+        table.add_row(f"test {name} (once, at the end)", f"{value:.4f}")
     table.add_row("images/sec (steady state)", "-" if s.images_per_sec is None else f"{s.images_per_sec:,.0f}")
     table.add_row("training time", _fmt_time(s.train_time_s))
     table.add_row("evaluation time", _fmt_time(s.eval_time_s))

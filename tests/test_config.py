@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from scaletrain.config import COMPILE_MODES, DATA_SETS, PRECISIONS, STRATEGIES, Check, TrainConfig, field_docs, set_path
+from scaletrain.config import (COMPILE_MODES, DATA_SETS, PRECISIONS, STRATEGIES, Check, TrainConfig, field_docs,
+                               from_mapping, set_path)
 from scaletrain.errors import ConfigError
 
 
@@ -43,7 +44,9 @@ def test_every_numeric_field_declares_what_it_admits():
     ("optim.betas", [0.9, 1.5], "has an item that must be >= 0 and < 1"),
     ("optim.min_lr_ratio", 1.5, "must be >= 0 and <= 1"),
     ("precision.policy", "fp8", "must be one of fp32"),
-    ("target_accuracy", 0.0, "must be > 0 and <= 1"),
+    ("target", float("nan"), "must be a finite number"),
+    ("target_metric", "bleu", "must be one of auto"),
+    ("task", "translation", "must be one of auto"),
     ("tracking.run_id", "-x", "must be 1-64 letters"),
     ("tracking.run_id", "x" * 65, "must be 1-64 letters"),
 ])
@@ -56,8 +59,23 @@ def test_out_of_range_values_name_the_key(key, value, message):
 
 def test_boundary_values_pass():
     cfg = TrainConfig()
-    for key, value in (("optim.momentum", 0.0), ("data.num_workers", 0), ("target_accuracy", 1.0),
+    for key, value in (("optim.momentum", 0.0), ("data.num_workers", 0), ("target", 1.0),
                        ("optim.min_lr_ratio", 1.0), ("tracking.run_id", "a" * 64), ("device", "cuda:1"),
                        ("optim.clip_grad_norm", None), ("seed", 0)):
         set_path(cfg, key, value)
     cfg.validate()
+
+
+def test_a_target_fraction_above_one_is_refused_for_accuracy_but_not_for_perplexity():
+    cfg = TrainConfig(target=1.5, target_metric="accuracy")
+    with pytest.raises(ConfigError, match="config key 'target' must be at most 1 for accuracy"):
+        cfg.validate()
+    TrainConfig(target=1.5, target_metric="perplexity").validate()
+
+
+def test_configs_written_with_target_accuracy_still_load_as_an_accuracy_target():
+    """Saved run configs and older recipes name `target_accuracy`: they keep loading."""
+    cfg = from_mapping(TrainConfig, {"target_accuracy": 0.9, "epochs": 3})
+    assert (cfg.target, cfg.target_metric, cfg.epochs) == (0.9, "accuracy", 3)
+    with pytest.raises(ConfigError, match="'target_accuracy' and 'target' are both set"):
+        from_mapping(TrainConfig, {"target_accuracy": 0.9, "target": 0.8})

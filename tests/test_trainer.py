@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from scaletrain.callbacks import EarlyStopping, StopAtAccuracy
+from scaletrain.callbacks import EarlyStopping, StopAtTarget
 from scaletrain.config import OptimConfig, PrecisionConfig
 from scaletrain.optim import LRSchedule, build_schedule
 from scaletrain.training import Trainer
@@ -16,7 +16,7 @@ class FakeTrainer:
 
 
 def test_stop_at_accuracy_waits_for_patience_consecutive_epochs():
-    stopper = StopAtAccuracy(target=0.85, patience=2, verbose=False)
+    stopper = StopAtTarget(target=0.85, patience=2, verbose=False)
     trainer = FakeTrainer()
     accs = [0.5, 0.9, 0.8, 0.9, 0.95, 0.99]
     for epoch, acc in enumerate(accs):
@@ -29,7 +29,7 @@ def test_stop_at_accuracy_waits_for_patience_consecutive_epochs():
 
 
 def test_stop_at_accuracy_stops_a_real_run(tmp_path, digits):
-    stopper = StopAtAccuracy(target=0.9, patience=2, verbose=False)
+    stopper = StopAtTarget(target=0.9, patience=2, verbose=False)
     trainer = fit(small_config(tmp_path, epochs=30), digits, [stopper])
     accs = [h["val_accuracy"] for h in trainer.history]
     assert len(trainer.history) < 30

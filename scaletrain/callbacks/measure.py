@@ -1,4 +1,5 @@
-"""Seed 003's measurement callbacks, made first-class: throughput, stop at a target accuracy,
+"""Seed 003's measurement callbacks, made first-class: throughput, stop at a target (accuracy, or
+any metric the task reports),
 cumulative training time. The trainer's clock (device-synchronised, paused during evaluation)
 supplies the times in the epoch logs; these callbacks turn them into the reported figures."""
 
@@ -40,14 +41,16 @@ class Throughput:
         return statistics.median(values) if values else None
 
 
-class StopAtAccuracy:
-    """Stops once validation accuracy has been at or above `target` for `patience` consecutive
-    epochs. Time to target is the cumulative training time (evaluation excluded) at the first
-    epoch that reached it."""
+class StopAtTarget:
+    """Stops once the monitored validation metric has reached `target` (at or above it; at or
+    below where lower is better, as for loss or perplexity) for `patience` consecutive epochs.
+    Time to target is the cumulative training time (evaluation excluded) at the first epoch that
+    reached it."""
 
     def __init__(self, target: float, patience: int = 1, monitor: str = "val_accuracy",
-                 console: Console | None = None, verbose: bool = True):
+                 higher_is_better: bool = True, console: Console | None = None, verbose: bool = True):
         self.target, self.patience, self.monitor = target, patience, monitor
+        self.higher_is_better = higher_is_better
         self.console = console or make_console()
         self.verbose = verbose
         self.met_in_a_row = 0
@@ -59,7 +62,7 @@ class StopAtAccuracy:
         value = logs.get(self.monitor)
         if value is None:
             return
-        if value >= self.target:
+        if value >= self.target if self.higher_is_better else value <= self.target:
             self.met_in_a_row += 1
             if self.reached_epoch is None:
                 self.reached_epoch = epoch
@@ -78,9 +81,13 @@ class StopAtAccuracy:
         for key, value in state.items():
             setattr(self, key, value)
 
+    @property
+    def relation(self) -> str:
+        return ">=" if self.higher_is_better else "<="
+
     def on_train_end(self, trainer, logs: dict) -> None:
         if self.verbose and self.stopped_epoch is not None:
-            self.console.print(f"Reached {self.monitor} >= {self.target} for {self.patience} epoch(s): "
+            self.console.print(f"Reached {self.monitor} {self.relation} {self.target} for {self.patience} epoch(s): "
                                f"stopping after epoch {self.stopped_epoch + 1}")
 
 

@@ -1,5 +1,7 @@
 """Periodic checkpoints and resume for the Trainer, through torch.distributed.checkpoint.
 
+The checkpointer moves the trainer's state dict (`Trainer.state_dict`, training/state.py) to and
+from storage and nothing else: when to save, where, verifying and choosing what to resume from.
 Saving is collective: every rank enters `save` at the same global step (the step count is the
 same everywhere), writes its part, and the chief then commits and prunes. Loading picks the newest
 complete checkpoint ('auto') or a named one, loads in place, and hands the trainer the loop
@@ -18,7 +20,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
-from scaletrain.checkpoint.state import apply_rng, host_state, restore_host_state, tensor_state
 from scaletrain.checkpoint.store import CheckpointStore
 from scaletrain.errors import ConfigError, UserError
 
@@ -38,19 +39,6 @@ class Position:
     resumed_from: str | None = None
 
 
-@torch.no_grad()
-def merge_epoch_counters(live: dict[str, torch.Tensor], saved: list[dict[str, torch.Tensor]],
-                         saved_world: int, world: int) -> None:
-    """Resuming mid-epoch on a different number of ranks: the epoch's loss and accuracy so far
-    must still count every saved rank once. Rank 0 takes the sums (losses rescaled, since the
-    trainer averages per-step losses over the ranks it has), every other rank starts from zero."""
-    for name, tensor in live.items():
-        tensor.zero_()
-        if saved:
-            total = sum(part[name] for part in saved)
-            tensor.copy_(total * world / saved_world if tensor.is_floating_point() else total)
-
-
 class Checkpointer:
     def __init__(self, store: CheckpointStore, every: int = 0, resume: str | None = None):
         self.store = store
@@ -68,24 +56,22 @@ class Checkpointer:
 
     def save(self, trainer) -> Path:
         strategy = trainer.strategy
-        step = trainer.global_step
-        path = self.store.path_for(step)
+        position = trainer.position()
+        path = self.store.path_for(position["global_step"])
         if strategy.is_chief and path.exists():
             # A half-written leftover of a crash at this step, or the same step saved again (the
             # final state after a save at the epoch's last step): un-commit first, then replace.
             (path / "COMMITTED").unlink(missing_ok=True)
             shutil.rmtree(path)
         strategy.barrier()
-        state = {**tensor_state(trainer, strategy.rank), "host": host_state(trainer)}
         with _single_process_quiet():
-            dcp.save(state, checkpoint_id=str(path))  # returns once every rank's part and the metadata are written
+            # Returns once every rank's part and the metadata are written.
+            dcp.save(trainer.state_dict(), checkpoint_id=str(path))
         if strategy.is_chief:
-            self.store.commit(path, {"global_step": step, "epoch": trainer.epoch, "epoch_step": trainer.epoch_step,
-                                     "world_size": strategy.world_size, "global_batch": trainer.batch.global_batch,
-                                     "steps_per_epoch": trainer.steps_per_epoch})
+            self.store.commit(path, position)
             self.store.prune()
-        self.last_saved_step = step
-        self.last_saved_position = (trainer.epoch, trainer.epoch_step)
+        self.last_saved_step = position["global_step"]
+        self.last_saved_position = (position["epoch"], position["epoch_step"])
         self.saves += 1
         return path
 
@@ -127,27 +113,13 @@ class Checkpointer:
         if path is None:
             return Position()
         meta = CheckpointStore.read_meta(path)
-        expected = {"global_batch": trainer.batch.global_batch, "steps_per_epoch": trainer.steps_per_epoch}
-        for key, value in expected.items():
-            if meta[key] != value:
-                raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {value}; "
+        position = trainer.position()
+        for key in ("global_batch", "steps_per_epoch"):
+            if meta[key] != position[key]:
+                raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {position[key]}; "
                                   "resume with the same global batch and data")
-        rank, world = trainer.strategy.rank, trainer.strategy.world_size
         saved_world = meta["world_size"]
-        state = tensor_state(trainer, rank)
-        # Model and optimizer tensors reshard by name (DCP). Per-rank parts: this rank's RNG where
-        # the saved job had this rank; its epoch counters as they were when the world size is
-        # unchanged, else merged (see merge_epoch_counters).
-        own = state.pop(f"rank{rank}")
-        if rank < saved_world:
-            state[f"rank{rank}"] = {"rng": own["rng"]}
-        if saved_world == world:
-            state.setdefault(f"rank{rank}", {})["epoch_counters"] = own["epoch_counters"]
-        elif rank == 0:
-            for k in range(saved_world):
-                state.setdefault(f"rank{k}", {})["epoch_counters"] = {
-                    name: torch.zeros_like(t) for name, t in own["epoch_counters"].items()}
-        state["host"] = {"json": ""}
+        state = trainer.load_template(saved_world)
         try:
             SafeFileSystemReader(str(path)).read_metadata()   # DCP would hide this error in another
         except UnsafeCheckpoint as exc:
@@ -155,13 +127,7 @@ class Checkpointer:
                             "checkpointer, so nothing in it was run") from None
         with _single_process_quiet():
             dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
-        values = restore_host_state(trainer, state["host"]["json"])
-        if "rng" in state.get(f"rank{rank}", {}):
-            apply_rng(state[f"rank{rank}"]["rng"])
-        if saved_world != world:
-            saved = [state[f"rank{k}"]["epoch_counters"] for k in range(saved_world)] if rank == 0 else []
-            merge_epoch_counters(own["epoch_counters"], saved, saved_world, world)
+        values = trainer.load_state_dict(state, saved_world)
         self.last_saved_step = values["global_step"]
         self.last_saved_position = (values["epoch"], values["epoch_step"])
-        trainer.resumed_epoch_time_s = values.get("epoch_time_s", 0.0)
         return Position(values["epoch"], values["epoch_step"], str(path))

@@ -38,28 +38,18 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
     limit = parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit is not None else None
     if cfg.distributed.nproc > 1 and not inside_worker():
         return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="find-batch-size")
-    import torch
-
-    from scaletrain.data import load_dataset
-    from scaletrain.distributed import build_strategy
+    from scaletrain.distributed import dist_env
     from scaletrain.memory.batch_finder import find_batch_size
-    from scaletrain.models import build_model
-    from scaletrain.training import Trainer
-    strategy = build_strategy(cfg.distributed)
-    strategy.setup(cfg.device)
-    try:
-        dataset = load_dataset(cfg.data, seed=cfg.seed)
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
-        cfg.batch_size = max(cfg.batch_size // strategy.world_size, 1) * strategy.world_size  # any valid plan
-        trainer = Trainer(model, cfg, strategy=strategy)
-        result = find_batch_size(trainer, dataset, start=args.first_batch_size, max_batch=args.max_batch_size,
-                                 steps=args.trial_steps, margin=args.margin, memory_limit=limit,
-                                 global_batch=args.global_batch,
-                                 on_trial=_show_trial if strategy.is_chief else None)
-    finally:
-        strategy.teardown()
-    if strategy.is_chief:
+    from scaletrain.training import build_run
+    world = dist_env().world_size
+    cfg.batch_size = max(cfg.batch_size // world, 1) * world  # any valid plan: the search sets the batch
+    with build_run(cfg) as built:
+        chief = built.strategy.is_chief
+        result = find_batch_size(built.trainer, built.dataset, start=args.first_batch_size,
+                                 max_batch=args.max_batch_size, steps=args.trial_steps, margin=args.margin,
+                                 memory_limit=limit, global_batch=args.global_batch,
+                                 on_trial=_show_trial if chief else None)
+    if chief:
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
         else:

@@ -78,6 +78,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...
     parser.add_argument("--config", help="TOML file with the run configuration")
     parser.add_argument("--recipe", help=f"start from a named recipe (default: {DEFAULT_RECIPE}, unless --config "
                         "is given; flags override single keys of it)")
+    parser.add_argument("--target-accuracy", type=float, default=argparse.SUPPRESS, dest="target_accuracy",
+                        metavar="FRACTION", help="stop once validation accuracy reaches this: the same as "
+                        "--target FRACTION --target-metric accuracy")
     parser.add_argument("--model-option", action="append", type=_option_parser, dest="model_options",
                         metavar="KEY=VALUE", help="a model option, e.g. --model-option channels=32")
     for key, (tp, doc) in field_docs(TrainConfig).items():
@@ -111,6 +114,8 @@ def given_overrides(args: argparse.Namespace) -> dict:
             for part in parents:
                 node = node.setdefault(part, {})
             node[last] = value
+    if "target_accuracy" in values:
+        flags["target"], flags["target_metric"] = values["target_accuracy"], "accuracy"
     for key, value in values.get("model_options") or []:
         flags.setdefault("model", {}).setdefault("options", {})[key] = value
     return merge_mappings(out, flags)

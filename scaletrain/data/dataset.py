@@ -12,7 +12,9 @@ from scaletrain.errors import DataError
 
 @dataclass(slots=True)
 class ArraySplit:
-    """Samples `x` (N, C, ...) and integer labels `y` (N,). Images may stay uint8 until the device."""
+    """Samples `x` (N, C, ...) and their targets `y`: integer labels (N,) for classification, real
+    values (N,) or (N, k) for regression, next-token ids (N, T) for a language model. Images may
+    stay uint8 until the device; token ids stay int64."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -28,12 +30,14 @@ class Dataset:
     test: ArraySplit
     num_classes: int
     # Featurewise centring (seed 003): per-channel mean/std of the *training* split, shaped to
-    # broadcast against one sample (C, 1, ...).
-    mean: torch.Tensor
-    std: torch.Tensor
+    # broadcast against one sample (C, 1, ...). None for token ids, which are indices, not features.
+    mean: torch.Tensor | None
+    std: torch.Tensor | None
     # Held out of the training split: drives per-epoch evaluation, stopping and tuning, so the
     # test split is looked at once, at the end (None: a data set built without one).
     val: ArraySplit | None = None
+    # What the targets are for (a registered task's name): classification, regression, language-model.
+    task: str = "classification"
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -99,18 +103,23 @@ def with_channel_dim(x: torch.Tensor, sample_ndim: int) -> torch.Tensor:
 
 
 def make_dataset(name: str, train: ArraySplit, test: ArraySplit, num_classes: int,
-                 val: ArraySplit | None = None) -> Dataset:
-    """Computes per-channel normalisation statistics from the training split only."""
+                 val: ArraySplit | None = None, task: str = "classification") -> Dataset:
+    """Computes per-channel normalisation statistics from the training split only (none for
+    token ids: a language model's inputs are indices into its embedding)."""
     if train.x.shape[1:] != test.x.shape[1:]:
         raise DataError(f"{name}: train samples have shape {tuple(train.x.shape[1:])} but test samples "
                         f"{tuple(test.x.shape[1:])} (shape mismatch)")
     if len(train) == 0:
         raise DataError(f"{name}: the training split is empty")
+    if task == "language-model":
+        return Dataset(name=name, train=train, test=test, num_classes=num_classes, mean=None, std=None, val=val,
+                       task=task)
     x = train.x.to(torch.float64)
     dims = [0] + list(range(2, x.ndim))
     mean = x.mean(dim=dims, keepdim=True)[0].to(torch.float32)
     std = x.std(dim=dims, keepdim=True)[0].clamp_min(1e-6).to(torch.float32)
-    return Dataset(name=name, train=train, test=test, num_classes=num_classes, mean=mean, std=std, val=val)
+    return Dataset(name=name, train=train, test=test, num_classes=num_classes, mean=mean, std=std, val=val,
+                   task=task)
 
 
 def hold_out_validation(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
@@ -125,7 +134,7 @@ def hold_out_validation(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
     val_idx, train_idx = perm[:n_val].sort().values, perm[n_val:].sort().values
     train = ArraySplit(ds.train.x[train_idx], ds.train.y[train_idx])
     val = ArraySplit(ds.train.x[val_idx], ds.train.y[val_idx])
-    return make_dataset(ds.name, train, ds.test, ds.num_classes, val=val)
+    return make_dataset(ds.name, train, ds.test, ds.num_classes, val=val, task=ds.task)
 
 
 def random_split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int) -> tuple[ArraySplit, ArraySplit]:

@@ -21,12 +21,22 @@ from scaletrain.distributed.sharding import rank_positions
 
 @dataclass(slots=True)
 class Normalizer:
-    mean: torch.Tensor
-    std: torch.Tensor
+    """Centres features with the training split's statistics and casts them to the precision's
+    input dtype. Without statistics (token ids) the inputs pass through unchanged."""
+
+    mean: torch.Tensor | None
+    std: torch.Tensor | None
     dtype: torch.dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mean is None:
+            return x
         return ((x.to(torch.float32) - self.mean) / self.std).to(self.dtype)
+
+    def to(self, device) -> "Normalizer":
+        if self.mean is None:
+            return self
+        return Normalizer(self.mean.to(device), self.std.to(device), self.dtype)
 
 
 class _BatchSource:
@@ -44,7 +54,7 @@ class _BatchSource:
         self.split, self.batch_size, self.device = split, batch_size, device
         self.shuffle, self.drop_last, self.seed, self.epoch = shuffle, drop_last, seed, 0
         self.rank, self.world_size, self.start_batch = rank, world_size, 0
-        self.normalizer = Normalizer(normalizer.mean.to(device), normalizer.std.to(device), normalizer.dtype)
+        self.normalizer = normalizer.to(device)
         self.generator = torch.Generator(device=device).manual_seed(seed)   # the order: same on every rank
         self.augment_generator = torch.Generator(device=device)
         self.augment = DeviceAugment(augment, shift, self.augment_generator) if augment else None

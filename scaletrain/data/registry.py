@@ -4,21 +4,24 @@ from __future__ import annotations
 
 from scaletrain.data.cifar import load_cifar10
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
-from scaletrain.data.generated import load_digits, load_mnist1d, load_synthetic
+from scaletrain.data.generated import load_digits, load_friedman1, load_mnist1d, load_synthetic
 from scaletrain.data.idx import load_idx_dataset
 from scaletrain.data.npz import load_npz
+from scaletrain.data.text import load_char_corpus, pydoc_text
 from scaletrain.errors import ConfigError
 
-DATASETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz")
+DATASETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus")
 # Sample shape and class count of the named data sets, for planning without loading any data.
 SAMPLE_SHAPES = {"mnist1d": ((1, 40), 10), "digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10),
-                 "fashion-mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
+                 "fashion-mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10), "friedman1": ((10,), 1)}
 
 
 def sample_shape(cfg) -> tuple[tuple[int, ...], int]:
     """(sample shape, classes) of the data set a DataConfig names, without loading it where known."""
     if cfg.name == "synthetic":
         return tuple(cfg.shape), cfg.num_classes
+    if cfg.name == "char-corpus":
+        return (cfg.seq_len,), len(set(pydoc_text()))
     if cfg.name in SAMPLE_SHAPES:
         return SAMPLE_SHAPES[cfg.name]
     ds = load_dataset(cfg)
@@ -38,6 +41,10 @@ def load_dataset(cfg, seed: int = 0) -> Dataset:
         ds = load_idx_dataset(name, cfg.data_dir, cfg.download)
     elif name == "cifar10":
         ds = load_cifar10(cfg.data_dir)
+    elif name == "friedman1":
+        ds = load_friedman1(cfg.num_samples)
+    elif name == "char-corpus":
+        ds = load_char_corpus(cfg.seq_len)
     elif name == "npz":
         ds = load_npz(cfg.data_dir, seed=0)
     else:
@@ -47,5 +54,5 @@ def load_dataset(cfg, seed: int = 0) -> Dataset:
     if cfg.train_subset:
         # The statistics stay those of the subset actually trained on.
         sub = ArraySplit(ds.train.x[:cfg.train_subset], ds.train.y[:cfg.train_subset])
-        ds = make_dataset(ds.name, sub, ds.test, ds.num_classes, val=ds.val)
+        ds = make_dataset(ds.name, sub, ds.test, ds.num_classes, val=ds.val, task=ds.task)
     return ds

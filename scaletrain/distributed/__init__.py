@@ -3,7 +3,8 @@ how the batch and the data are split (batching, sharding), and the strategies th
 
 from scaletrain.distributed.batching import BatchPlan, plan_batch
 from scaletrain.distributed.env import DistEnv, dist_env
-from scaletrain.distributed.strategies import STRATEGIES, Strategy, build_strategy, resolve_device
+from scaletrain.distributed.strategies import (STRATEGIES, Strategy, build_strategy, plannable_strategies,
+                                                register_strategy, resolve_device)
 
 __all__ = ["STRATEGIES", "BatchPlan", "DistEnv", "Strategy", "build_strategy", "dist_env", "plan_batch",
-           "resolve_device"]
+           "plannable_strategies", "register_strategy", "resolve_device"]

@@ -12,9 +12,8 @@ import torch
 from scaletrain.config import TrainConfig, from_mapping
 from scaletrain.data import load_dataset
 from scaletrain.errors import UserError
-from scaletrain.models import build_model
 from scaletrain.tracking.store import RunRecord
-from scaletrain.training import Trainer
+from scaletrain.training import build_run
 
 # Data settings that must agree for the runs' test splits to be the same samples.
 SAME_DATA_KEYS = ("name", "num_samples", "shape", "num_classes")
@@ -60,14 +59,19 @@ def evaluate_ensemble(records: list[RunRecord], device: str = "auto",
     members, total = [], None
     for record in records:
         cfg = _member_config(record, device, data_dir)
-        model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
-        try:
-            model.load_state_dict(torch.load(Path(record.run_dir) / "model.pt", map_location="cpu", weights_only=True))
-        except (RuntimeError, OSError, EOFError) as exc:
-            raise UserError(f"run {record.id}: cannot load {record.run_dir}/model.pt ({str(exc).splitlines()[0]})") from None
-        trainer = Trainer(model, cfg)
-        trainer.evaluate(dataset)  # sets the input normalisation from the training split, as in training
-        probabilities = trainer.predict(dataset.test.x)
+        with build_run(cfg, dataset=dataset) as built:
+            trainer = built.trainer
+            if trainer.task.name != "classification":
+                raise UserError(f"run {record.id} trained a {trainer.task.name} model; an ensemble averages "
+                                "class probabilities, so every member must be a classifier")
+            try:
+                weights = torch.load(Path(record.run_dir) / "model.pt", map_location="cpu", weights_only=True)
+                trainer.model.load_state_dict(weights)
+            except (RuntimeError, OSError, EOFError, ValueError) as exc:
+                raise UserError(f"run {record.id}: cannot load {record.run_dir}/model.pt "
+                                f"({str(exc).splitlines()[0]})") from None
+            trainer.evaluate(dataset)  # sets the input normalisation from the training split, as in training
+            probabilities = trainer.predict(dataset.test.x)
         accuracy = (probabilities.argmax(-1) == labels).float().mean().item()
         members.append(MemberResult(record.id, cfg.model.name, accuracy))
         total = probabilities if total is None else total + probabilities

@@ -165,11 +165,11 @@ class BatchSizeSweep:
     def write_plots(self) -> list[Path]:
         from scaletrain.reports.figures import new_figure, style, to_png
         rows, written = self.per_size(), []
-        has_target = self.base.target_accuracy is not None
+        has_target = self.base.target is not None
         plots = [("images_per_sec", "throughput.png", "Training throughput against batch size", "images/sec")]
         if has_target:
             plots.append(("time_to_target_s", "time_to_accuracy.png",
-                          f"Time to {self.base.target_accuracy:g} validation accuracy against batch size",
+                          f"Time to validation {self.base.target_metric} {self.base.target:g} against batch size",
                           "time to target (s, training only)"))
         for key, filename, title, ylabel in plots:
             measured = [r for r in rows if r[f"{key}_median"] is not None]

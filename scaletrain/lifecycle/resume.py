@@ -13,7 +13,7 @@ from scaletrain.errors import ConfigError
 
 MUTABLE_ON_RESUME = frozenset({
     # how long and when to stop
-    "epochs", "patience", "target_accuracy", "early_stopping_patience", "eval_each_epoch",
+    "epochs", "patience", "target", "target_metric", "early_stopping_patience", "eval_each_epoch",
     # how it runs (numerically equivalent)
     "device", "compile", "compile_mode", "cuda_graphs", "steps_per_execution",
     "memory.activation_checkpointing", "memory.block_classes",

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from scaletrain.data import Normalizer
 from scaletrain.errors import ConfigError
 from scaletrain.memory.tracker import LiveBytes
 from scaletrain.optim import build_schedule
@@ -81,8 +80,7 @@ class BatchSizeFinder:
         self.generator = torch.Generator().manual_seed(seed)
         self.trials: dict[int, Trial] = {}
         self.on_trial = on_trial or (lambda trial: None)   # called as each trial ends (progress)
-        if trainer.normalizer is None:
-            trainer.normalizer = Normalizer(dataset.mean, dataset.std, trainer.policy.input_dtype)
+        trainer._adopt(dataset)   # the data's task and input statistics
 
     # ---------------------------------------------------------------- search
     def run(self, start: int = 1, max_batch: int = 65536, global_batch: int | None = None) -> BatchSizeResult:
@@ -144,16 +142,16 @@ class BatchSizeFinder:
         out of memory here fails alone, before any collective could leave its peers waiting in a
         mismatched one. (FSDP gathers parameters inside the forward, so its probe is the step.)"""
         t = self.trainer
+        step = t.build_step(build_schedule(t.config.optim, 1, 1), grad_accum_steps=1)
         try:
-            with t.strategy.no_sync(), t.policy.autocast(t.device):
-                logits = t.forward(x)
             with t.strategy.no_sync():
-                torch.nn.functional.cross_entropy(logits.float(), y).backward()
+                loss, output = step.forward_loss(x, y)
+                step.backward(loss)
             return ""
         except torch.OutOfMemoryError as exc:
             return f"out of memory: {str(exc).splitlines()[0][:120]}"
         finally:
-            logits = None
+            loss = output = None
             t.model.zero_grad(set_to_none=True)
 
     def _trial(self, size: int, snapshot: TrainingSnapshot) -> Trial:
@@ -165,8 +163,9 @@ class BatchSizeFinder:
     def _input_bytes(self, size: int) -> int:
         """Bytes of one trial batch as the step sees it (normalised inputs and labels)."""
         train = self.dataset.train
-        per_sample = train.x[0].numel() * torch.empty((), dtype=self.trainer.normalizer.dtype).element_size()
-        return size * (per_sample + train.y[:1].element_size())
+        dtype = self.trainer.normalizer.dtype if self.trainer.normalizer.mean is not None else train.x.dtype
+        per_sample = train.x[0].numel() * torch.empty((), dtype=dtype).element_size()
+        return size * (per_sample + train.y[0].numel() * train.y.element_size())
 
     def _run_trial(self, size: int, snapshot: TrainingSnapshot) -> Trial:
         t = self.trainer
@@ -175,7 +174,7 @@ class BatchSizeFinder:
             return Trial(size, False, self._input_bytes(size), None,
                          f"the batch alone needs {self._input_bytes(size)} bytes > --memory-limit {self.memory_limit}")
         failed, reason, peak, rate = 0.0, "", 0, None
-        if not t.strategy.eval_in_lockstep:
+        if not t.strategy.forward_communicates:
             x, y = self._batch(size)
             reason = self._probe(x, y)
             flag = torch.tensor([1.0 if reason else 0.0], dtype=torch.float64, device=t.device)
@@ -205,9 +204,8 @@ class BatchSizeFinder:
         batch of `size`, the first untimed. Changes the trainer's state: restore a snapshot after."""
         t = self.trainer
         x, y = self._batch(size)
-        step = TrainStep(t.model, t.forward, t.optimizer, build_schedule(t.config.optim, steps, 1),
-                         t.policy, t.counters, t.device, t.scaler, t.config.optim.clip_grad_norm,
-                         strategy=t.strategy)
+        # The trainer's own step, with no accumulation: a trial's batch is one micro-batch.
+        step = t.build_step(build_schedule(t.config.optim, steps, 1), grad_accum_steps=1)
         t.counters.resize(steps)
         t.counters.applied_steps.zero_()  # the schedule table's index
         peak, elapsed = self._measure(step, x, y, steps)

@@ -1,4 +1,5 @@
 """Models by name: `cnn1d`, `mlp`, `resnet`, `resnet-18`, `wrn`, `wrn-D-K`, `vit`, `vit-PRESET`,
+`gpt`, `gpt-PRESET` (a decoder for the language-model task),
 or a user's own builder as `package.module:function`.
 
 Every builder takes the data's sample shape and class count, plus the model's own options
@@ -14,11 +15,13 @@ from torch import nn
 
 from scaletrain.errors import ConfigError
 from scaletrain.models.convnets import CNN1d, ResNet, WideResNet
+from scaletrain.models.gpt import GPT, PRESETS as GPT_PRESETS
 from scaletrain.models.mlp import MLP
 from scaletrain.models.vit import PRESETS, VisionTransformer
 
 MODEL_NAMES = ("cnn1d", "mlp", "resnet", "resnet-18", "wrn", "wrn-D-K (e.g. wrn-16-10)", "vit",
-               *(f"vit-{p}" for p in PRESETS), "module:function (your own builder)")
+               *(f"vit-{p}" for p in PRESETS), "gpt", *(f"gpt-{p}" for p in GPT_PRESETS),
+               "module:function (your own builder)")
 
 
 def _import_builder(name: str):
@@ -78,4 +81,10 @@ def _build(name: str, shape: tuple[int, ...], classes: int, options: dict) -> nn
         if preset and preset not in PRESETS:
             raise ConfigError(f"unknown vit size '{preset}'; choose one of: {', '.join(PRESETS)}")
         return VisionTransformer(shape, classes, **{**PRESETS.get(preset, {}), **options})
+    match = re.fullmatch(r"gpt(?:-(.+))?", name)
+    if match:
+        preset = match.group(1)
+        if preset and preset not in GPT_PRESETS:
+            raise ConfigError(f"unknown gpt size '{preset}'; choose one of: {', '.join(GPT_PRESETS)}")
+        return GPT(shape, classes, **{**GPT_PRESETS.get(preset, {}), **options})
     raise ConfigError(f"unknown model '{name}'; choose one of: {', '.join(MODEL_NAMES)}")

@@ -10,16 +10,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scaletrain.callbacks import Throughput
 from scaletrain.config import TrainConfig
-from scaletrain.data import load_dataset
-from scaletrain.distributed.env import DistEnv
-from scaletrain.distributed.strategies.single import SingleDevice
-from scaletrain.models import build_model
-from scaletrain.training import Trainer
+from scaletrain.training import build_run
 
 
-def train_flops_per_sample(model: torch.nn.Module, sample_shape, device) -> float:
-    """Forward + backward FLOPs of one sample, counted by FlopCounterMode on a batch of 2."""
-    x = torch.randn(2, *sample_shape, device=device)
+def train_flops_per_sample(model: torch.nn.Module, sample_shape, device, tokens: bool = False) -> float:
+    """Forward + backward FLOPs of one sample, counted by FlopCounterMode on a batch of 2 (random
+    features, or random token ids for a language model's `tokens` input)."""
+    x = (torch.zeros(2, *sample_shape, dtype=torch.int64, device=device) if tokens
+         else torch.randn(2, *sample_shape, device=device))
     counter = FlopCounterMode(display=False)
     with counter:
         model(x).float().sum().backward()
@@ -46,18 +44,15 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     cfg.epochs, cfg.eval_each_epoch, cfg.progress, cfg.save_model = 2, False, False, False
     cfg.per_replica_batch_size = None
     cfg.data.train_subset = cfg.batch_size * steps
-    dataset = load_dataset(cfg.data, seed=cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
-    strategy = SingleDevice(cfg.distributed, DistEnv())
-    strategy.setup(cfg.device)
+    cfg.distributed.strategy, cfg.distributed.nproc = "single", 1   # one device, whatever the config says
     throughput = Throughput(verbose=False)
-    trainer = Trainer(model, cfg, [throughput], strategy=strategy)
-    if time_steps:
-        trainer.fit(dataset)
+    with build_run(cfg, callbacks=[throughput]) as built:
+        trainer, dataset = built.trainer, built.dataset
+        if time_steps:
+            trainer.fit(dataset)
     # Under autocast the weights, hence the gradients DDP reduces, stay float32; bf16-true halves them.
     grad_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
-    flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device)
+    flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device, tokens=dataset.mean is None)
     from scaletrain.summary import device_name
     step_time = cfg.batch_size / throughput.steady_state() if time_steps else float("nan")
     return StepMeasurement(step_time_s=step_time, batch_size=cfg.batch_size,

@@ -17,6 +17,10 @@ from scaletrain.errors import ConfigError
 from scaletrain.precision.float32_modules import keep_in_float32
 
 
+# --grad-compression: the dtype gradients are reduced in.
+REDUCE_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 @dataclass(frozen=True, slots=True)
 class PrecisionPolicy:
     name: str
@@ -49,6 +53,18 @@ class PrecisionPolicy:
             cast_back = self.param_dtype if self.param_dtype != torch.float32 else None
             keep_in_float32(model, fp32_modules, cast_outputs_to=cast_back)
         return model
+
+    def sharded(self, grad_compression: str = "none"):
+        """FSDP2's mixed-precision settings under this policy: parameters gathered in the autocast
+        dtype (None: as stored), gradients reduced in float32 unless compressed to 16 bits."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        return MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=REDUCE_DTYPES[grad_compression])
+
+    @staticmethod
+    def sharded_float32():
+        """FSDP2's settings for modules pinned to float32 (--fp32-modules)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

@@ -26,7 +26,7 @@ def _seconds(value) -> str:
 
 
 def _time_to_target(record: RunRecord) -> str:
-    target = record.summary_value("target_accuracy")
+    target = record.summary_value("target", record.summary_value("target_accuracy"))  # older runs: target_accuracy
     if target is None:
         return "-"
     reached = record.summary_value("time_to_target_s")

@@ -16,7 +16,9 @@ class DeviceCounters:
         i64 = dict(dtype=torch.int64, device=device)
         self.step_losses = torch.zeros(max(steps_per_epoch, 1), dtype=torch.float32, device=device)
         self.slot = torch.zeros(1, **i64)       # this epoch's next slot in step_losses
-        self.correct = torch.zeros((), **i64)   # this epoch's correct predictions
+        # This epoch's training-metric sum (the task's: correct predictions, absolute error), float64
+        # so a regression's sum of absolute errors accumulates exactly enough.
+        self.metric_sum = torch.zeros((), dtype=torch.float64, device=device)
         # Run totals. `applied_steps` drives the LR schedule and skips fp16 overflow steps.
         self.skipped = torch.zeros((), **i64)
         self.applied_steps = torch.zeros((), **i64)
@@ -28,23 +30,23 @@ class DeviceCounters:
     def reset_epoch(self) -> None:
         self.step_losses.zero_()
         self.slot.zero_()
-        self.correct.zero_()
+        self.metric_sum.zero_()
 
     def read(self, steps_done: int, strategy=None) -> dict:
         """One device-to-host transfer: the losses of the first `steps_done` steps and the totals.
         With a data-parallel strategy the values are first reduced over ranks (one all-reduce):
-        losses averaged, correct counts summed; skipped/applied steps are the same on every rank
+        losses averaged, training-metric sums summed; skipped/applied steps are the same on every rank
         (gradients, hence overflow flags, are all-reduced) and are averaged back to themselves."""
-        totals = torch.stack([self.correct, self.skipped, self.applied_steps]).to(torch.float64)
+        totals = torch.stack([self.metric_sum, self.skipped.double(), self.applied_steps.double()])
         values = torch.cat([self.step_losses[:steps_done].to(torch.float64), totals])
         if strategy is not None and strategy.world_size > 1:
             strategy.all_reduce_sum_(values)
             values /= strategy.world_size
-            values[steps_done] *= strategy.world_size  # correct: a sum, not a mean
+            values[steps_done] *= strategy.world_size  # the metric: a sum, not a mean
         values = values.tolist()
-        losses, (correct, skipped, applied) = values[:steps_done], values[steps_done:]
-        return {"losses": losses, "correct": int(correct), "skipped": int(skipped), "applied_steps": int(applied)}
+        losses, (metric_sum, skipped, applied) = values[:steps_done], values[steps_done:]
+        return {"losses": losses, "metric_sum": metric_sum, "skipped": int(skipped), "applied_steps": int(applied)}
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"step_losses": self.step_losses, "slot": self.slot, "correct": self.correct,
+        return {"step_losses": self.step_losses, "slot": self.slot, "metric_sum": self.metric_sum,
                 "skipped": self.skipped, "applied_steps": self.applied_steps}

@@ -1,71 +1,81 @@
-"""The training step: forward under the precision policy, float32 loss, backward, optional fp16
-unscale/skip, clipping, device-side LR, optimizer step. No host synchronisation anywhere."""
+"""One training step: the strategy runs it (`forward_backward`, then `optimizer_step`); this class
+holds the pieces they call. Forward under the precision policy, the task's loss in float32,
+backward (scaled under fp16), device-side counters, then unscale/skip, clipping, the device-side
+LR and the optimizer step. No host synchronisation anywhere.
+"""
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from scaletrain.distributed.strategies.base import Strategy
 from scaletrain.optim import LRSchedule, set_lr
 from scaletrain.precision import DynamicLossScaler, PrecisionPolicy
+from scaletrain.tasks import Task
 from scaletrain.training.counters import DeviceCounters
 
 
 class TrainStep:
     def __init__(self, model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer,
-                 schedule: LRSchedule, policy: PrecisionPolicy, counters: DeviceCounters,
-                 device: torch.device, scaler: DynamicLossScaler | None = None,
+                 schedule: LRSchedule, policy: PrecisionPolicy, task: Task, counters: DeviceCounters,
+                 device: torch.device, strategy: Strategy, scaler: DynamicLossScaler | None = None,
                  clip_grad_norm: float | None = None, grad_accum_steps: int = 1,
-                 grads_to_none: bool = True, first_step: int = 0, strategy: Strategy | None = None):
+                 grads_to_none: bool = True, first_step: int = 0):
         self.model = model          # owns the parameters
-        self.forward = forward      # the callable to run: the model, or its compiled form
+        self.forward = forward      # the callable to run: the model, or its wrapped/compiled form
         self.optimizer = optimizer
-        self.schedule = schedule
         self.policy = policy
+        self.task = task
         self.counters = counters
         self.device = device
+        self.strategy = strategy
         self.scaler = scaler
         self.clip_grad_norm = clip_grad_norm
         self.grad_accum_steps = grad_accum_steps
         # A CUDA graph needs the gradient tensors to keep their addresses, so it zeroes in place.
         self.grads_to_none = grads_to_none
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # The strategy's hooks into the step: no_sync for accumulation micro-batches (only the
-        # last one communicates), the overflow flag's reduction, ZeRO-1's post-step broadcast.
-        self.strategy = strategy or Strategy(None, None)
         # The whole schedule, precomputed on the device: the step's LR is one lookup by the
         # applied-step counter (two kernels) instead of a dozen scalar ops every step.
         self.lr_table = schedule.table(device, offset=first_step)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        c = self.counters
-        k = self.grad_accum_steps
-        micro = zip(x.chunk(k), y.chunk(k)) if k > 1 else ((x, y),)
-        for i, (xm, ym) in enumerate(micro):
-            with self.strategy.no_sync() if i < k - 1 else contextlib.nullcontext():
-                with self.policy.autocast(self.device):
-                    logits = self.forward(xm)
-                # The loss and its softmax are always computed in float32.
-                loss = F.cross_entropy(logits.float(), ym)
-                scaled = loss / k if k > 1 else loss
-                if self.scaler is not None:
-                    scaled = self.scaler.scale_loss(scaled)
-                scaled.backward()
-            with torch.no_grad():
-                step_loss = loss.detach() / k if k > 1 else loss.detach()
-                c.step_losses.index_add_(0, c.slot, step_loss.view(1))
-                c.correct.add_((logits.detach().argmax(dim=-1) == ym).sum())
-        self._apply_update()
+        self.strategy.forward_backward(self, x, y)
+        self.strategy.optimizer_step(self)
 
-    def _apply_update(self) -> None:
-        c = self.counters
-        found_inf = None
+    # ------------------------------------------------- forward and backward
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, output): the forward under autocast, the task's loss in float32."""
+        with self.policy.autocast(self.device):
+            output = self.forward(x)
+        return self.task.loss(output, y), output
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's share of the step's loss (scaled under fp16)."""
+        k = self.grad_accum_steps
+        scaled = loss / k if k > 1 else loss
         if self.scaler is not None:
-            found_inf = self.strategy.reduce_found_inf_(self.scaler.unscale_(self.params))
+            scaled = self.scaler.scale_loss(scaled)
+        scaled.backward()
+
+    @torch.no_grad()
+    def record(self, loss: torch.Tensor, output: torch.Tensor, y: torch.Tensor) -> None:
+        """Adds one micro-batch's loss and training metric to the device counters."""
+        c, k = self.counters, self.grad_accum_steps
+        step_loss = loss.detach() / k if k > 1 else loss.detach()
+        c.step_losses.index_add_(0, c.slot, step_loss.view(1))
+        c.metric_sum.add_(self.task.train_metric_sum(output, y))
+
+    # ----------------------------------------------------------- the update
+    def unscale_(self) -> torch.Tensor | None:
+        """fp16: divides the gradients by the loss scale; returns this rank's overflow flag."""
+        return self.scaler.unscale_(self.params) if self.scaler is not None else None
+
+    def update(self, found_inf: torch.Tensor | None) -> None:
+        """Clips, sets the step's LR, steps the optimizer (skipped on the device when `found_inf`
+        is 1), advances the counters and clears the gradients."""
+        c = self.counters
         if self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm, foreach=True)
         with torch.no_grad():
@@ -77,7 +87,6 @@ class TrainStep:
             self.optimizer.grad_scale = None
             self.optimizer.found_inf = found_inf
         self.optimizer.step()
-        self.strategy.after_optimizer_step()
         with torch.no_grad():
             if found_inf is not None:
                 self.scaler.update()

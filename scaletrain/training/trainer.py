@@ -1,9 +1,13 @@
 """The Trainer: fit / evaluate / predict, on one device or as one replica of many.
 
-Transforms are applied in one place, in a fixed order (precision conversion of the weights, then
-the strategy's compile-and-wrap, then CUDA-graph capture of the whole step); the model itself
-stays a plain module, and `self.model` is always the bare module (its state dict has no
-wrapper prefixes).
+What is learned and how it is scored comes from its task (tasks/); how the step is spread over
+devices from its strategy, which runs the step's forward/backward and optimizer step
+(distributed/strategies/base.py). Transforms are applied in one place (`parallelize`), then
+CUDA-graph capture of the whole step; `self.model` is always the bare module (its state dict
+has no wrapper prefixes). Its state is `state_dict()` / `load_state_dict()`.
+
+A Trainer that sets its own strategy up (no `strategy` given) tears it down in `close()` (or at
+the end of a `with` block), so the Python API never leaks a process group.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from itertools import islice
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from scaletrain.callbacks import CallbackList
@@ -23,14 +26,16 @@ from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, Strea
 from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
 from scaletrain.distributed.sharding import eval_range
 from scaletrain.errors import ConfigError, NonFiniteLossError
-from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
-from scaletrain.optim import build_optimizer, build_schedule, current_lr
+from scaletrain.optim import LRSchedule, build_optimizer, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
+from scaletrain.tasks import Task, build_task
 from scaletrain.training.clock import DeviceClock
 from scaletrain.training.counters import DeviceCounters
 from scaletrain.training.memory import PeakMemory
+from scaletrain.training.parallelize import parallelize
 from scaletrain.training.snapshot import TrainingSnapshot, init_optimizer_state
+from scaletrain.training.state import load_template, load_trainer_state, trainer_state
 from scaletrain.training.step import TrainStep
 
 __all__ = ["Trainer", "resolve_device"]
@@ -38,21 +43,27 @@ __all__ = ["Trainer", "resolve_device"]
 
 class Trainer:
     def __init__(self, model: nn.Module, config: TrainConfig | None = None, callbacks=(),
-                 strategy: Strategy | None = None, checkpointer=None):
+                 strategy: Strategy | None = None, checkpointer=None, task: Task | None = None):
         self.config = config or TrainConfig()
         self.config.validate()
         cfg = self.config
+        # Whoever sets a strategy up tears it down: given one, the caller; else this trainer.
+        self.owns_strategy = strategy is None
         if strategy is None:
             strategy = build_strategy(cfg.distributed)
             strategy.setup(cfg.device)
         self.strategy = strategy
+        # None: the data set's own task, chosen when fit() or evaluate() first sees the data.
+        self.task = task
         self.device = strategy.device
         self.batch = plan_batch(cfg.batch_size, cfg.per_replica_batch_size, strategy.world_size,
                                 cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
         self.policy = get_policy(cfg.precision.policy)
         self.policy.configure_backend()
         torch.manual_seed(cfg.seed)
-        self.model = self.policy.convert_module(model, cfg.precision.fp32_modules).to(self.device)
+        prepared = parallelize(model, cfg, strategy, self.policy)
+        self.model, self.forward, self.eval_forward = prepared.model, prepared.train_forward, prepared.eval_forward
+        self.checkpointed_blocks = prepared.checkpointed_blocks
         # Tensor-core shapes under 16-bit precisions; run_training prints these once.
         self.alignment_advice = alignment_warnings(self.model, self.policy.name, self.batch.per_replica
                                                    // self.batch.accum_steps)
@@ -60,13 +71,6 @@ class Trainer:
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)
                            and self.device.type == "cuda" and strategy.supports_cuda_graphs)
-        compile_fn = (lambda m: torch.compile(m, mode=cfg.compile_mode)) if cfg.compile else (lambda m: m)
-        # The transforms' order: precision (above), activation checkpointing, then the strategy's
-        # wrapping or sharding together with compilation.
-        self.checkpointed_blocks = (apply_activation_checkpointing(self.model, cfg.memory.block_classes)
-                                    if cfg.memory.activation_checkpointing else [])
-        self.forward, self.eval_forward = strategy.prepare(self.model, compile_fn, cfg.memory.block_classes,
-                                                           self.policy)
         self.optimizer = build_optimizer(cfg.optim, self.model, self.device, capturable=self.use_graphs,
                                          params=strategy.optimizer_parameters(self.model))
         init_optimizer_state(self.optimizer)
@@ -91,6 +95,56 @@ class Trainer:
         self.normalizer: Normalizer | None = None
         self.peak_memory = PeakMemory(self.device)
         self._step = None
+        self._pad_input: torch.Tensor | None = None   # a sample for padding forwards (strategy.evaluate)
+        self._units_per_sample = 1   # target elements per sample (tokens for a language model)
+
+    # ------------------------------------------------------------- lifecycle
+    def close(self, clean: bool = True) -> None:
+        """Tears the strategy down if this trainer set it up (leaves the process group)."""
+        if self.owns_strategy:
+            self.strategy.teardown(clean)
+            self.owns_strategy = False
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(clean=exc_type is None)
+
+    def _adopt(self, dataset: Dataset) -> None:
+        """Takes the data's task (unless one was given) and input statistics."""
+        if self.task is None:
+            self.task = build_task(self.config.task, dataset.task)
+        if self.normalizer is None:
+            self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype)
+        self._units_per_sample = max(dataset.train.y[:1].numel(), 1)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs, as live tensors plus one JSON string (training/state.py)."""
+        return trainer_state(self)
+
+    def load_template(self, saved_world_size: int) -> dict:
+        """The state dict to fill in place from a checkpoint taken on `saved_world_size` ranks."""
+        return load_template(self, saved_world_size)
+
+    def load_state_dict(self, state: dict, saved_world_size: int | None = None) -> dict:
+        """Applies a state (filled from `load_template`); returns its plain values."""
+        return load_trainer_state(self, state, saved_world_size or self.strategy.world_size)
+
+    def position(self) -> dict:
+        """Where training stands, and what a checkpoint must agree on to resume here."""
+        return {"global_step": self.global_step, "epoch": self.epoch, "epoch_step": self.epoch_step,
+                "world_size": self.strategy.world_size, "global_batch": self.batch.global_batch,
+                "steps_per_epoch": self.steps_per_epoch}
+
+    def build_step(self, schedule: LRSchedule, grad_accum_steps: int | None = None, first_step: int = 0) -> TrainStep:
+        """The training step with this trainer's model, optimizer, task, precision and strategy
+        (fit, and the batch finder's trials, run exactly this)."""
+        return TrainStep(self.model, self.forward, self.optimizer, schedule, self.policy, self.task, self.counters,
+                         self.device, self.strategy, self.scaler, self.config.optim.clip_grad_norm,
+                         grad_accum_steps or self.batch.accum_steps, grads_to_none=not self.use_graphs,
+                         first_step=first_step)
 
     # ------------------------------------------------------------------ data
     def _loader(self, split: ArraySplit, train: bool) -> DeviceLoader | StreamingLoader:
@@ -115,7 +169,8 @@ class Trainer:
         is validated on its test split, and then has no separate test figure. With a checkpointer
         that has something to resume, continues from it exactly."""
         cfg = self.config
-        self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype)
+        self.normalizer = None   # this data set's statistics
+        self._adopt(dataset)
         train_loader = self._loader(dataset.train, train=True)
         val_loader = self._loader(dataset.val if dataset.val is not None else dataset.test, train=False)
         self.steps_per_epoch = len(train_loader)
@@ -126,10 +181,7 @@ class Trainer:
         self.counters.resize(self.steps_per_epoch)  # also empties the per-step loss slots
         # A second fit() starts a fresh schedule after the optimizer steps already taken.
         first_step = int(self.counters.applied_steps)
-        self.train_step = TrainStep(self.model, self.forward, self.optimizer, schedule, self.policy,
-                                    self.counters, self.device, self.scaler, cfg.optim.clip_grad_norm,
-                                    self.batch.accum_steps, grads_to_none=not self.use_graphs,
-                                    first_step=first_step, strategy=self.strategy)
+        self.train_step = self.build_step(schedule, first_step=first_step)
         self.peak_memory.reset()
         self.warmup_s = self._warm_up(train_loader, val_loader)
         self.strategy.after_first_step()
@@ -154,7 +206,7 @@ class Trainer:
         self.epoch, self.epoch_step = len(self.history), 0
         if cfg.eval_each_epoch and dataset.val is not None:
             test = self.evaluate_loader(self._loader(dataset.test, train=False), report=False)
-            self.test_logs = {"test_loss": test["val_loss"], "test_accuracy": test["val_accuracy"]}
+            self.test_logs = {f"test_{k[4:]}": v for k, v in test.items() if k.startswith("val_")}
         if self.checkpointer is not None and self.checkpointer.every > 0 \
                 and self.checkpointer.last_saved_position != (self.epoch, 0):
             started = time.perf_counter()
@@ -221,7 +273,7 @@ class Trainer:
         return {
             "epoch": epoch + 1,
             "train_loss": sum(values["losses"]) / max(epoch_step, 1),
-            "train_accuracy": values["correct"] / max(samples, 1),
+            f"train_{self.task.train_metric}": values["metric_sum"] / max(samples * self._units_per_sample, 1),
             "lr": current_lr(self.optimizer),
             "samples": samples,
             "epoch_train_time_s": epoch_time,
@@ -246,31 +298,23 @@ class Trainer:
     @torch.no_grad()
     def evaluate_loader(self, loader, max_batches: int | None = None, reduce: bool = True,
                         report: bool = True) -> dict:
-        """Loss and accuracy over a loader, summed on the device and read once; under data
-        parallelism each rank holds its own range and the sums are all-reduced, so every sample
-        counts exactly once. Not timed as training: the training clock is stopped meanwhile.
-        `report`: a validation pass (callbacks hear of it, its time counts as evaluation time)."""
+        """The task's metrics over a loader (`val_loss`, `val_accuracy`, ...), summed on the device
+        and read once; under data parallelism each rank holds its own range and the sums are
+        all-reduced, so every sample counts exactly once. Not timed as training: the training
+        clock is stopped meanwhile. `report`: a validation pass (callbacks hear of it, its time
+        counts as evaluation time)."""
         if report:
             self.callbacks.call("on_validation_begin", self)
         start = self.clock.now()
         was_training = self.model.training
         self.model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
-        x = None
-        for x, y in islice(loader, max_batches):
-            with self.policy.autocast(self.device):
-                logits = self.eval_forward(x)
-            sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
-            sums[1] += (logits.argmax(dim=-1) == y).sum()
-            sums[2] += y.shape[0]
-        if self.strategy.eval_in_lockstep and max_batches is None:
-            self._pad_eval_forwards(len(loader), x)
-        self.strategy.after_evaluation(self.model)
+        sums = torch.zeros(self.task.n_sums, dtype=torch.float64, device=self.device)
+        for output, y in self.strategy.evaluate(islice(loader, max_batches), self._eval_forward, self._pad_input):
+            sums += self.task.eval_sums(output, y)
         self.model.train(was_training)
         if reduce and self.strategy.world_size > 1:
             self.strategy.all_reduce_sum_(sums)
-        loss, right, count = sums.tolist()
-        logs = {"val_loss": loss / max(count, 1), "val_accuracy": right / max(count, 1)}
+        logs = {f"val_{k}": v for k, v in self.task.eval_metrics(sums.tolist()).items()}
         elapsed = self.clock.now() - start
         if max_batches is None and report:
             self.eval_time_s += elapsed
@@ -279,40 +323,32 @@ class Trainer:
             self.callbacks.call("on_validation_end", self, logs)
         return logs
 
-    def _pad_eval_forwards(self, batches_run: int, last_x: torch.Tensor | None) -> None:
-        """Sharded parameters are gathered inside the forward, a collective: a rank whose evaluation
-        range has fewer batches runs forwards whose outputs are discarded until all ranks ran as
-        many (the counts differ by at most one batch)."""
-        most = torch.tensor([batches_run], device=self.device)
-        self.strategy.all_reduce_max_(most)
-        pad_input = last_x[:1] if last_x is not None else self._pad_input
-        for _ in range(int(most) - batches_run):
-            with self.policy.autocast(self.device):
-                self.eval_forward(pad_input)
+    def _eval_forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.policy.autocast(self.device):
+            return self.eval_forward(x)
 
     def evaluate(self, dataset: Dataset, split: str = "test") -> dict:
-        """Loss and accuracy of the current model on a split of `dataset`."""
-        if self.normalizer is None:
-            self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype)
+        """The task's metrics (`loss`, `accuracy`, ...) of the current model on a split of `dataset`."""
+        self._adopt(dataset)
         logs = self.evaluate_loader(self._loader(getattr(dataset, split), train=False))
-        return {"loss": logs["val_loss"], "accuracy": logs["val_accuracy"]}
+        return {k[4:]: v for k, v in logs.items() if k.startswith("val_")}
 
     # --------------------------------------------------------------- predict
     @torch.no_grad()
     def predict(self, x, batch_size: int | None = None) -> torch.Tensor:
-        """Class probabilities (float32, on the host) for raw samples shaped like the training data.
-        NumPy float64 input is converted to float32 explicitly."""
+        """The task's predictions (class probabilities; values for regression), float32 on the
+        host, for raw samples shaped like the training data. NumPy float64 input is converted to
+        float32 explicitly."""
         if self.normalizer is None:
             raise ConfigError("predict() needs the training statistics: call fit() or evaluate() first")
-        x = as_features(np.asarray(x) if not isinstance(x, torch.Tensor) else x, "predict input")
+        if self.normalizer.mean is None:   # token ids: indices, not features
+            x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).long()
+        else:
+            x = as_features(np.asarray(x) if not isinstance(x, torch.Tensor) else x, "predict input")
         batch_size = batch_size or self.config.data.val_batch_size or self.config.batch_size
-        normalizer = Normalizer(self.normalizer.mean.to(self.device), self.normalizer.std.to(self.device),
-                                self.normalizer.dtype)
+        normalizer = self.normalizer.to(self.device)
         self.model.eval()
-        out = []
-        for chunk in x.split(batch_size):
-            with self.policy.autocast(self.device):
-                logits = self.eval_forward(normalizer(chunk.to(self.device)))
-            out.append(torch.softmax(logits.float(), dim=-1).cpu())
-        self.strategy.after_evaluation(self.model)
+        chunks = ((normalizer(chunk.to(self.device)), None) for chunk in x.split(batch_size))
+        out = [self.task.predictions(output).cpu()
+               for output, _ in self.strategy.evaluate(chunks, self._eval_forward, self._pad_input)]
         return torch.cat(out) if out else torch.empty(0)

@@ -11,22 +11,18 @@ import sys
 import torch
 
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from scaletrain.data import load_dataset
-from scaletrain.models import build_model
-from scaletrain.training import Trainer
+from scaletrain.training import build_run
 
 out = sys.argv[1]
 cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [64]}), data=DataConfig(name="digits"),
                   optim=OptimConfig(lr=3e-3), epochs=2, batch_size=64, progress=False, device="cpu")
 cfg.distributed.strategy = "ddp"
-dataset = load_dataset(cfg.data)
-torch.manual_seed(cfg.seed)
-model = build_model("mlp", dataset.input_shape, dataset.num_classes, hidden=[64])
-trainer = Trainer(model, cfg)
+built = build_run(cfg)   # the trainer sets the strategy up, so it tears it down (close)
+trainer, dataset = built.trainer, built.dataset
 trainer.fit(dataset)
 result = {"state": trainer.model.state_dict(), "eval": trainer.evaluate(dataset), "history": trainer.history}
 torch.save(result, f"{out}/rank{trainer.strategy.rank}.pt")
-trainer.strategy.teardown()
+built.close()
 # As the CLI does: free the DDP reducer's work objects before interpreter finalization.
 del trainer, result
 gc.collect()

@@ -8,18 +8,14 @@ import sys
 import torch
 
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from scaletrain.data import load_dataset
-from scaletrain.models import build_model
-from scaletrain.training import Trainer
+from scaletrain.training import build_run
 
 strategy, out = sys.argv[1], sys.argv[2]
 cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [64, 32]}), data=DataConfig(name="digits"),
                   optim=OptimConfig(lr=3e-3), epochs=1, batch_size=64, progress=False, device="cpu")
 cfg.distributed.strategy = strategy
-dataset = load_dataset(cfg.data)
-torch.manual_seed(cfg.seed)
-model = build_model("mlp", dataset.input_shape, dataset.num_classes, **cfg.model.options)
-trainer = Trainer(model, cfg)
+built = build_run(cfg)
+trainer, dataset, model = built.trainer, built.dataset, built.trainer.model
 trainer.fit(dataset)
 
 
@@ -30,8 +26,7 @@ def local_bytes(t):
 
 # One more step with gradients kept, to see their real (sharded or replicated) size.
 x, y = next(iter(trainer._loader(dataset.train, train=True)))
-with trainer.policy.autocast(trainer.device):
-    loss = torch.nn.functional.cross_entropy(trainer.forward(x).float(), y)
+loss, _ = trainer.train_step.forward_loss(x, y)   # the fitted trainer's own step: forward and loss
 loss.backward()
 held = {
     "param_bytes": sum(local_bytes(p) for p in trainer.model.parameters()),
@@ -42,7 +37,7 @@ held = {
 weights = trainer.strategy.full_state_dict(trainer.model)
 torch.save({"history": trainer.history, "held": held, "weights": weights,
             "shapes": [tuple(p.shape) for p in model.parameters()]}, f"{out}/rank{trainer.strategy.rank}.pt")
-trainer.strategy.teardown()
+built.close()
 # As the CLI does: free the wrappers' work objects before interpreter finalization.
 del trainer, model, weights
 gc.collect()

@@ -1,27 +1,51 @@
-"""The strategy interface: how a run is spread over devices and processes.
+"""The strategy interface: how one training step is spread over devices and processes.
 
-The trainer talks to its strategy only through these methods, so model code never changes and a
-new strategy (fsdp, zero1, ps...) is one more file in this folder registered in `registry.py`.
+A strategy owns the distributed part of the step: `forward_backward` (default: the micro-batch
+loop, communicating only on the last micro-batch) and `optimizer_step` (default: unscale, clip,
+step), evaluation's forwards (`evaluate`), and states its model-state layout for the memory
+planner (`model_state`). The training step (training/step.py) supplies the pieces they call
+(forward and loss under the precision policy, backward, the update), so a new strategy (a
+pipeline schedule, a parameter server) is one file in this folder with `@register_strategy`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
 from scaletrain.distributed.env import DistEnv
+from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, replicated_state
+
+STRATEGIES: dict[str, type["Strategy"]] = {}
 
 
-class Strategy:
+def register_strategy(name: str):
+    """Class decorator: makes a strategy available as `--strategy NAME`."""
+    def add(cls: type[Strategy]) -> type[Strategy]:
+        cls.name = name
+        STRATEGIES[name] = cls
+        return cls
+    return add
+
+
+class Strategy(ABC):
     name = "base"
     # Whether the whole training step (collectives included) may be captured in one CUDA graph.
     supports_cuda_graphs = True
-    # Whether evaluation's forward runs collectives (sharded parameters are gathered), so every
-    # rank must run the same number of evaluation batches.
-    eval_in_lockstep = False
+    # Layout facts (read by the default step and evaluation, and by the batch finder):
+    # every rank holds the whole reduced gradient, so fp16 overflow flags agree without a reduction;
+    replicated_gradients = True
+    # a forward pass runs collectives (parameters gathered), so every rank runs as many forwards.
+    forward_communicates = False
+    # Whether `plan-memory` offers it (one device's layout is ddp's with --devices 1), and the ZeRO
+    # stage of its sharding (0: replicated ... 3: parameters, gradients and optimizer state), the
+    # order plan-memory lists them in.
+    plannable = True
+    zero_stage = 0
 
     def __init__(self, config, env: DistEnv):
         self.config = config     # the DistributedConfig
@@ -42,43 +66,75 @@ class Strategy:
         return self.env.rank == 0
 
     # -- lifecycle
+    @abstractmethod
     def setup(self, device_request: str) -> torch.device:
         """Picks this process's device and joins the process group (if any)."""
-        raise NotImplementedError
 
-    def prepare(self, model: nn.Module, compile_fn: Callable[[nn.Module], nn.Module], block_classes=(),
-                policy=None) -> tuple[Callable, Callable]:
-        """Returns (train_forward, eval_forward). Evaluation never goes through a wrapper that runs
-        collectives in forward: ranks evaluate different numbers of batches (unless
-        `eval_in_lockstep`). `block_classes` names the model's repeated blocks for strategies that
-        wrap per block; `policy` is the precision policy, for strategies with their own casting."""
-        raise NotImplementedError
+    @abstractmethod
+    def wrap(self, model: nn.Module, compile_fn: Callable[[nn.Module], nn.Module], block_classes=(),
+             policy=None) -> tuple[Callable, Callable]:
+        """The strategy's part of `parallelize`: returns (train_forward, eval_forward), compiling
+        where the strategy needs compilation to sit (DDP compiles its wrapper). `block_classes`
+        names the model's repeated blocks for strategies that shard per block; `policy` is the
+        precision policy, for strategies that cast parameters themselves."""
+
+    def teardown(self, clean: bool = True) -> None:
+        pass
+
+    def after_first_step(self) -> None:
+        """Called once the first training step has run (compilation and warm-up are over)."""
+
+    # -- the step
+    def forward_backward(self, step, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Forward, loss and backward of one optimizer step's batch, recorded in the step's
+        counters. Gradient accumulation: only the last micro-batch communicates."""
+        k = step.grad_accum_steps
+        micro = zip(x.chunk(k), y.chunk(k)) if k > 1 else ((x, y),)
+        for i, (xm, ym) in enumerate(micro):
+            with self.no_sync() if i < k - 1 else contextlib.nullcontext():
+                loss, output = step.forward_loss(xm, ym)
+                step.backward(loss)
+            step.record(loss, output, ym)
+
+    def optimizer_step(self, step) -> None:
+        """Unscales (fp16), agrees on overflow, clips and steps the optimizer."""
+        found_inf = step.unscale_()
+        if found_inf is not None and not self.replicated_gradients:
+            self.all_reduce_max_(found_inf)
+        step.update(found_inf)
 
     def optimizer_parameters(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters this rank's optimizer updates (and holds state for)."""
         return [p for p in model.parameters() if p.requires_grad]
 
-    def after_optimizer_step(self) -> None:
-        """Runs right after each optimizer step (ZeRO-1 broadcasts the updated shards here)."""
-
-    def reduce_found_inf_(self, found_inf: torch.Tensor) -> torch.Tensor:
-        """Makes the fp16 overflow flag the same on every rank. Replicated gradients already give
-        the same flag everywhere; sharded gradients need a max over ranks."""
-        return found_inf
+    # -- evaluation
+    def evaluate(self, batches: Iterable[tuple[torch.Tensor, Any]], forward: Callable[[torch.Tensor], torch.Tensor],
+                 pad_input: torch.Tensor | None = None) -> Iterator[tuple[torch.Tensor, Any]]:
+        """Runs `forward` over evaluation batches (no backward follows) and yields (output, y).
+        Where a forward communicates, ranks whose share had fewer batches run extra forwards on
+        `pad_input` (outputs discarded) until every rank ran as many."""
+        count = 0
+        for x, y in batches:
+            count += 1
+            pad_input = x
+            yield forward(x), y
+        if self.forward_communicates and self.world_size > 1:
+            most = torch.tensor([count], device=self.device)
+            self.all_reduce_max_(most)
+            for _ in range(int(most) - count):
+                forward(pad_input[:1])
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights as plain tensors, for export. Collective where parameters are
         sharded: every rank must call it."""
         return model.state_dict()
 
-    def after_evaluation(self, model: nn.Module) -> None:
-        """Runs after evaluation or prediction forwards (no backward followed them)."""
-
-    def after_first_step(self) -> None:
-        """Called once the first training step has run (compilation and warm-up are over)."""
-
-    def teardown(self, clean: bool = True) -> None:
-        pass
+    # -- the memory planner's view
+    @classmethod
+    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes) -> ModelState:
+        """Per-device bytes of parameters, gradients and optimizer state (the busiest device).
+        Default: everything replicated."""
+        return replicated_state(params, list(range(len(params))), b)
 
     # -- collectives (no-ops on one process)
     def no_sync(self) -> contextlib.AbstractContextManager:

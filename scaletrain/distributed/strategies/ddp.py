@@ -12,18 +12,19 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from scaletrain.distributed.comm_hooks import compression_hook
+from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.distributed.sync_batchnorm import convert_to_global_batchnorm
 
 
+@register_strategy("ddp")
 class DDPStrategy(ProcessGroupStrategy):
-    name = "ddp"
 
     def __init__(self, config, env):
         super().__init__(config, env)
         self.ddp: DistributedDataParallel | None = None
 
-    def prepare(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
+    def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         if self.config.sync_batchnorm:
             # In place: the trainer's bare model (eval, export) keeps the converted layers.
             model = (nn.SyncBatchNorm.convert_sync_batchnorm(model) if self.device.type == "cuda"

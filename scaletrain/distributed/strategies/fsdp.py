@@ -9,41 +9,39 @@ compute. `zero2` keeps each unit's gathered parameters from the forward to the b
 (`reshard_after_forward=False`): one all-gather per step instead of two, for the memory of the
 unsharded parameters during the step; gradients and optimizer state stay sharded.
 
-Mixed precision is FSDP's own policy, derived from --precision: parameters are gathered in the
-autocast dtype (half the all-gather bytes), gradients reduced in float32 (or in 16 bits with
---grad-compression), and the sharded master weights and optimizer state stay float32.
+Mixed precision is FSDP's own policy, which the precision policy derives from --precision
+(`PrecisionPolicy.sharded`): parameters are gathered in the autocast dtype (half the all-gather
+bytes), gradients reduced in float32 (or in 16 bits with --grad-compression), and the sharded
+master weights and optimizer state stay float32.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, shard_numel
+from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import find_blocks
-
-_REDUCE_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def mixed_precision_policy(policy, grad_compression: str) -> MixedPrecisionPolicy:
-    """FSDP's policy for a scaletrain precision policy (None dtypes: leave as stored)."""
-    return MixedPrecisionPolicy(param_dtype=policy.autocast_dtype if policy is not None else None,
-                                reduce_dtype=_REDUCE_DTYPES[grad_compression])
+from scaletrain.precision import get_policy
 
 
+@register_strategy("fsdp")
 class FSDPStrategy(ProcessGroupStrategy):
-    name = "fsdp"
-    eval_in_lockstep = True
+    replicated_gradients = False
+    forward_communicates = True
     reshard_after_forward = True
+    zero_stage = 3
 
-    def prepare(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
+    def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         if self.config.sync_batchnorm:
             raise ConfigError(f"--sync-batchnorm is not supported with --strategy {self.name}; use --strategy ddp")
-        mp = mixed_precision_policy(policy, self.config.grad_compression)
+        policy = policy or get_policy("fp32")
+        mp, fp32 = policy.sharded(self.config.grad_compression), policy.sharded_float32()
         try:
             blocks = find_blocks(model, block_classes)
         except ConfigError:
@@ -52,7 +50,6 @@ class FSDPStrategy(ProcessGroupStrategy):
             blocks = []  # no repeated block: the whole model is one unit (still sharded at rest)
         # Inner units first (fully_shard goes bottom-up). Modules pinned to float32
         # (--fp32-modules) are their own units with a float32 policy.
-        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
         for module in model.modules():
             if getattr(module, "_scaletrain_float32", False) and module is not model:
                 fully_shard(module, mp_policy=fp32, reshard_after_forward=self.reshard_after_forward)
@@ -61,26 +58,42 @@ class FSDPStrategy(ProcessGroupStrategy):
         # The root's parameters are needed again first thing in the backward: keep them gathered.
         fully_shard(model, mp_policy=mp, reshard_after_forward=False)
         forward = compile_fn(model)
+        self.model = model
         return forward, forward
 
-    def after_evaluation(self, model: nn.Module) -> None:
+    def evaluate(self, batches, forward, pad_input=None):
+        yield from super().evaluate(batches, forward, pad_input)
         # Units that keep their gathered parameters after a forward (the root; every unit under
         # zero2) are normally resharded by their backward. After forwards without one, reshard
         # them here: an in-place write to the shards (snapshot restore, checkpoint load, the
         # next optimizer step) would otherwise leave a stale gathered copy in use.
-        for module in model.modules():
+        for module in self.model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
 
-    def reduce_found_inf_(self, found_inf: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
-        return found_inf
+    @classmethod
+    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes) -> ModelState:
+        total = sum(p.numel for p in params)
+        shard = sum(shard_numel(p.shape, devices) for p in params)
+        if not cls.reshard_after_forward:
+            gathered = total * b.compute   # zero2: the whole model, from each forward to its backward
+        else:
+            units: dict[int, int] = {}
+            for p in params:
+                units[p.unit] = units.get(p.unit, 0) + p.numel
+            # The root's parameters stay gathered for the whole step; of the blocks, the one
+            # running and the one prefetched (the two largest bound it).
+            blocks = sorted((n for u, n in units.items() if u >= 0), reverse=True)
+            gathered = (units.get(-1, 0) + sum(blocks[:2])) * b.compute
+        return ModelState(total, shard * b.storage, shard * b.storage,
+                          shard * b.storage * b.optimizer_slots + len(params) * b.step_bytes, gathered)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         # Gathered shard by shard onto the host of rank 0 (the others get an empty dict).
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+@register_strategy("zero2")
 class Zero2Strategy(FSDPStrategy):
-    name = "zero2"
+    zero_stage = 2
     reshard_after_forward = False

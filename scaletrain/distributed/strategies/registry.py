@@ -1,17 +1,21 @@
-"""Strategies by name. `auto` is ddp when the job has several processes, single otherwise."""
+"""Strategies by name. `auto` is ddp when the job has several processes, single otherwise.
+
+Each strategy registers itself with `@register_strategy` (base.py); importing the modules here is
+what fills STRATEGIES, so a new strategy file is added to the import list below.
+"""
 
 from __future__ import annotations
 
 from scaletrain.distributed.env import DistEnv, dist_env
-from scaletrain.distributed.strategies.base import Strategy
-from scaletrain.distributed.strategies.ddp import DDPStrategy
-from scaletrain.distributed.strategies.fsdp import FSDPStrategy, Zero2Strategy
-from scaletrain.distributed.strategies.single import SingleDevice
-from scaletrain.distributed.strategies.zero1 import Zero1Strategy
+from scaletrain.distributed.strategies import ddp, fsdp, single, zero1  # noqa: F401  (they register)
+from scaletrain.distributed.strategies.base import STRATEGIES, Strategy
 from scaletrain.errors import ConfigError
 
-STRATEGIES: dict[str, type[Strategy]] = {"single": SingleDevice, "ddp": DDPStrategy, "zero1": Zero1Strategy,
-                                         "zero2": Zero2Strategy, "fsdp": FSDPStrategy}
+
+def plannable_strategies() -> tuple[str, ...]:
+    """The strategies `plan-memory` can lay out."""
+    return tuple(sorted((name for name, cls in STRATEGIES.items() if cls.plannable),
+                        key=lambda name: STRATEGIES[name].zero_stage))
 
 
 def build_strategy(config, env: DistEnv | None = None) -> Strategy:

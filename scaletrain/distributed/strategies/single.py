@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from scaletrain.distributed.strategies.base import Strategy
+from scaletrain.distributed.strategies.base import Strategy, register_strategy
 from scaletrain.errors import ConfigError
 
 
@@ -20,8 +20,9 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+@register_strategy("single")
 class SingleDevice(Strategy):
-    name = "single"
+    plannable = False   # plan one device as ddp with --devices 1
 
     def setup(self, device_request: str) -> torch.device:
         if self.env.world_size > 1:
@@ -30,6 +31,6 @@ class SingleDevice(Strategy):
         self.device = resolve_device(device_request)
         return self.device
 
-    def prepare(self, model, compile_fn, block_classes=(), policy=None):
+    def wrap(self, model, compile_fn, block_classes=(), policy=None):
         forward = compile_fn(model)
         return forward, forward

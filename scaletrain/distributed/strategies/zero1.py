@@ -3,8 +3,8 @@ sharded. Each rank owns a partition of the parameters (greedy by size, as torch'
 ZeroRedundancyOptimizer partitions them), holds optimizer state for those only, updates them,
 and broadcasts them to the others after the step.
 
-The same algorithm as ZeroRedundancyOptimizer, kept as a strategy hook rather than an optimizer
-wrapper because the training step hands the fused optimizer a device-side overflow flag and a
+The same algorithm as ZeroRedundancyOptimizer, kept in the strategy's optimizer step rather than
+an optimizer wrapper because the training step hands the fused optimizer a device-side overflow flag and a
 shared LR tensor, and checkpoints name optimizer state by parameter: with a plain torch optimizer
 over the owned parameters all three work unchanged, and DCP reshards the state by name.
 """
@@ -16,6 +16,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, replicated_state
+from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.ddp import DDPStrategy
 
 
@@ -32,20 +34,32 @@ def partition_parameters(sizes: list[int], world_size: int) -> list[int]:
     return owners
 
 
+@register_strategy("zero1")
 class Zero1Strategy(DDPStrategy):
-    name = "zero1"
+    zero_stage = 1
 
-    def prepare(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
+    def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         params = [p for p in model.parameters() if p.requires_grad]
         owners = partition_parameters([p.numel() for p in params], self.world_size)
         self.owned_by = [[p for p, o in zip(params, owners) if o == r] for r in range(self.world_size)]
-        return super().prepare(model, compile_fn)
+        return super().wrap(model, compile_fn)
 
     def optimizer_parameters(self, model: nn.Module) -> list[nn.Parameter]:
         return self.owned_by[self.rank]
 
+    def optimizer_step(self, step) -> None:
+        super().optimizer_step(step)   # each rank updates the parameters it owns
+        self._broadcast_owned()
+
+    @classmethod
+    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes) -> ModelState:
+        owners = partition_parameters([p.numel for p in params], devices)
+        loads = [sum(params[i].numel for i in range(len(params)) if owners[i] == r) for r in range(devices)]
+        busiest = max(range(devices), key=lambda r: (loads[r], -r))
+        return replicated_state(params, [i for i in range(len(params)) if owners[i] == busiest], b)
+
     @torch.no_grad()
-    def after_optimizer_step(self) -> None:
+    def _broadcast_owned(self) -> None:
         # One coalesced broadcast per owner, all in flight at once.
         pending = []
         for owner, params in enumerate(self.owned_by):

@@ -1,0 +1,83 @@
+"""A small GPT-style decoder (Radford et al. 2018/2019): token and position embeddings, a stack
+of one repeated pre-norm block (causal self-attention, then an MLP), a final norm and a linear
+head over the vocabulary. The repeated block is what activation checkpointing checkpoints, FSDP
+shards and a pipeline cuts between.
+
+Input: token ids (N, T), int64. Output: next-token logits (N, T, vocabulary).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PRESETS = {
+    "tiny": dict(dim=128, depth=4, heads=4),        # ~0.8M parameters: trains on 2 CPU cores in minutes
+    "small": dict(dim=256, depth=6, heads=8),       # ~4.8M
+    "medium": dict(dim=512, depth=8, heads=8),      # ~25M
+    "large": dict(dim=1024, depth=16, heads=16),    # ~200M
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"gpt: dim {dim} is not divisible by heads {heads}")
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads, dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, input_shape: tuple[int, ...], vocab_size: int, dim: int = 128, depth: int = 4,
+                 heads: int = 4, mlp_ratio: float = 4.0, dropout: float = 0.0):
+        super().__init__()
+        if len(input_shape) != 1:
+            raise ValueError(f"gpt needs token sequences (T,); this data set has samples of shape {input_shape}")
+        self.context = input_shape[0]
+        self.tok_embed = nn.Embedding(vocab_size, dim)
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.context, dim))
+        self.blocks = nn.Sequential(*(GPTBlock(dim, heads, mlp_ratio, dropout) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size)
+        self._init_weights(depth)
+
+    def _init_weights(self, depth: int) -> None:
+        # GPT-2's scheme: N(0, 0.02), and residual projections scaled by 1/sqrt(2 * depth) so the
+        # residual stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if p.ndim >= 2 or name == "pos_embed":
+                std = 0.02 / math.sqrt(2 * depth) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        x = self.tok_embed(tokens) + self.pos_embed[:, :t]
+        return self.head(self.norm(self.blocks(x)))

@@ -1,0 +1,61 @@
+"""Building a run's parts from its config: the one place the wiring lives.
+
+    strategy (set up) -> data -> task -> model (seeded) -> Trainer (parallelize, optimizer, ...)
+
+`scaletrain train`, `find-batch-size`, the scaling measurement, `ensemble` and the Python API
+all build through `build_run`, so a new part (a task, a strategy option) is wired once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from scaletrain.config import TrainConfig
+from scaletrain.data import Dataset, load_dataset
+from scaletrain.distributed import Strategy, build_strategy
+from scaletrain.distributed.env import DistEnv
+from scaletrain.models import build_model
+from scaletrain.tasks import Task, build_task
+from scaletrain.training.trainer import Trainer
+
+
+def start_strategy(cfg: TrainConfig, env: DistEnv | None = None) -> Strategy:
+    """The config's strategy, set up (device chosen, process group joined)."""
+    strategy = build_strategy(cfg.distributed, env)
+    strategy.setup(cfg.device)
+    return strategy
+
+
+@dataclass(slots=True)
+class BuiltRun:
+    trainer: Trainer
+    dataset: Dataset
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.trainer.strategy
+
+    def close(self, clean: bool = True) -> None:
+        self.trainer.close(clean)
+
+    def __enter__(self) -> "BuiltRun":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(clean=exc_type is None)
+
+
+def build_run(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
+              task: Task | None = None, callbacks=(), checkpointer=None) -> BuiltRun:
+    """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
+    tears it down on `close()`; a given one stays its caller's to tear down."""
+    cfg.validate()
+    dataset = dataset if dataset is not None else load_dataset(cfg.data, seed=cfg.seed)
+    task = task or build_task(cfg.task, dataset.task)
+    # The same initial weights for every precision, fusing choice, strategy and rank.
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model.name, dataset.input_shape, task.output_size(dataset), **cfg.model.options)
+    trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)
+    return BuiltRun(trainer, dataset)

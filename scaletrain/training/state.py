@@ -1,0 +1,135 @@
+"""The trainer's state, as one nested state dict (what `Trainer.state_dict()` returns and a
+checkpoint holds; the checkpointer only moves it to and from storage).
+
+Tensors are the live training tensors themselves, so a loader (DCP) fills them *in place*: the
+optimizer keeps its shared LR tensor and a captured CUDA graph keeps valid addresses. Replicated
+tensors (weights and optimizer state under DDP) are written once by DCP's de-duplication;
+per-rank state (RNG, this rank's epoch counters) sits under a per-rank key. Plain values (loop
+position, clocks, history, callbacks) are one JSON string.
+
+Holds: model weights and buffers, optimizer state and LR, the device counters (per-step losses
+of the current epoch, applied steps: the LR schedule's position), the loss scaler, the loop
+position (epoch, step in epoch, global step: the data order follows from these and the seed),
+clocks, the epoch history, the callbacks' state, and every rank's RNG states.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+RUN_COUNTERS = ("applied_steps", "skipped", "slot")  # the same on every rank
+
+
+def _optimizer_tensors(trainer) -> dict[str, torch.Tensor]:
+    names = {id(p): name for name, p in trainer.model.named_parameters()}
+    out = {}
+    for p, state in trainer.optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                out[f"{names[id(p)]}/{key}"] = value
+    out["lr"] = trainer.optimizer.param_groups[0]["lr"]
+    return out
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    out = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def _apply_rng(rng: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+
+
+def _host_json(trainer) -> str:
+    callbacks = {type(cb).__name__: cb.state_dict() for cb in trainer.callbacks if hasattr(cb, "state_dict")}
+    return json.dumps({
+        "epoch": trainer.epoch,
+        "epoch_step": trainer.epoch_step,
+        "global_step": trainer.global_step,
+        "epoch_time_s": trainer.clock.interval,   # training time of the epoch so far (mid-epoch saves)
+        "train_time_s": trainer.clock.total,
+        "eval_time_s": trainer.eval_time_s,
+        "checkpoint_time_s": trainer.checkpoint_time_s,
+        "history": trainer.history,
+        "stop_training": trainer.stop_training,
+        "callbacks": callbacks,
+    })
+
+
+def trainer_state(trainer) -> dict:
+    rank = trainer.strategy.rank
+    counters = trainer.counters.tensors()
+    return {
+        "model": trainer.model.state_dict(),
+        "optimizer": _optimizer_tensors(trainer),
+        "counters": {k: v for k, v in counters.items() if k in RUN_COUNTERS},
+        "scaler": trainer.scaler.state_tensors() if trainer.scaler is not None else {},
+        # Per rank: each rank's RNG, and the loss and metric sums of its own shard so far.
+        f"rank{rank}": {"rng": _rng_tensors(),
+                        "epoch_counters": {k: v for k, v in counters.items() if k not in RUN_COUNTERS}},
+        "host": {"json": _host_json(trainer)},
+    }
+
+
+def load_template(trainer, saved_world: int) -> dict:
+    """The state dict to fill from a checkpoint taken on `saved_world` ranks: model and optimizer
+    tensors reshard by name; per-rank parts are this rank's RNG where the saved job had this rank,
+    and its epoch counters where the world size is unchanged (else rank 0 takes every saved
+    rank's, see `load_trainer_state`)."""
+    state = trainer_state(trainer)
+    rank, world = trainer.strategy.rank, trainer.strategy.world_size
+    own = state.pop(f"rank{rank}")
+    if rank < saved_world:
+        state[f"rank{rank}"] = {"rng": own["rng"]}
+    if saved_world == world:
+        state.setdefault(f"rank{rank}", {})["epoch_counters"] = own["epoch_counters"]
+    elif rank == 0:
+        for k in range(saved_world):
+            state.setdefault(f"rank{k}", {})["epoch_counters"] = {
+                name: torch.zeros_like(t) for name, t in own["epoch_counters"].items()}
+    state["host"] = {"json": ""}
+    return state
+
+
+def load_trainer_state(trainer, state: dict, saved_world: int) -> dict:
+    """Applies a filled `load_template` (tensors were loaded in place) and returns the plain
+    values (loop position, clocks)."""
+    values = json.loads(state["host"]["json"])
+    trainer.history = values["history"]
+    trainer.clock.total = values["train_time_s"]
+    trainer.eval_time_s = values["eval_time_s"]
+    trainer.checkpoint_time_s = values.get("checkpoint_time_s", 0.0)
+    trainer.global_step = values["global_step"]
+    trainer.stop_training = values["stop_training"]
+    trainer.resumed_epoch_time_s = values.get("epoch_time_s", 0.0)
+    for cb in trainer.callbacks:
+        saved = values["callbacks"].get(type(cb).__name__)
+        if saved is not None and hasattr(cb, "load_state_dict"):
+            cb.load_state_dict(saved)
+    rank, world = trainer.strategy.rank, trainer.strategy.world_size
+    if "rng" in state.get(f"rank{rank}", {}):
+        _apply_rng(state[f"rank{rank}"]["rng"])
+    if saved_world != world:
+        live = {k: v for k, v in trainer.counters.tensors().items() if k not in RUN_COUNTERS}
+        saved = [state[f"rank{k}"]["epoch_counters"] for k in range(saved_world)] if rank == 0 else []
+        merge_epoch_counters(live, saved, saved_world, world)
+    return values
+
+
+@torch.no_grad()
+def merge_epoch_counters(live: dict[str, torch.Tensor], saved: list[dict[str, torch.Tensor]],
+                         saved_world: int, world: int) -> None:
+    """Resuming mid-epoch on a different number of ranks: the epoch's loss and metric so far
+    must still count every saved rank once. Rank 0 takes the sums (losses rescaled, since the
+    trainer averages per-step losses over the ranks it has), every other rank starts from zero."""
+    for name, tensor in live.items():
+        tensor.zero_()
+        if saved:
+            total = sum(part[name] for part in saved)
+            tensor.copy_(total * world / saved_world if name == "step_losses" else total)
