@@ -39,9 +39,17 @@ def test_reporting_callbacks_in_a_real_run(tmp_path, digits):
     not torch.cuda.is_available(), reason="needs CUDA"))])
 def test_fused_steps_equal_unfused_on_each_device(tmp_path, digits, device):
     """On CUDA, steps_per_execution > 1 replays a captured CUDA graph of the whole step."""
+    class Executions:   # how often the host got control back: once per execution of steps
+        calls = 0
+
+        def on_train_batch_end(self, trainer, step, logs):
+            self.calls += 1
     base = dict(epochs=2, device=device, precision=PrecisionConfig(policy="bf16-mixed"))
-    a = fit(small_config(tmp_path, steps_per_execution=1, **base), digits)
-    b = fit(small_config(tmp_path, steps_per_execution=4, **base), digits)
+    a = fit(small_config(tmp_path, steps_per_execution=1, **base), digits, callbacks=[unfused := Executions()])
+    b = fit(small_config(tmp_path, steps_per_execution=4, **base), digits, callbacks=[fused := Executions()])
     assert b.use_graphs == (device == "cuda")
+    steps = a.steps_per_epoch
+    assert unfused.calls == 2 * steps and fused.calls == 2 * -(-steps // 4)   # 4 steps per round-trip
+    assert b.history[-1]["optimizer_steps"] == a.history[-1]["optimizer_steps"] == 2 * steps
     wa, wb = weights(a.model), weights(b.model)
     assert all(torch.allclose(wa[k], wb[k], atol=1e-4) for k in wa)

@@ -52,7 +52,14 @@ def test_toml_config_with_flag_override(tmp_path):
 
 def test_no_arguments_means_the_default_recipe():
     cfg = config_from_args(build_parser().parse_args(["train"]))
-    assert (cfg.model.name, cfg.data.name, cfg.target_accuracy) == ("cnn1d", "mnist1d", 0.94)
+    assert (cfg.model.name, cfg.data.name, cfg.target, cfg.target_metric) == ("cnn1d", "mnist1d", 0.94, "accuracy")
+
+
+def test_target_accuracy_flag_is_a_target_on_the_accuracy_metric():
+    cfg = config_from_args(build_parser().parse_args(["train", "--target-accuracy", "0.5", "--target-metric", "loss"]))
+    assert (cfg.target, cfg.target_metric) == (0.5, "accuracy")   # the flag names its metric
+    cfg = config_from_args(build_parser().parse_args(["train", "--target", "3.5", "--target-metric", "perplexity"]))
+    assert (cfg.target, cfg.target_metric) == (3.5, "perplexity")
 
 
 def _bad_inputs(tmp_path):

@@ -224,3 +224,52 @@ def test_sync_batchnorm_makes_two_ranks_equal_one_rank_with_a_batchnorm_model(tm
     w1, w2 = _weights(tmp_path / "one" / "model.pt"), _weights(tmp_path / "sync" / "model.pt")
     assert _same(w1, w2, atol=1e-3)  # the exported BatchNorm state loads into the plain model
     build_model("cnn1d", (1, 40), 10, channels=16).load_state_dict(w2)
+
+
+def _epoch_figures(path):
+    return [(m["train_loss"], m["train_accuracy"], m["val_loss"], m["val_accuracy"]) for m in metrics(path)]
+
+
+def test_ddp_checkpoint_from_two_ranks_resumes_on_one_rank_mid_epoch(tmp_path):
+    """A different world size: the replicated state loads as is, and rank 0 takes both saved
+    ranks' loss and accuracy sums of the unfinished epoch, so the epoch's figures still count
+    every sample once."""
+    common = ["train", *DIGITS_MLP, "--epochs", "2", "--batch-size", "64", "--no-save-model", "--no-record"]
+    full = run([*common, "--nproc", "2", "--strategy", "ddp", "--checkpoint-every", "30",
+                "--run-dir", str(tmp_path / "two")], tmp_path)
+    assert full.returncode == 0, full.stderr
+    ckpt = tmp_path / "two" / "checkpoints" / "step-000000030"   # mid-way through epoch 2 (20 steps each)
+    one = run([*common, "--strategy", "ddp", "--run-dir", str(tmp_path / "one"), "--resume", str(ckpt)], tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert f"resumed from {ckpt}" in one.stdout
+    for a, b in zip(_epoch_figures(tmp_path / "two"), _epoch_figures(tmp_path / "one"), strict=True):
+        assert a == pytest.approx(b, abs=1e-6)
+
+
+def test_resume_with_fused_steps_lands_on_the_same_step_and_result(tmp_path):
+    """steps_per_execution 4 with a checkpoint every 10 steps: saves fall where an execution
+    crossing a multiple of 10 ends (12, 20, 32, ...), and a resume from one equals the whole run."""
+    common = ["train", *DIGITS_MLP, "--epochs", "2", "--batch-size", "64", "--no-record",
+              "--steps-per-execution", "4", "--checkpoint-every", "10"]
+    full = run([*common, "--run-dir", str(tmp_path / "full")], tmp_path)
+    assert full.returncode == 0, full.stderr
+    # 20 steps an epoch: saved at 12, 20, 32 and 40 (the final state); the newest 3 are kept.
+    assert committed_steps(tmp_path / "full" / "checkpoints") == [20, 32, 40]
+    mid = tmp_path / "full" / "checkpoints" / "step-000000032"
+    resumed = run([*common, "--run-dir", str(tmp_path / "cut"), "--resume", str(mid)], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _epoch_figures(tmp_path / "full") == _epoch_figures(tmp_path / "cut")
+    assert _same(_weights(tmp_path / "full" / "model.pt"), _weights(tmp_path / "cut" / "model.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_compile_under_a_data_parallel_strategy_trains_like_eager(tmp_path, strategy):
+    common = ["train", *DIGITS_MLP, "--epochs", "1", "--batch-size", "64", "--no-record", "--no-save-model",
+              "--nproc", "2", "--strategy", strategy]
+    eager = run([*common, "--run-dir", str(tmp_path / "eager")], tmp_path)
+    compiled = run([*common, "--compile", "--run-dir", str(tmp_path / "compiled")], tmp_path, timeout=400)
+    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr
+    assert summary(tmp_path / "compiled")["compile"] is True
+    for a, b in zip(_epoch_figures(tmp_path / "eager"), _epoch_figures(tmp_path / "compiled"), strict=True):
+        assert a == pytest.approx(b, abs=1e-4)

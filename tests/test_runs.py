@@ -97,7 +97,7 @@ def test_a_train_run_is_recorded_with_its_environment(recorded):
     first, second = store.runs()
     summary = json.loads((cwd / first.run_dir / "summary.json").read_text())
     assert first.status == "finished" and first.summary == summary
-    assert first.config["target_accuracy"] == 0.9 and first.config["model"]["name"] == "mlp"
+    assert (first.config["target"], first.config["target_metric"]) == (0.9, "accuracy") and first.config["model"]["name"] == "mlp"
     assert first.environment["git"]["commit"] == commit and first.environment["torch"]
     assert first.environment["device"] == summary["device"] and first.environment["host"]
     epochs = store.epochs(first.id)

@@ -345,8 +345,8 @@ def test_a_flag_changes_only_what_it_names(tmp_path):
         assert cfg == bare_copy, flags
         assert get_path(cfg, key) == value
     recipe = load_recipe("mnist1d-cnn")
-    assert (bare.optim.lr, bare.optim.lr_schedule, bare.target_accuracy, bare.epochs) == \
-        (recipe["optim"]["lr"], recipe["optim"]["lr_schedule"], recipe["target_accuracy"], recipe["epochs"])
+    assert (bare.optim.lr, bare.optim.lr_schedule, bare.target, bare.epochs) == \
+        (recipe["optim"]["lr"], recipe["optim"]["lr_schedule"], recipe["target"], recipe["epochs"])
     help_text = run(["train", "--help"], cwd=tmp_path).stdout
     assert "default recipe" in help_text and "mnist1d-cnn" in help_text
 

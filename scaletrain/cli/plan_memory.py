@@ -54,11 +54,11 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     if args.devices < 1:
         raise ConfigError(f"--devices must be at least 1 (got {args.devices})")
     memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory is not None else None
-    shape, classes = sample_shape(cfg.data)
+    shape, classes, task = sample_shape(cfg.data)
     plans = []
     for precision in precisions:
         req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,
-                          num_classes=classes, batch_size=cfg.batch_size, precision=precision,
+                          num_classes=classes, task=task, batch_size=cfg.batch_size, precision=precision,
                           devices=args.devices, activation_checkpointing=cfg.memory.activation_checkpointing,
                           block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
                           momentum=cfg.optim.momentum, device_memory=memory, headroom=args.headroom)

@@ -13,19 +13,23 @@ from scaletrain.errors import ConfigError
 DATASETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus")
 # Sample shape and class count of the named data sets, for planning without loading any data.
 SAMPLE_SHAPES = {"mnist1d": ((1, 40), 10), "digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10),
-                 "fashion-mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10), "friedman1": ((10,), 1)}
+                 "fashion-mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
 
 
-def sample_shape(cfg) -> tuple[tuple[int, ...], int]:
-    """(sample shape, classes) of the data set a DataConfig names, without loading it where known."""
+def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
+    """(sample shape, model output size, task) of the data set a DataConfig names, without loading
+    it where known."""
     if cfg.name == "synthetic":
-        return tuple(cfg.shape), cfg.num_classes
+        return tuple(cfg.shape), cfg.num_classes, "classification"
     if cfg.name == "char-corpus":
-        return (cfg.seq_len,), len(set(pydoc_text()))
+        return (cfg.seq_len,), len(set(pydoc_text())), "language-model"
+    if cfg.name == "friedman1":
+        return (10,), 1, "regression"
     if cfg.name in SAMPLE_SHAPES:
-        return SAMPLE_SHAPES[cfg.name]
+        return (*SAMPLE_SHAPES[cfg.name], "classification")
     ds = load_dataset(cfg)
-    return ds.input_shape, ds.num_classes
+    outputs = ds.num_classes if ds.task != "regression" else (1 if ds.train.y.ndim == 1 else ds.train.y.shape[1])
+    return ds.input_shape, outputs, ds.task
 
 
 def load_dataset(cfg, seed: int = 0) -> Dataset:

@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.models import build_model
 from scaletrain.models.blocks import find_blocks
+from scaletrain.tasks import Task
 
 
 @dataclass(slots=True)
@@ -60,19 +60,22 @@ def build_fake_model(model_name: str, options: dict, input_shape, num_classes: i
 
 
 def trace_step(traced: TracedModel, input_shape, num_classes: int, batch: int,
-               autocast_dtype: torch.dtype | None, input_dtype: torch.dtype, device_type: str = "cpu") -> StepTrace:
-    """Runs one forward/backward of `batch` samples on the fake model and counts its bytes."""
+               autocast_dtype: torch.dtype | None, input_dtype: torch.dtype, device_type: str = "cpu",
+               task: Task | None = None) -> StepTrace:
+    """Runs one forward/backward of `batch` samples on the fake model (the task's loss; default
+    classification) and counts its bytes. `num_classes`: the model's output size."""
+    from scaletrain.tasks import Classification
+    task = task or Classification()
     model = traced.model
     with traced.fake_mode:
-        x = torch.empty((batch, *input_shape), dtype=input_dtype)
-        y = torch.empty((batch,), dtype=torch.int64).random_(num_classes)
+        x, y = task.example_batch(batch, input_shape, num_classes, input_dtype)
         model.zero_grad(set_to_none=True)
         tracker = LiveBytes(list(model.parameters()) + list(model.buffers()) + [x, y])
         with tracker:
             with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                logits = model(x)
-            F.cross_entropy(logits.float(), y).backward()
-            del logits
+                output = model(x)
+            task.loss(output, y).backward()
+            del output
         grads = {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
         model.zero_grad(set_to_none=True)
     return StepTrace(batch, tracker.peak_excluding(grads), tracker.peak)

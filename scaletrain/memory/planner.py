@@ -20,6 +20,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.memory.activations import build_fake_model, trace_step
 from scaletrain.memory.model_state import PLAN_STRATEGIES, ParamInfo, model_state
 from scaletrain.precision import get_policy
+from scaletrain.tasks import TASKS
 
 # torch gives each CUDA stream's cuBLAS handle a 32 MiB workspace on Hopper (4 x 8 MiB), drawn from
 # the caching allocator, so it counts in torch.cuda.max_memory_allocated.
@@ -32,7 +33,8 @@ class PlanRequest:
     model: str
     model_options: dict = field(default_factory=dict)
     input_shape: tuple[int, ...]
-    num_classes: int
+    num_classes: int                     # the model's output size (classes, targets, vocabulary)
+    task: str = "classification"
     batch_size: int                      # global
     precision: str = "fp32"
     strategy: str = "ddp"
@@ -101,7 +103,7 @@ class Planner:
     def activation_bytes(self, per_device_batch: int) -> int:
         if per_device_batch not in self._activations:
             trace = trace_step(self.traced, self.req.input_shape, self.req.num_classes, per_device_batch,
-                               self.policy.autocast_dtype, self.policy.input_dtype)
+                               self.policy.autocast_dtype, self.policy.input_dtype, task=TASKS[self.req.task]())
             self._activations[per_device_batch] = trace.activation_bytes
         return self._activations[per_device_batch]
 

@@ -54,6 +54,12 @@ class Task(ABC):
     def eval_metrics(self, sums: list[float]) -> dict[str, float]:
         """The metrics, from the sums over the whole split (all ranks)."""
 
+    def example_batch(self, batch: int, input_shape, output_size: int, input_dtype: torch.dtype):
+        """An (x, y) batch shaped and typed as this task's data (values arbitrary): what the memory
+        planner traces a step with (it also runs under FakeTensorMode)."""
+        x = torch.empty((batch, *input_shape), dtype=input_dtype)
+        return x, torch.empty((batch,), dtype=torch.int64).random_(output_size)
+
     def predictions(self, output: torch.Tensor) -> torch.Tensor:
         """What `Trainer.predict` returns for a batch's outputs: class probabilities by default."""
         return torch.softmax(output.float(), dim=-1)

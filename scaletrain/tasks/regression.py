@@ -38,6 +38,10 @@ class Regression(Task):
         total = syy - sy * sy / n   # the targets' spread around their mean
         return {"loss": sse / n, "mae": sae / n, "r2": 1 - sse / total if total > 0 else float("nan")}
 
+    def example_batch(self, batch, input_shape, output_size, input_dtype):
+        x = torch.empty((batch, *input_shape), dtype=input_dtype)
+        return x, torch.zeros((batch,) if output_size == 1 else (batch, output_size))
+
     def predictions(self, output):
         return output.float()
 
