@@ -37,3 +37,16 @@ def test_digits_mlp_reaches_97_percent(tmp_path):
     assert code == 0
     data = json.loads(summary.read_text())
     assert data["best_val_accuracy"] >= 0.97 and data["reached_target"] is True
+
+
+@pytest.mark.slow
+def test_char_gpt_recipe_trains_its_gpt_on_the_offline_corpus(tmp_path):
+    """The recipe itself, cut to 3,000 windows and one epoch (the full run to perplexity 4.5 takes
+    about 80 s and is benchmarks/char_gpt.py's job)."""
+    summary = tmp_path / "summary.json"
+    code = main(["train", "--recipe", "char-gpt", "--train-subset", "3000", "--epochs", "1",
+                 "--run-dir", str(tmp_path / "run"), "--summary-json", str(summary), "--no-progress", "--no-record"])
+    assert code == 0
+    data = json.loads(summary.read_text())
+    assert (data["model"], data["task"], data["target_metric"]) == ("gpt-tiny", "language-model", "perplexity")
+    assert data["val_metrics"]["perplexity"] < 25    # from 103 (a uniform guess) in 47 steps
