@@ -105,7 +105,7 @@ class DataConfig:
     download: bool = _f(False, "download missing MNIST/Fashion-MNIST files (checksum-verified)")
     placement: str = _f("auto", "auto, device (whole set on the device) or stream (DataLoader)",
                         choices=("auto", "device", "stream"))
-    augment: list = _f([], "on-device augmentations: shift, flip", choices=("shift", "flip"))
+    augment: list[str] = _f([], "on-device augmentations: shift, flip", choices=("shift", "flip"))
     shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation", ge=0)
     num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic, friedman1)", ge=2)
     seq_len: int = _f(64, "characters per sample of the char-corpus data set (the model's context)", ge=1)
@@ -113,7 +113,7 @@ class DataConfig:
     val_fraction: float = _f(0.1, "fraction of the training split held out for validation (per-epoch evaluation, "
                              "stopping, tuning) when the data set has no validation split; the test split is "
                              "evaluated once, at the end", gt=0, lt=1)
-    shape: list = _f([3, 32, 32], "sample shape for the synthetic data set", ge=1)
+    shape: list[int] = _f([3, 32, 32], "sample shape for the synthetic data set", ge=1)
     num_classes: int = _f(10, "number of classes for the synthetic data set", ge=2)
     val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1)
     num_workers: int = _f(0, "DataLoader worker processes for the streaming path", ge=0)
@@ -126,11 +126,11 @@ class OptimConfig:
     weight_decay: float = _f(0.0, "decoupled weight decay (adamw) or L2 (sgd)", ge=0)
     momentum: float = _f(0.9, "SGD momentum", ge=0, lt=1)
     nesterov: bool = _f(False, "Nesterov momentum for SGD")
-    betas: list = _f([0.9, 0.999], "AdamW betas", ge=0, lt=1)
+    betas: list[float] = _f([0.9, 0.999], "AdamW betas", ge=0, lt=1)
     lr_schedule: str = _f("constant", "constant, step, cosine or onecycle",
                       choices=("constant", "step", "cosine", "onecycle"))
     warmup_epochs: float = _f(0.0, "linear warm-up length in epochs", ge=0)
-    step_milestones: list = _f([15, 25, 35], "epochs at which the step schedule multiplies the LR by step_gamma",
+    step_milestones: list[float] = _f([15, 25, 35], "epochs at which the step schedule multiplies the LR by step_gamma",
                           ge=0)
     step_gamma: float = _f(0.1, "factor of the step schedule", gt=0)
     min_lr_ratio: float = _f(0.0, "final LR of cosine/onecycle as a fraction of the peak", ge=0, le=1)
@@ -146,7 +146,7 @@ class OptimConfig:
 @dataclass(kw_only=True, slots=True)
 class PrecisionConfig:
     policy: str = _f("fp32", "fp32, tf32, bf16-mixed, fp16-mixed or bf16-true", choices=PRECISIONS)
-    fp32_modules: list = _f([], "module names or class names kept in float32")
+    fp32_modules: list[str] = _f([], "module names or class names kept in float32")
     init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale", gt=0)
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 
@@ -170,7 +170,7 @@ class DistributedConfig:
 @dataclass(kw_only=True, slots=True)
 class MemoryConfig:
     activation_checkpointing: bool = _f(False, "keep only each repeated block's input and recompute its activations in the backward pass")
-    block_classes: list = _f([], "class names of the model's repeated blocks for activation checkpointing and fsdp (default: found automatically)")
+    block_classes: list[str] = _f([], "class names of the model's repeated blocks for activation checkpointing and fsdp (default: found automatically)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -287,6 +287,8 @@ def field_docs(cls: type, prefix: str = "") -> dict[str, tuple[Any, str]]:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if args:
         return " or ".join(_type_name(a) for a in args)
@@ -308,6 +310,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError:
                 pass
         raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        (item,) = typing.get_args(tp)
+        return [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is bool:

@@ -150,6 +150,10 @@ def test_a_hanging_rank_is_detected_by_the_collective_timeout(tmp_path):
                   "--nproc", "2", "--step-timeout-s", "3", "--run-dir", str(tmp_path / "r")], tmp_path)
     elapsed = time.monotonic() - begin
     assert result.returncode != 0
+    # The healthy rank gave up in its collective after exactly the step timeout (3 s, not the
+    # 600 s first-step timeout), and the launcher named it; any other early crash fails here.
+    assert "Timed out waiting 3000ms" in result.stderr, result.stderr[-2000:]
+    assert "scaletrain: error: worker rank 0 failed" in result.stderr
     assert elapsed < 90, elapsed
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import types
 import typing
 from importlib import resources
 
@@ -25,9 +26,6 @@ from scaletrain.errors import ConfigError
 
 DEFAULT_RECIPE = "mnist1d-cnn"
 TOP_LEVEL_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
-LIST_ITEM_TYPES = {"data.augment": str, "data.shape": int, "optim.betas": float,
-                   "optim.step_milestones": float, "precision.fp32_modules": str,
-                   "memory.block_classes": str}
 
 
 def recipe_names() -> list[str]:
@@ -43,8 +41,10 @@ def load_recipe(name: str) -> dict:
 
 
 def _scalar_type(tp):
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if args else tp
+    """The field's type without Optional (`int | None` -> int); `list[int]` stays itself."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
 
 
 def _list_parser(item_type):
@@ -91,8 +91,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...
         kwargs = dict(dest=key, help=doc, default=argparse.SUPPRESS)
         if scalar is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
-        elif scalar is list:
-            parser.add_argument(flag, type=_list_parser(LIST_ITEM_TYPES[key]), metavar="A,B,...", **kwargs)
+        elif typing.get_origin(scalar) is list:   # list[int] etc.: the item type is the field's own
+            parser.add_argument(flag, type=_list_parser(typing.get_args(scalar)[0]), metavar="A,B,...", **kwargs)
         else:
             parser.add_argument(flag, type=scalar, **kwargs)
 
