@@ -201,3 +201,20 @@ def test_a_trial_process_is_pruned_through_the_real_cli(tmp_path):
     assert "pruned after epoch 1" in result.stderr
     with RunStore(tmp_path / "scaletrain-runs" / "runs.db", create=False) as store:
         assert store.get("trial1").status == "pruned"
+
+
+def test_a_study_refuses_to_select_on_the_test_split_and_knows_every_task_metric():
+    from pathlib import Path
+
+    from scaletrain.config import TrainConfig
+    from scaletrain.errors import UserError
+    from scaletrain.experiments.space import SearchSpace
+    from scaletrain.experiments.tune import EPOCH_METRICS, TuneSettings, check_settings
+
+    def settings(metric):
+        return TuneSettings(space=SearchSpace(parameters=(), text=""), trials=1, parallel=1, metric=metric, direction="minimize",
+                            out=Path("o"), storage_url="sqlite:///x.db", study_name="s", pruner={})
+    with pytest.raises(UserError, match="never selects on the test split.*val_accuracy"):
+        check_settings(settings("test_accuracy"), TrainConfig())
+    assert {"val_perplexity", "val_r2", "val_mae", "train_mae"} <= set(EPOCH_METRICS)
+    check_settings(settings("val_perplexity"), TrainConfig())

@@ -34,11 +34,18 @@ from scaletrain.experiments.space import SearchSpace
 from scaletrain.experiments.study import HEARTBEAT_S, build_pruner, build_sampler, open_storage, require_optuna
 from scaletrain.experiments.trainings import settle, training_job
 from scaletrain.summary import RunSummary
+from scaletrain.tasks import TASKS
 from scaletrain.tracking.store import RunRecord, RunStore, process_alive
 
-EPOCH_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")
+# Per-epoch metrics of every task: validation metrics and each task's training metric.
+EPOCH_METRICS = tuple(dict.fromkeys(
+    [f"val_{m}" for task in TASKS.values() for m in task.metrics]
+    + ["train_loss"] + [f"train_{task.train_metric}" for task in TASKS.values()]))
+# Summary figures a study may optimise. Never the test split's (a study selecting on test data
+# would report a figure it tuned on) and not the target itself (a setting, not a result).
 SUMMARY_METRICS = tuple(name for name, tp in RunSummary.__annotations__.items()
-                        if "float" in str(tp) and name not in EPOCH_METRICS)
+                        if "float" in str(tp) and name not in EPOCH_METRICS
+                        and not name.startswith("test_") and name != "target")
 FAILED_RUN_ATTR = "failed_run"   # set on trials that failed by themselves (they use up the budget)
 WORKER_ATTR = "worker"
 SURPLUS_ATTR = "surplus"         # asked for after the budget was full (another host got there first): never run
@@ -64,6 +71,9 @@ def check_settings(s: TuneSettings, base: TrainConfig) -> None:
         raise UserError(f"--parallel must be at least 1 (got {s.parallel})")
     if s.direction not in ("maximize", "minimize"):
         raise UserError(f"--direction must be maximize or minimize (got {s.direction!r})")
+    if s.metric.startswith("test_"):
+        raise UserError(f"--metric {s.metric}: a study never selects on the test split (its figure would no longer "
+                        f"be an honest estimate); use the validation metric val_{s.metric[5:]}")
     if s.metric not in EPOCH_METRICS + SUMMARY_METRICS:
         raise UserError(f"--metric {s.metric} is not something a run reports; per epoch: {', '.join(EPOCH_METRICS)}; "
                         f"per run: {', '.join(SUMMARY_METRICS)}")
