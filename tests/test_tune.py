@@ -20,7 +20,7 @@ optuna = pytest.importorskip("optuna")
 SPACE = """
 [lr]
 type = "float"
-low = 1e-3
+low = 3e-3
 high = 3e-2
 log = true
 
@@ -28,7 +28,10 @@ log = true
 type = "categorical"
 choices = [32, 64]
 """
-BASE = ["--model", "mlp", "--model-option", "hidden=[64]", "--data", "digits", "--epochs", "8"]
+# A fifth of digits' training split (288 samples) validates: with the default tenth (144 samples) one
+# image is 0.7 points, and the best of six trials sat at 136/144 = 0.944 in one CI run out of several.
+BASE = ["--model", "mlp", "--model-option", "hidden=[64]", "--data", "digits", "--epochs", "8",
+        "--val-fraction", "0.2"]
 
 
 def _finished(study):
