@@ -75,7 +75,8 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
 # Choices owned by the config; the registries that implement them are checked against these in
 # tests (tests/test_config.py), so a new precision or strategy is added here and there together.
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
-STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp")
+STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp", "pipeline", "tensor")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus")
 # The command-line flags whose name is not simply the field's last name (the config owns its
 # flag names: the CLI and the search-space files both read this).
@@ -153,8 +154,8 @@ class PrecisionConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DistributedConfig:
-    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single, ddp, zero1, zero2 or fsdp",
-                       choices=STRATEGIES)
+    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single, ddp, zero1, "
+                       "zero2, fsdp, pipeline (--stages) or tensor (--tensor-parallel)", choices=STRATEGIES)
     nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent", ge=1)
     max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure", ge=0)
     backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo",
@@ -165,6 +166,46 @@ class DistributedConfig:
     bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0)
     init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)", gt=0)
     step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast", gt=0)
+    # Model parallelism: processes = replicas x stages x tensor_parallel (a dp x pp x tp mesh).
+    stages: int = _f(1, "pipeline stages per replica (--strategy pipeline)", ge=1)
+    microbatches: int | None = _f(None, "micro-batches per step flowing through the pipeline (default: 2 x stages)", ge=1)
+    schedule: str = _f("1f1b", "pipeline schedule: gpipe, 1f1b or interleaved-1f1b", choices=PIPELINE_SCHEDULES)
+    virtual_stages: int = _f(2, "interleaved-1f1b: stages each process holds (the model is cut into stages x this)", ge=1)
+    split_points: list[str] = _f([], "layer names where the 2nd, 3rd, ... stage begins, e.g. blocks.2 (default: "
+                                     "balanced by parameter count)")
+    tensor_parallel: int = _f(1, "processes each transformer block's attention and MLP are split over (column-/row-wise)",
+                              ge=1)
+
+    def model_parallel(self) -> int:
+        """Processes one model replica spans (stages x tensor-parallel degree)."""
+        return self.stages * self.tensor_parallel
+
+    def pipeline_stages(self) -> int:
+        """The pieces the model is cut into: the stages, times each process's share under interleaving."""
+        return self.stages * (self.virtual_stages if self.schedule == "interleaved-1f1b" else 1)
+
+    def microbatch_count(self) -> int:
+        return self.microbatches if self.microbatches is not None else 2 * self.stages
+
+    def problem(self) -> str | None:
+        """The rules tying the model-parallel fields together (one line, with the fix)."""
+        if self.strategy != "pipeline" and (self.stages > 1 or self.split_points):
+            return "--stages and --split-points need --strategy pipeline"
+        if self.strategy not in ("pipeline", "tensor") and self.tensor_parallel > 1:
+            return "--tensor-parallel needs --strategy tensor (or pipeline, to combine both)"
+        if self.strategy == "pipeline":
+            if self.stages < 2:
+                return "--strategy pipeline needs --stages 2 or more"
+            if self.microbatch_count() < self.stages:
+                return (f"--microbatches {self.microbatch_count()} is fewer than --stages {self.stages}: stages would "
+                        f"idle and 1F1B cannot fill the pipeline; use --microbatches {self.stages} or more")
+            if self.split_points and len(self.split_points) != self.pipeline_stages() - 1:
+                n = self.pipeline_stages()
+                return (f"--split-points names {len(self.split_points)} layer(s); {n} pipeline stages need {n - 1} "
+                        f"(where stages 2..{n} begin)")
+        if self.strategy == "tensor" and self.tensor_parallel < 2:
+            return "--strategy tensor needs --tensor-parallel 2 or more"
+        return None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -245,6 +286,9 @@ class TrainConfig:
         if self.target is not None and self.target_metric in ("accuracy", "r2") and not self.target <= 1:
             raise ConfigError(f"config key 'target' must be at most 1 for {self.target_metric} (got {self.target!r}); "
                               "give a fraction, e.g. 0.95")
+        problem = self.distributed.problem()
+        if problem:
+            raise ConfigError(problem)
         if self.checkpoint.resume not in (None, "auto") and not Path(self.checkpoint.resume).is_dir():
             raise ConfigError(f"--resume {self.checkpoint.resume}: no such checkpoint folder; pass 'auto' or the "
                               "folder of a complete checkpoint (one holding a COMMITTED file)")

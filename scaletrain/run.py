@@ -123,11 +123,13 @@ def _fit(cfg: TrainConfig, env: DistEnv, console: Console, trainer: Trainer, dat
                   f"{trainer.device}, strategy {strategy.name}, {plan.describe()} {plan.run_id} in {plan.folder}",
                   soft_wrap=True)
     console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
+    if strategy.describe():
+        console.print(f"layout: {strategy.describe()}", soft_wrap=True)
     for advice in trainer.alignment_advice:
         console.print(f"note: {advice}", soft_wrap=True)
-    scale = replica_lr_scale(cfg.optim.lr_scaling, strategy.world_size)
+    scale = replica_lr_scale(cfg.optim.lr_scaling, strategy.replicas)
     if scale != 1.0:
-        console.print(f"lr: {cfg.optim.lr:g} x {scale:g} ({cfg.optim.lr_scaling} scaling for {strategy.world_size} "
+        console.print(f"lr: {cfg.optim.lr:g} x {scale:g} ({cfg.optim.lr_scaling} scaling for {strategy.replicas} "
                       f"replicas) = {cfg.optim.lr * scale:g}, reached after {cfg.optim.lr_scaling_warmup_epochs:g} "
                       "epoch(s) of warm-up", soft_wrap=True)
     if env.restart_count:

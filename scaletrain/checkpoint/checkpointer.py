@@ -118,8 +118,9 @@ class Checkpointer:
             if meta[key] != position[key]:
                 raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {position[key]}; "
                                   "resume with the same global batch and data")
-        saved_world = meta["world_size"]
-        state = trainer.load_template(saved_world)
+        # Checkpoints from before model parallelism have one replica per process.
+        saved_world, saved_replicas = meta["world_size"], meta.get("replicas", meta["world_size"])
+        state = trainer.load_template(saved_world, saved_replicas)
         try:
             SafeFileSystemReader(str(path)).read_metadata()   # DCP would hide this error in another
         except UnsafeCheckpoint as exc:
@@ -127,7 +128,7 @@ class Checkpointer:
                             "checkpointer, so nothing in it was run") from None
         with _single_process_quiet():
             dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
-        values = trainer.load_state_dict(state, saved_world)
+        values = trainer.load_state_dict(state, saved_world, saved_replicas)
         self.last_saved_step = values["global_step"]
         self.last_saved_position = (values["epoch"], values["epoch_step"])
         return Position(values["epoch"], values["epoch_step"], str(path))

@@ -62,7 +62,12 @@ def launch_from_config(cfg, argv: list[str], run_dir: str, run_id: str) -> int:
     `run_dir` and `run_id`: the run the caller planned, which every worker and every restart shares."""
     from scaletrain.distributed.batching import plan_batch
     spec = cluster_from_env()
-    replicas = cfg.distributed.nproc * (spec.world_size if spec else 1)
+    processes = cfg.distributed.nproc * (spec.world_size if spec else 1)
+    if processes % cfg.distributed.model_parallel():
+        raise ConfigError(f"{processes} processes do not divide into replicas of {cfg.distributed.stages} stage(s) x "
+                          f"{cfg.distributed.tensor_parallel} tensor-parallel process(es); start a multiple of "
+                          f"{cfg.distributed.model_parallel()}")
+    replicas = processes // cfg.distributed.model_parallel()
     if cfg.distributed.strategy == "single":
         raise ConfigError(f"--strategy single cannot run on --nproc {cfg.distributed.nproc} processes; "
                           "use --strategy ddp (or auto)")

@@ -51,3 +51,25 @@ def find_blocks(model: nn.Module, class_names: list[str] | tuple[str, ...] = ())
                           "name the block class with --block-classes")
     _, _, best = max(candidates, key=lambda c: (c[0], c[1]))
     return _outermost(by_class[best])
+
+
+def pipeline_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """`model` as a sequence of (qualified name, layer) whose composition is its forward: where a
+    pipeline may cut. A model states it with a `pipeline_layers()` method (the gpt family does);
+    an nn.Sequential is its children. Raises ConfigError for any other model."""
+    stated = getattr(model, "pipeline_layers", None)
+    if callable(stated):
+        return list(stated())
+    if isinstance(model, nn.Sequential):
+        return list(model.named_children())
+    raise ConfigError(f"{type(model).__name__} cannot be cut into pipeline stages: it is not a sequence of layers. "
+                      "Give it a pipeline_layers() method returning its (name, layer) pairs in forward order, or "
+                      "build it as an nn.Sequential (the gpt models have one)")
+
+
+def has_repeated_blocks(model: nn.Module) -> bool:
+    try:
+        find_blocks(model)
+        return True
+    except ConfigError:
+        return False

@@ -27,30 +27,70 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         if dim % heads:
             raise ValueError(f"gpt: dim {dim} is not divisible by heads {heads}")
-        self.heads, self.dropout = heads, dropout
+        self.head_dim, self.dropout = dim // heads, dropout
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        b, t, _ = x.shape
+        qkv = self.qkv(x)
+        # Each head's q, k and v lie side by side, so a column split of `qkv` over tensor-parallel
+        # processes gives each one whole heads; the head count is read from what this process holds.
+        heads = qkv.shape[-1] // (3 * self.head_dim)
+        q, k, v = qkv.view(b, t, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                              dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(out.transpose(1, 2).reshape(b, t, d))
+        return self.proj(out.transpose(1, 2).reshape(b, t, heads * self.head_dim))
 
 
 class GPTBlock(nn.Module):
+    # Tensor parallelism (Megatron-LM): the first Linear of attention and of the MLP split by
+    # output columns, the second by input rows, so each pair needs one all-reduce.
+    TP_PLAN = {"attn.qkv": "colwise", "attn.proj": "rowwise", "mlp.0": "colwise", "mlp.2": "rowwise"}
+
     def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0):
         super().__init__()
+        self.heads = heads
         self.norm1 = nn.LayerNorm(dim)
         self.attn = CausalSelfAttention(dim, heads, dropout)
         self.norm2 = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.Dropout(dropout))
 
+    def tensor_parallel_problem(self, ways: int) -> str | None:
+        hidden = self.mlp[0].out_features
+        if self.heads % ways or hidden % ways:
+            return (f"--tensor-parallel {ways} must divide the heads ({self.heads}) and the MLP width ({hidden}) "
+                    "of every block")
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+
+class GPTEmbedding(nn.Module):
+    """Token plus learned position embeddings: token ids (N, T) -> the residual stream (N, T, dim)."""
+
+    def __init__(self, vocab_size: int, context: int, dim: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Parameter(torch.zeros(1, context, dim))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens) + self.pos[:, :tokens.shape[1]]
+
+
+class GPTHead(nn.Module):
+    """The final norm and the projection onto the vocabulary."""
+
+    def __init__(self, dim: int, vocab_size: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.out = nn.Linear(dim, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
 
 
 class GPT(nn.Module):
@@ -60,24 +100,24 @@ class GPT(nn.Module):
         if len(input_shape) != 1:
             raise ValueError(f"gpt needs token sequences (T,); this data set has samples of shape {input_shape}")
         self.context = input_shape[0]
-        self.tok_embed = nn.Embedding(vocab_size, dim)
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.context, dim))
+        self.embed = GPTEmbedding(vocab_size, self.context, dim)
         self.blocks = nn.Sequential(*(GPTBlock(dim, heads, mlp_ratio, dropout) for _ in range(depth)))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab_size)
+        self.head = GPTHead(dim, vocab_size)
         self._init_weights(depth)
 
     def _init_weights(self, depth: int) -> None:
         # GPT-2's scheme: N(0, 0.02), and residual projections scaled by 1/sqrt(2 * depth) so the
         # residual stream's variance does not grow with depth.
         for name, p in self.named_parameters():
-            if p.ndim >= 2 or name == "pos_embed":
+            if p.ndim >= 2 or name == "embed.pos":
                 std = 0.02 / math.sqrt(2 * depth) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
                 nn.init.normal_(p, std=std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
+    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
+        """The forward as a sequence of named layers: what a pipeline cuts between."""
+        return [("embed", self.embed), *((f"blocks.{i}", b) for i, b in enumerate(self.blocks)), ("head", self.head)]
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        t = tokens.shape[1]
-        x = self.tok_embed(tokens) + self.pos_embed[:, :t]
-        return self.head(self.norm(self.blocks(x)))
+        return self.head(self.blocks(self.embed(tokens)))

@@ -16,14 +16,13 @@ OPTIMIZERS = ("sgd", "adamw")
 
 def _param_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]:
     # Biases and norm scales (1-D tensors) are not decayed: decaying them only hurts accuracy.
-    decay, no_decay = [], []
+    # Tensor-parallel (DTensor) parameters get groups of their own: a fused kernel takes one kind.
+    groups: dict[tuple[bool, str], list[nn.Parameter]] = {}
     for p in params:
         if p.requires_grad:
-            (decay if p.ndim > 1 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return [g for g in groups if g["params"]]
+            groups.setdefault((p.ndim > 1, type(p.data).__name__), []).append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0}
+            for (decay, _), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
 
 
 def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: bool = False,

@@ -34,15 +34,16 @@ class DeviceCounters:
 
     def read(self, steps_done: int, strategy=None) -> dict:
         """One device-to-host transfer: the losses of the first `steps_done` steps and the totals.
-        With a data-parallel strategy the values are first reduced over ranks (one all-reduce):
-        losses averaged, training-metric sums summed; skipped/applied steps are the same on every rank
-        (gradients, hence overflow flags, are all-reduced) and are averaged back to themselves."""
+        With several processes the values are first summed over them (one all-reduce) and divided by
+        the replicas: losses averaged over replicas, training-metric sums kept as sums. Processes
+        that do not record (a pipeline's earlier stages) hold zeros there. Skipped/applied steps are
+        the same on every process, so they are divided back by the process count."""
         totals = torch.stack([self.metric_sum, self.skipped.double(), self.applied_steps.double()])
         values = torch.cat([self.step_losses[:steps_done].to(torch.float64), totals])
         if strategy is not None and strategy.world_size > 1:
             strategy.all_reduce_sum_(values)
-            values /= strategy.world_size
-            values[steps_done] *= strategy.world_size  # the metric: a sum, not a mean
+            values[:steps_done] /= strategy.replicas
+            values[steps_done + 1:] /= strategy.world_size
         values = values.tolist()
         losses, (metric_sum, skipped, applied) = values[:steps_done], values[steps_done:]
         return {"losses": losses, "metric_sum": metric_sum, "skipped": int(skipped), "applied_steps": int(applied)}

@@ -77,17 +77,22 @@ def trainer_state(trainer) -> dict:
     }
 
 
-def load_template(trainer, saved_world: int) -> dict:
-    """The state dict to fill from a checkpoint taken on `saved_world` ranks: model and optimizer
-    tensors reshard by name; per-rank parts are this rank's RNG where the saved job had this rank,
-    and its epoch counters where the world size is unchanged (else rank 0 takes every saved
-    rank's, see `load_trainer_state`)."""
+def _same_layout(trainer, saved_world: int, saved_replicas: int) -> bool:
+    return (saved_world, saved_replicas) == (trainer.strategy.world_size, trainer.strategy.replicas)
+
+
+def load_template(trainer, saved_world: int, saved_replicas: int) -> dict:
+    """The state dict to fill from a checkpoint taken on `saved_world` ranks holding
+    `saved_replicas` replicas: model and optimizer tensors reshard by name (a pipeline stage
+    holds some of them); per-rank parts are this rank's RNG where the saved job had this rank,
+    and its epoch counters where the layout is unchanged (else rank 0 takes every saved rank's,
+    see `load_trainer_state`)."""
     state = trainer_state(trainer)
-    rank, world = trainer.strategy.rank, trainer.strategy.world_size
+    rank = trainer.strategy.rank
     own = state.pop(f"rank{rank}")
     if rank < saved_world:
         state[f"rank{rank}"] = {"rng": own["rng"]}
-    if saved_world == world:
+    if _same_layout(trainer, saved_world, saved_replicas):
         state.setdefault(f"rank{rank}", {})["epoch_counters"] = own["epoch_counters"]
     elif rank == 0:
         for k in range(saved_world):
@@ -97,7 +102,7 @@ def load_template(trainer, saved_world: int) -> dict:
     return state
 
 
-def load_trainer_state(trainer, state: dict, saved_world: int) -> dict:
+def load_trainer_state(trainer, state: dict, saved_world: int, saved_replicas: int) -> dict:
     """Applies a filled `load_template` (tensors were loaded in place) and returns the plain
     values (loop position, clocks)."""
     values = json.loads(state["host"]["json"])
@@ -112,24 +117,25 @@ def load_trainer_state(trainer, state: dict, saved_world: int) -> dict:
         saved = values["callbacks"].get(type(cb).__name__)
         if saved is not None and hasattr(cb, "load_state_dict"):
             cb.load_state_dict(saved)
-    rank, world = trainer.strategy.rank, trainer.strategy.world_size
+    rank = trainer.strategy.rank
     if "rng" in state.get(f"rank{rank}", {}):
         _apply_rng(state[f"rank{rank}"]["rng"])
-    if saved_world != world:
+    if not _same_layout(trainer, saved_world, saved_replicas):
         live = {k: v for k, v in trainer.counters.tensors().items() if k not in RUN_COUNTERS}
         saved = [state[f"rank{k}"]["epoch_counters"] for k in range(saved_world)] if rank == 0 else []
-        merge_epoch_counters(live, saved, saved_world, world)
+        merge_epoch_counters(live, saved, saved_replicas, trainer.strategy.replicas)
     return values
 
 
 @torch.no_grad()
 def merge_epoch_counters(live: dict[str, torch.Tensor], saved: list[dict[str, torch.Tensor]],
-                         saved_world: int, world: int) -> None:
-    """Resuming mid-epoch on a different number of ranks: the epoch's loss and metric so far
-    must still count every saved rank once. Rank 0 takes the sums (losses rescaled, since the
-    trainer averages per-step losses over the ranks it has), every other rank starts from zero."""
+                         saved_replicas: int, replicas: int) -> None:
+    """Resuming mid-epoch on another layout (ranks, replicas, stages): the epoch's loss and metric
+    so far must still count every saved replica once. Rank 0 takes the sums over the saved ranks
+    (those that did not record hold zeros), losses rescaled since the trainer averages per-step
+    losses over the replicas it has; every other rank starts from zero."""
     for name, tensor in live.items():
         tensor.zero_()
         if saved:
             total = sum(part[name] for part in saved)
-            tensor.copy_(total * world / saved_world if name == "step_losses" else total)
+            tensor.copy_(total * replicas / saved_replicas if name == "step_losses" else total)

@@ -60,9 +60,13 @@ class TrainStep:
         scaled.backward()
 
     @torch.no_grad()
-    def record(self, loss: torch.Tensor, output: torch.Tensor, y: torch.Tensor) -> None:
-        """Adds one micro-batch's loss and training metric to the device counters."""
-        c, k = self.counters, self.grad_accum_steps
+    def record(self, loss: torch.Tensor, output: torch.Tensor, y: torch.Tensor, parts: int | None = None) -> None:
+        """Adds one micro-batch's loss (one of `parts` equal shares of the step; default: the
+        accumulation steps) and training metric to the device counters. Processes whose outputs
+        another one already counts (tensor-parallel peers) record nothing."""
+        if not self.strategy.records_metrics:
+            return
+        c, k = self.counters, parts or self.grad_accum_steps
         step_loss = loss.detach() / k if k > 1 else loss.detach()
         c.step_losses.index_add_(0, c.slot, step_loss.view(1))
         c.metric_sum.add_(self.task.train_metric_sum(output, y))
@@ -72,12 +76,30 @@ class TrainStep:
         """fp16: divides the gradients by the loss scale; returns this rank's overflow flag."""
         return self.scaler.unscale_(self.params) if self.scaler is not None else None
 
-    def update(self, found_inf: torch.Tensor | None) -> None:
-        """Clips, sets the step's LR, steps the optimizer (skipped on the device when `found_inf`
-        is 1), advances the counters and clears the gradients."""
-        c = self.counters
-        if self.clip_grad_norm is not None:
+    def clip_(self, total_sq_norm=None) -> None:
+        """Scales the gradients down to a total norm of `clip_grad_norm`. Where processes hold
+        different parts of the model (pipeline stages, tensor-parallel shards), the strategy's
+        `total_sq_norm(grads)` gives the whole model's squared norm, so every process clips by
+        it, as one device would."""
+        if self.clip_grad_norm is None:
+            return
+        if total_sq_norm is None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm, foreach=True)
+            return
+        grads = [p.grad for p in self.params if p.grad is not None]
+        total = total_sq_norm(grads).sqrt()
+        # Device-side, as clip_grad_norm_ does: no host read of the norm.
+        coef = (self.clip_grad_norm / (total + 1e-6)).clamp(max=1.0).float()
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        if local:
+            torch._foreach_mul_(local, coef)
+
+    def update(self, found_inf: torch.Tensor | None, clipped: bool = False) -> None:
+        """Clips (unless the strategy did), sets the step's LR, steps the optimizer (skipped on the
+        device when `found_inf` is 1), advances the counters and clears the gradients."""
+        c = self.counters
+        if not clipped:
+            self.clip_()
         with torch.no_grad():
             # index_select, not Python indexing: a 0-d index tensor must never become a host int.
             set_lr(self.optimizer, torch.index_select(self.lr_table, 0, c.applied_steps.view(1)).view(()))

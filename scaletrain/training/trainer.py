@@ -56,7 +56,7 @@ class Trainer:
         # None: the data set's own task, chosen when fit() or evaluate() first sees the data.
         self.task = task
         self.device = strategy.device
-        self.batch = plan_batch(cfg.batch_size, cfg.per_replica_batch_size, strategy.world_size,
+        self.batch = plan_batch(cfg.batch_size, cfg.per_replica_batch_size, strategy.replicas,
                                 cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
         self.policy = get_policy(cfg.precision.policy)
         self.policy.configure_backend()
@@ -124,18 +124,23 @@ class Trainer:
         """Everything a resumed run needs, as live tensors plus one JSON string (training/state.py)."""
         return trainer_state(self)
 
-    def load_template(self, saved_world_size: int) -> dict:
-        """The state dict to fill in place from a checkpoint taken on `saved_world_size` ranks."""
-        return load_template(self, saved_world_size)
+    def load_template(self, saved_world_size: int, saved_replicas: int | None = None) -> dict:
+        """The state dict to fill in place from a checkpoint taken on `saved_world_size` ranks
+        holding `saved_replicas` model replicas (default: one per rank)."""
+        return load_template(self, saved_world_size, saved_replicas or saved_world_size)
 
-    def load_state_dict(self, state: dict, saved_world_size: int | None = None) -> dict:
+    def load_state_dict(self, state: dict, saved_world_size: int | None = None,
+                        saved_replicas: int | None = None) -> dict:
         """Applies a state (filled from `load_template`); returns its plain values."""
-        return load_trainer_state(self, state, saved_world_size or self.strategy.world_size)
+        world = saved_world_size or self.strategy.world_size
+        return load_trainer_state(self, state, world, saved_replicas or (self.strategy.replicas if saved_world_size
+                                                                         is None else world))
 
     def position(self) -> dict:
         """Where training stands, and what a checkpoint must agree on to resume here."""
         return {"global_step": self.global_step, "epoch": self.epoch, "epoch_step": self.epoch_step,
-                "world_size": self.strategy.world_size, "global_batch": self.batch.global_batch,
+                "world_size": self.strategy.world_size, "replicas": self.strategy.replicas,
+                "global_batch": self.batch.global_batch,
                 "steps_per_epoch": self.steps_per_epoch}
 
     def build_step(self, schedule: LRSchedule, grad_accum_steps: int | None = None, first_step: int = 0) -> TrainStep:
@@ -150,11 +155,11 @@ class Trainer:
     def _loader(self, split: ArraySplit, train: bool) -> DeviceLoader | StreamingLoader:
         cfg, data, s = self.config, self.config.data, self.strategy
         if train:
-            batch, shard = self.batch.per_replica, dict(rank=s.rank, world_size=s.world_size)
+            batch, shard = self.batch.per_replica, dict(rank=s.replica_rank, world_size=s.replicas)
         else:
-            # Each rank evaluates one contiguous range; the sums are all-reduced afterwards.
-            start, end = eval_range(len(split), s.rank, s.world_size)
-            split = split if s.world_size == 1 else ArraySplit(split.x[start:end], split.y[start:end])
+            # Each replica evaluates one contiguous range; the sums are all-reduced afterwards.
+            start, end = eval_range(len(split), s.replica_rank, s.replicas)
+            split = split if s.replicas == 1 else ArraySplit(split.x[start:end], split.y[start:end])
             batch, shard = data.val_batch_size or self.batch.per_replica, {}
         placement = choose_placement(data.placement, split.x.nbytes + split.y.nbytes, self.device)
         cls = DeviceLoader if placement == "device" else StreamingLoader
@@ -177,7 +182,7 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"global batch {self.batch.global_batch} is larger than the {len(dataset.train)} "
                               "training samples; use a smaller --batch-size")
-        schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs, replicas=self.strategy.world_size)
+        schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs, replicas=self.strategy.replicas)
         self.counters.resize(self.steps_per_epoch)  # also empties the per-step loss slots
         # A second fit() starts a fresh schedule after the optimizer steps already taken.
         first_step = int(self.counters.applied_steps)
@@ -309,8 +314,10 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         sums = torch.zeros(self.task.n_sums, dtype=torch.float64, device=self.device)
+        counts = self.strategy.records_metrics   # each replica's outputs are counted by one process
         for output, y in self.strategy.evaluate(islice(loader, max_batches), self._eval_forward, self._pad_input):
-            sums += self.task.eval_sums(output, y)
+            if counts:
+                sums += self.task.eval_sums(output, y)
         self.model.train(was_training)
         if reduce and self.strategy.world_size > 1:
             self.strategy.all_reduce_sum_(sums)

@@ -65,6 +65,27 @@ class Strategy(ABC):
     def is_chief(self) -> bool:
         return self.env.rank == 0
 
+    # Model parallelism spreads one replica over several processes; data (batches, evaluation
+    # ranges, LR scaling) is divided over replicas, not processes.
+    @property
+    def replicas(self) -> int:
+        return self.env.world_size
+
+    @property
+    def replica_rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def records_metrics(self) -> bool:
+        """Whether this process's counters and evaluation outputs count: one process per replica
+        holds a replica's outputs (under a pipeline, its last stage), so sums over all processes
+        count every sample once."""
+        return True
+
+    def describe(self) -> str | None:
+        """How the model is laid out over processes, for the run's log (None: nothing to add)."""
+        return None
+
     # -- lifecycle
     @abstractmethod
     def setup(self, device_request: str) -> torch.device:

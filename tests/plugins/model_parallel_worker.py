@@ -1,0 +1,36 @@
+"""A worker (plain python for one process, torchrun for several): trains a small GPT on the
+character corpus under the distributed settings given as JSON in argv[1], and writes per rank the
+epoch history, the last epoch's per-step losses, the final full weights (rank 0), and the
+gradients of one more step on a fixed batch, for the equality tests (tests/test_model_parallel.py)."""
+
+import json
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from scaletrain.training import build_run
+
+settings, out = json.loads(sys.argv[1]), sys.argv[2]
+cfg = TrainConfig(model=ModelConfig(name="gpt", options={"dim": 32, "depth": 4, "heads": 4}),
+                  data=DataConfig(name="char-corpus", seq_len=16, train_subset=256),
+                  optim=OptimConfig(lr=3e-3, clip_grad_norm=0.5), epochs=2, batch_size=32, progress=False,
+                  device="cpu")
+for key, value in settings.items():
+    setattr(cfg.distributed, key, value)
+with build_run(cfg) as built:
+    trainer, dataset = built.trainer, built.dataset
+    trainer.fit(dataset)
+    losses = trainer.counters.read(trainer.steps_per_epoch, trainer.strategy)["losses"]
+    weights = trainer.strategy.full_state_dict(trainer.model)
+    # One more step's gradients on a fixed batch (each replica its share of it).
+    x, y = next(iter(trainer._loader(dataset.train, train=True)))
+    trainer.counters.reset_epoch()
+    trainer.strategy.forward_backward(trainer.train_step, x, y)
+    if trainer.strategy.replicas > 1:
+        trainer.strategy._average_over_replicas(trainer.train_step.params)
+    grads = {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
+             for name, p in trainer.model.named_parameters() if p.grad is not None}
+    torch.save({"history": trainer.history, "losses": losses, "weights": weights, "grads": grads},
+               f"{out}/rank{trainer.strategy.rank}.pt")
