@@ -82,3 +82,18 @@ def sweep_fault_mlp(shape, classes, oom_above=100, kill_above=200, **options):
 
     model.register_forward_pre_hook(hook)
     return model
+
+
+def raising_gpt(shape, classes, rank=1, at_call=3, **options):
+    """A gpt whose last block raises in its training forward number `at_call` on rank `rank`: under
+    a two-stage pipeline, a failure inside the second stage (the hook sits on the block, since a
+    pipeline never calls the model's own forward)."""
+    from scaletrain.models.gpt import GPT
+
+    model = GPT(shape, classes, **options)
+
+    def fault(call):
+        if _rank() == rank and call == at_call:
+            raise RuntimeError(f"injected failure in the last block on rank {rank} at forward {call}")
+    _Wrapped(model.blocks[-1], fault)
+    return model

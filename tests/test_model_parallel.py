@@ -1,0 +1,176 @@
+"""Model parallelism with real torchrun processes over gloo: every pipeline schedule, tensor
+parallelism and their compositions with data parallelism train exactly like one device; pipeline
+checkpoints reshard to one device and back; the exported model is the plain full model; bad
+layouts get one line; a raising stage ends the job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.distributed.partition import balanced_starts, stage_layers
+from scaletrain.errors import ConfigError
+from scaletrain.models import build_model
+from tests.processes import PLUGINS, cli_env, metrics, run
+
+pytestmark = pytest.mark.timeout(300)
+
+WORKER = str(PLUGINS / "model_parallel_worker.py")
+# name: (processes, distributed settings)
+LAYOUTS = {
+    "gpipe": (2, {"strategy": "pipeline", "stages": 2, "schedule": "gpipe", "microbatches": 4}),
+    "1f1b": (2, {"strategy": "pipeline", "stages": 2, "schedule": "1f1b", "microbatches": 4}),
+    "interleaved-1f1b": (2, {"strategy": "pipeline", "stages": 2, "schedule": "interleaved-1f1b", "microbatches": 4}),
+    "tensor": (2, {"strategy": "tensor", "tensor_parallel": 2}),
+    "pipeline x data": (4, {"strategy": "pipeline", "stages": 2, "schedule": "1f1b", "microbatches": 2}),
+    "tensor x data": (4, {"strategy": "tensor", "tensor_parallel": 2}),
+    "pipeline x tensor": (4, {"strategy": "pipeline", "stages": 2, "tensor_parallel": 2, "microbatches": 4}),
+}
+
+
+def _results(folder, n):
+    parts = [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(n)]
+    grads = {}
+    for part in parts:   # each stage has its own parameters' gradients (replicas agree)
+        grads.update(part["grads"])
+    return {**parts[0], "grads": grads}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("single")
+    result = subprocess.run([sys.executable, WORKER, "{}", str(folder)], capture_output=True, text=True,
+                            env=cli_env(), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _results(folder, 1)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_model_parallel_training_equals_one_device(single, tmp_path, layout):
+    n, settings = LAYOUTS[layout]
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                             WORKER, json.dumps(settings), str(tmp_path)], capture_output=True, text=True,
+                            env=cli_env(), timeout=240, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = _results(tmp_path, n)
+    # Per-step losses of the last epoch (a schedule averages its micro-batch losses: the same mean).
+    assert got["losses"] == pytest.approx(single["losses"], abs=1e-5)
+    for a, b in zip(single["history"], got["history"], strict=True):
+        for key in ("train_loss", "train_accuracy", "val_loss", "val_perplexity", "val_accuracy"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+    assert single["weights"].keys() == got["weights"].keys()   # rank 0 exports the whole model
+    for name, value in single["weights"].items():
+        assert torch.allclose(value, got["weights"][name], atol=1e-5), name
+    assert single["grads"].keys() == got["grads"].keys()
+    for name, value in single["grads"].items():
+        assert torch.allclose(value, got["grads"][name], atol=1e-5), name
+
+
+# ------------------------------------------------------------------ cutting the model into stages
+def test_balanced_starts_minimise_the_largest_stage():
+    assert balanced_starts([1, 1, 1, 10], 2) == [0, 3]
+    assert balanced_starts([5, 5, 5, 5], 2) == [0, 2]
+    assert balanced_starts([3, 1, 1, 1, 3], 3) == [0, 1, 4]
+    with pytest.raises(ValueError):
+        balanced_starts([1, 2], 3)
+
+
+def test_gpt_is_cut_on_its_blocks_or_where_the_user_says():
+    model = build_model("gpt", (16,), 50, dim=32, depth=4, heads=4)
+    stages = stage_layers(model, 2)
+    assert [name for name, _ in stages[0]][0] == "embed" and [name for name, _ in stages[1]][-1] == "head"
+    assert sum(len(s) for s in stages) == 6
+    sizes = [sum(p.numel() for _, m in s for p in m.parameters()) for s in stages]
+    assert max(sizes) < 0.6 * sum(sizes)
+    named = stage_layers(model, 3, ["blocks.1", "blocks.3"])
+    assert [[n for n, _ in s] for s in named] == [["embed", "blocks.0"], ["blocks.1", "blocks.2"], ["blocks.3", "head"]]
+    with pytest.raises(ConfigError, match="no layer named blocks.9; the layers are: embed, blocks.0"):
+        stage_layers(model, 2, ["blocks.9"])
+    with pytest.raises(ConfigError, match="in forward order"):
+        stage_layers(model, 3, ["blocks.3", "blocks.1"])
+    with pytest.raises(ConfigError, match="cannot be cut into 7 pipeline stages"):
+        stage_layers(model, 7)
+
+
+def test_a_model_with_no_repeated_blocks_and_no_split_points_is_a_clear_error():
+    plain = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with pytest.raises(ConfigError, match="no repeated blocks to balance pipeline stages over; name where stages "
+                                          "2..2 begin with --split-points"):
+        stage_layers(plain, 2)
+    assert [[n for n, _ in s] for s in stage_layers(plain, 2, ["2"])] == [["0", "1"], ["2"]]
+    with pytest.raises(ConfigError, match="MLP cannot be cut into pipeline stages: it is not a sequence of layers"):
+        stage_layers(build_model("mlp", (8,), 2), 2)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"strategy": "pipeline", "stages": 4, "microbatches": 2},
+     "--microbatches 2 is fewer than --stages 4: stages would idle and 1F1B cannot fill the pipeline; use "
+     "--microbatches 4 or more"),
+    ({"strategy": "pipeline", "stages": 1}, "--strategy pipeline needs --stages 2 or more"),
+    ({"strategy": "ddp", "stages": 2}, "--stages and --split-points need --strategy pipeline"),
+    ({"strategy": "ddp", "tensor_parallel": 2}, "--tensor-parallel needs --strategy tensor"),
+    ({"strategy": "pipeline", "stages": 2, "split_points": ["blocks.1", "blocks.2"]},
+     "--split-points names 2 layer(s); 2 pipeline stages need 1"),
+])
+def test_inconsistent_model_parallel_settings_are_one_line(settings, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        from_mapping(TrainConfig, {"distributed": settings}).validate()
+
+
+# ------------------------------------------------------------------------------- through the CLI
+GPT = ["--model", "gpt", "--model-option", "dim=32", "--model-option", "depth=4", "--model-option", "heads=4",
+       "--data", "char-corpus", "--seq-len", "16", "--train-subset", "256", "--batch-size", "32", "--lr", "0.003",
+       "--no-progress", "--no-record"]
+PIPELINE = ["--nproc", "2", "--strategy", "pipeline", "--stages", "2", "--microbatches", "4"]
+
+
+def _epochs(path):
+    return [(m["train_loss"], m["val_loss"]) for m in metrics(path)]
+
+
+def test_pipeline_checkpoint_reshards_to_one_device_and_back_and_exports_the_full_model(tmp_path):
+    common = [*GPT, "--epochs", "2", "--checkpoint-every", "12"]   # 8 steps per epoch: 12 is mid-epoch 2
+    piped = run(["train", *common, *PIPELINE, "--run-dir", str(tmp_path / "piped")], tmp_path)
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    assert "layout: 1 replica(s) x 2 stage(s) x 1 tensor-parallel, 1f1b over 4 micro-batches; stage 0: " \
+           "embed..blocks.1" in piped.stdout
+    # The exported model.pt is the plain full model.
+    state = torch.load(tmp_path / "piped" / "model.pt")
+    build_model("gpt", (16,), 103, dim=32, depth=4, heads=4).load_state_dict(state)
+    single = run(["train", *common, "--run-dir", str(tmp_path / "single")], tmp_path)
+    assert single.returncode == 0, single.stderr[-3000:]
+    # A pipeline's mid-epoch checkpoint resumed on one device, and one device's by a pipeline.
+    for name, checkpoint, layout in (("one", "piped", []), ("back", "single", PIPELINE)):
+        ckpt = tmp_path / checkpoint / "checkpoints" / "step-000000012"
+        resumed = run(["train", *common, *layout, "--run-dir", str(tmp_path / name), "--resume", str(ckpt)], tmp_path)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"resumed from {ckpt}" in resumed.stdout
+    for name in ("single", "one", "back"):
+        for a, b in zip(_epochs(tmp_path / "piped"), _epochs(tmp_path / name), strict=True):
+            assert a == pytest.approx(b, abs=1e-5), name
+
+
+def test_fewer_microbatches_than_stages_fails_before_any_process_starts(tmp_path):
+    result = run(["train", *GPT, "--nproc", "2", "--strategy", "pipeline", "--stages", "2", "--microbatches", "1",
+                  "--run-dir", str(tmp_path / "r")], tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert "--microbatches 1 is fewer than --stages 2" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_raising_stage_ends_the_whole_job_promptly(tmp_path):
+    begin = time.monotonic()
+    result = run(["train", *GPT, *PIPELINE, "--model", "faulty_models:raising_gpt", "--epochs", "50",
+                  "--run-dir", str(tmp_path / "r")], tmp_path)
+    elapsed = time.monotonic() - begin
+    assert result.returncode != 0
+    assert "injected failure in the last block on rank 1" in result.stderr
+    assert "scaletrain: error: worker rank 1 failed" in result.stderr
+    assert elapsed < 60, elapsed
