@@ -118,3 +118,35 @@ def explain(inputs: ScalingInputs, points: list[ScalingPoint]) -> list[str]:
         lines.append(f"efficiency stays at or above 90 % up to {points[-1].devices} devices: communication "
                      "hides behind the backward pass.")
     return lines
+
+
+@dataclass(frozen=True, slots=True)
+class PipelinePoint:
+    stages: int
+    microbatches: int
+    bubble_fraction: float      # (P-1)/(M+P-1): the share of a stage's step spent idle
+    compute_s: float            # a stage's busy time: t_1 / P
+    transfer_s: float           # activations and their gradients between stages, on the critical path
+    step_time_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict_pipeline(step_time_s: float, stages: int, microbatches: int, activation_bytes: float = 0.0,
+                     link: Interconnect | None = None) -> PipelinePoint:
+    """A GPipe/1F1B pipeline's step time from one device's, for one replica (GPipe, Huang et al.):
+
+        t_step = t_1 / P * (M + P - 1) / M  +  (M + P - 1) * 2 * (a / M / B + alpha)
+
+    the stages' compute balanced (each does 1/P of the work, in M slices, over M + P - 1 slots of
+    the schedule), plus each slot's send of a micro-batch's activations forward and their gradient
+    back (`activation_bytes` a: one stage boundary's activations for the whole batch, over `link`). 1F1B has the same bubble as GPipe;
+    it saves memory (at most P micro-batches in flight instead of M), not time."""
+    p, m = stages, microbatches
+    slots = m + p - 1
+    compute = step_time_s / p * slots / m
+    transfer = 0.0 if link is None or p == 1 else slots * 2 * (activation_bytes / m / link.bus_bandwidth
+                                                                 + link.hop_latency)
+    return PipelinePoint(stages=p, microbatches=m, bubble_fraction=(p - 1) / slots, compute_s=step_time_s / p,
+                         transfer_s=transfer, step_time_s=compute + transfer)
