@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 def worker(settings: dict, args, out: Path) -> None:
     """One configuration in this process (one rank of it under torchrun)."""
     import torch
+    from torch.distributed.tensor import DTensor
 
     from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
     from scaletrain.training import build_run
@@ -53,8 +54,11 @@ def worker(settings: dict, args, out: Path) -> None:
         if held[key][0] == 0:
             live[0] -= held.pop(key)[1]
 
+    def storage_of(t):
+        return (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+
     def pack(t):
-        storage = t.untyped_storage()
+        storage = storage_of(t)
         key = storage.data_ptr()
         if key in weights:        # a layer's weight saved for its backward: not an activation
             return t
@@ -72,7 +76,7 @@ def worker(settings: dict, args, out: Path) -> None:
         return box.tensor if isinstance(box, Saved) else box
 
     with build_run(cfg) as built:
-        weights = {p.untyped_storage().data_ptr() for p in built.trainer.model.parameters()}
+        weights = {storage_of(p).data_ptr() for p in built.trainer.model.parameters()}
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             built.trainer.fit(built.dataset)
         second = built.trainer.history[-1]
@@ -149,8 +153,7 @@ def main() -> None:
         else:
             row["saved_activation_peak_mib"] = round(results[name][0][0]["saved_peak_bytes"] / 2**20, 2)
         if name == "ddp":
-            row["note"] = f"{P} replicas: each step processes {P} x the batch"
-            row["samples_per_s"] *= P
+            row["note"] = f"{P} replicas of batch {samples // P}: a step processes the same {samples} samples"
         table[name] = row
     print(json.dumps({"env": environment(torch.device("cpu")) | {"processes_threads": 1},
                       "args": {k: v for k, v in vars(args).items() if k not in ("worker", "out", "passthrough")},

@@ -174,3 +174,19 @@ def test_a_raising_stage_ends_the_whole_job_promptly(tmp_path):
     assert "injected failure in the last block on rank 1" in result.stderr
     assert "scaletrain: error: worker rank 1 failed" in result.stderr
     assert elapsed < 60, elapsed
+
+
+def test_scaling_predicts_a_pipeline_from_one_device(tmp_path):
+    result = run(["scaling", *GPT, "--strategy", "pipeline", "--stages", "2", "--step-time-ms", "100", "--json"],
+                 tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    points = json.loads(result.stdout)
+    # A cut of the gpt sends the residual stream: batch 32 x 16 tokens x 32 features x 4 bytes.
+    assert {p["boundary_bytes"] for p in points} == {32 * 16 * 32 * 4}
+    assert [p["microbatches"] for p in points] == [2, 4, 8, 16]
+    for p in points:
+        m = p["microbatches"]
+        assert p["bubble_fraction"] == pytest.approx(1 / (m + 1))
+        assert p["compute_s"] == pytest.approx(0.05)
+        assert p["step_time_s"] == pytest.approx(0.05 * (m + 1) / m + p["transfer_s"])
+        assert 0 < p["transfer_s"] < 0.01

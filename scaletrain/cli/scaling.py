@@ -13,7 +13,7 @@ from rich.table import Table
 
 from scaletrain.errors import ConfigError
 from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
-from scaletrain.planning.scaling import ScalingInputs, device_counts, explain, predict
+from scaletrain.planning.scaling import ScalingInputs, device_counts, explain, predict, predict_pipeline
 
 
 def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +60,8 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         step_time = m.flops_per_sample * cfg.batch_size / (peak * args.assume_h100_mfu)
         source = f"assumed: H100 at {args.assume_h100_mfu:.0%} of {peak / 1e12:.0f} TFLOP/s"
     intra = args.interconnect or ("nvlink-h100" if m.device.startswith(("NVIDIA", "cuda")) else "pcie4")
+    if cfg.distributed.strategy == "pipeline":
+        return _pipeline_prediction(cfg, args, console, m, step_time, source, intra)
     inputs = ScalingInputs(step_time_s=step_time, per_device_batch=cfg.batch_size, grad_bytes=m.grad_bytes,
                            intra=get_interconnect(intra), network=get_interconnect(args.network),
                            devices_per_host=args.devices_per_host, overlap=args.overlap,
@@ -84,4 +86,33 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     console.print(table)
     for line in explain(inputs, points):
         console.print(line, soft_wrap=True)
+    return 0
+
+
+def _pipeline_prediction(cfg, args, console, m, step_time: float, source: str, intra: str) -> int:
+    """One replica of a --stages P pipeline at micro-batch counts from P up (planning/scaling.py)."""
+    stages = cfg.distributed.stages
+    if not m.boundary_bytes:
+        raise ConfigError(f"{cfg.model.name} is not a sequence of layers, so no pipeline can cut it; "
+                          "see docs/model-parallel.md")
+    counts = sorted({stages * k for k in (1, 2, 4, 8)} | {cfg.distributed.microbatch_count()})
+    link = get_interconnect(intra)
+    points = [predict_pipeline(step_time, stages, mb, m.boundary_bytes, link) for mb in counts]
+    if args.json:
+        print(json.dumps([{**p.to_dict(), "one_device_step_s": step_time, "step_time_source": source,
+                           "batch": cfg.batch_size, "boundary_bytes": m.boundary_bytes, "interconnect": intra,
+                           "speedup": step_time / p.step_time_s} for p in points], indent=2))
+        return 0
+    table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size}, {stages} stages over {intra}; one device "
+                        f"{step_time * 1e3:.2f} ms per step ({source}); {m.boundary_bytes / 2**20:.2f} MiB "
+                        "cross each cut per step")
+    for col in ("micro-batches", "bubble", "compute ms", "transfer ms", "step ms", "speedup vs 1 device"):
+        table.add_column(col, justify="right")
+    for p in points:
+        table.add_row(str(p.microbatches), f"{p.bubble_fraction:.0%}", f"{p.compute_s * 1e3:.2f}",
+                      f"{p.transfer_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}", f"{step_time / p.step_time_s:.2f}x")
+    console.print(table)
+    console.print(f"a pipeline of {stages} balanced stages idles (P-1)/(M+P-1) of each step; more micro-batches "
+                  "shrink the bubble until each micro-batch is too small to keep a device busy (not modelled: "
+                  "measure it, BENCHMARKS.md)", soft_wrap=True)
     return 0

@@ -10,6 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scaletrain.callbacks import Throughput
 from scaletrain.config import TrainConfig
+from scaletrain.errors import ConfigError
+from scaletrain.models.blocks import pipeline_layers
 from scaletrain.training import build_run
 
 
@@ -34,6 +36,30 @@ class StepMeasurement:
     device: str
     flops_per_sample: float
     sample_shape: tuple[int, ...]
+    # The largest activation between two consecutive pipeline layers, for the whole batch: what a
+    # pipeline cut there sends forward (and its gradient back). 0 for a model with no layer sequence.
+    boundary_bytes: int = 0
+
+
+def boundary_bytes(trainer, dataset) -> int:
+    """The bytes of the largest activation at a point where a pipeline could cut `trainer.model`,
+    measured by forward hooks on one training batch."""
+    try:
+        layers = pipeline_layers(trainer.model)
+    except ConfigError:
+        return 0
+    trainer._adopt(dataset)
+    x, _ = next(iter(trainer._loader(dataset.train, train=True)))
+    sizes: list[int] = []
+    hooks = [layer.register_forward_hook(lambda module, args, out: sizes.append(out.numel() * out.element_size()))
+             for _, layer in layers[:-1]]
+    try:
+        with torch.no_grad(), trainer.policy.autocast(trainer.device):
+            trainer.model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return max(sizes, default=0)
 
 
 def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = True) -> StepMeasurement:
@@ -58,4 +84,4 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     return StepMeasurement(step_time_s=step_time, batch_size=cfg.batch_size,
                            grad_bytes=grad_bytes, params=sum(p.numel() for p in trainer.model.parameters()),
                            device=device_name(trainer.device), flops_per_sample=flops,
-                           sample_shape=tuple(dataset.input_shape))
+                           sample_shape=tuple(dataset.input_shape), boundary_bytes=boundary_bytes(trainer, dataset))
