@@ -70,7 +70,9 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     cfg.epochs, cfg.eval_each_epoch, cfg.progress, cfg.save_model = 2, False, False, False
     cfg.per_replica_batch_size = None
     cfg.data.train_subset = cfg.batch_size * steps
-    cfg.distributed.strategy, cfg.distributed.nproc = "single", 1   # one device, whatever the config says
+    # One device, whatever the config says (a pipeline's or tensor split's settings included).
+    cfg.distributed.strategy, cfg.distributed.nproc = "single", 1
+    cfg.distributed.stages, cfg.distributed.tensor_parallel, cfg.distributed.split_points = 1, 1, []
     throughput = Throughput(verbose=False)
     with build_run(cfg, callbacks=[throughput]) as built:
         trainer, dataset = built.trainer, built.dataset
