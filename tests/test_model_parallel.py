@@ -190,3 +190,26 @@ def test_scaling_predicts_a_pipeline_from_one_device(tmp_path):
         assert p["compute_s"] == pytest.approx(0.05)
         assert p["step_time_s"] == pytest.approx(0.05 * (m + 1) / m + p["transfer_s"])
         assert 0 < p["transfer_s"] < 0.01
+
+
+def test_plan_memory_lays_out_each_stage(tmp_path):
+    from scaletrain.memory.pipeline_plan import plan_pipeline
+    from scaletrain.memory.planner import PlanRequest
+    req = PlanRequest(model="gpt", model_options={"dim": 32, "depth": 4, "heads": 4}, input_shape=(16,),
+                      num_classes=103, task="language-model", batch_size=64, devices=2)
+    gpipe, one_f = plan_pipeline(req, 2, 8, "gpipe"), plan_pipeline(req, 2, 8, "1f1b")
+    whole = build_model("gpt", (16,), 103, dim=32, depth=4, heads=4)
+    assert sum(s.params for s in gpipe) == sum(p.numel() for p in whole.parameters())
+    assert [s.in_flight for s in gpipe] == [8, 8] and [s.in_flight for s in one_f] == [2, 1]
+    # 1F1B's last stage holds one micro-batch where GPipe holds all eight (plus one's backward peak).
+    assert one_f[1].activation_bytes == gpipe[1].activation_bytes - 7 * gpipe[1].held_bytes
+    assert one_f[1].activation_bytes < gpipe[1].activation_bytes / 4
+    assert one_f[0].activation_bytes < gpipe[0].activation_bytes / 3
+    # Through the CLI, as JSON; interleaving is not planned (one line).
+    cli = run(["plan-memory", *GPT, "--batch-size", "64", "--strategy", "pipeline", "--stages", "2",
+               "--microbatches", "8", "--json"], tmp_path, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert [s["in_flight"] for s in json.loads(cli.stdout)] == [2, 1]
+    bad = run(["plan-memory", *GPT, "--strategy", "pipeline", "--stages", "2", "--schedule", "interleaved-1f1b"],
+              tmp_path, timeout=120)
+    assert bad.returncode == 2 and "plan-memory lays out the gpipe and 1f1b schedules" in bad.stderr

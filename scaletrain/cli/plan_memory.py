@@ -42,13 +42,16 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     # --precision and --strategy take comma lists here: taken out before the config (one value
     # each) is built and checked, and each name checked on its own below.
     values = vars(args)
+    if values.get("distributed.strategy") == "pipeline":
+        return _plan_pipeline(config_from_args(args), args)
     strategy_list, precision_list = values.pop("distributed.strategy", "auto"), values.pop("precision.policy", None)
     cfg = config_from_args(args)
     strategies = _choices(strategy_list, PLAN_STRATEGIES)
     precisions = _choices(precision_list or cfg.precision.policy, (cfg.precision.policy,))
     for name in strategies:
         if name not in PLAN_STRATEGIES:
-            raise ConfigError(f"unknown strategy '{name}' for plan-memory; choose from: {', '.join(PLAN_STRATEGIES)}")
+            raise ConfigError(f"unknown strategy '{name}' for plan-memory; choose from: {', '.join(PLAN_STRATEGIES)}, "
+                              "or pipeline (alone: a row per stage)")
     for name in precisions:
         get_policy(name)
     if args.devices < 1:
@@ -94,3 +97,34 @@ def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
     console.print(table)
     console.print("total = params + grads + optimizer + gathered + activations + 32 MiB cuBLAS workspace; "
                   "activations traced on fake tensors (one forward/backward), not estimated", soft_wrap=True)
+
+
+def _plan_pipeline(cfg, args: argparse.Namespace) -> int:
+    """A row per stage of one replica (memory/pipeline_plan.py)."""
+    from scaletrain.memory.pipeline_plan import plan_pipeline
+    d = cfg.distributed
+    devices = args.devices if args.devices > 1 else d.stages
+    shape, classes, task = sample_shape(cfg.data)
+    req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,
+                      num_classes=classes, task=task, batch_size=cfg.batch_size, precision=cfg.precision.policy,
+                      devices=devices, activation_checkpointing=cfg.memory.activation_checkpointing,
+                      block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
+                      momentum=cfg.optim.momentum)
+    stages = plan_pipeline(req, d.stages, d.microbatch_count(), d.schedule, d.split_points)
+    if args.json:
+        print(json.dumps([p.to_dict() for p in stages], indent=2))
+        return 0
+    console = make_console(width=None if sys.stdout.isatty() else 160)
+    table = Table(title=f"{cfg.model.name}: {d.stages} stages x {devices // d.stages} replica(s), {d.schedule} over "
+                        f"{d.microbatch_count()} micro-batches of {stages[0].microbatch}, {cfg.precision.policy}, "
+                        f"{cfg.optim.optimizer} (bytes per device)")
+    for col in ("stage", "layers", "params", "grads", "optimizer", "in flight", "activations", "total"):
+        table.add_column(col, justify="left" if col == "layers" else "right")
+    for p in stages:
+        table.add_row(str(p.stage), p.layers, format_bytes(p.param_bytes), format_bytes(p.grad_bytes),
+                      format_bytes(p.optimizer_bytes), str(p.in_flight), format_bytes(p.activation_bytes),
+                      format_bytes(p.total_bytes))
+    console.print(table)
+    console.print("activations = (in flight - 1) x one micro-batch's held bytes + its forward/backward peak, each "
+                  "stage traced on fake tensors; total adds the 32 MiB cuBLAS workspace", soft_wrap=True)
+    return 0
