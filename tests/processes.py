@@ -97,3 +97,15 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_a_raising_rank_ends_the_job(args, cwd, injected: str, rank: int, within_s: float = 60) -> None:
+    """Runs the CLI with a model that raises on `rank`: the whole job must end, non-zero, naming
+    the injected failure and the failed rank, within `within_s` seconds."""
+    begin = time.monotonic()
+    result = run(args, cwd)
+    elapsed = time.monotonic() - begin
+    assert result.returncode != 0
+    assert injected in result.stderr
+    assert f"scaletrain: error: worker rank {rank} failed" in result.stderr
+    assert elapsed < within_s, elapsed
