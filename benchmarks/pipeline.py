@@ -68,7 +68,10 @@ def worker(settings: dict, args, out: Path) -> None:
             peak[0] = max(peak[0], live[0])
         entry[0] += 1
         box = Saved()
-        box.tensor = t
+        # Detached: a box holding a saved *output* itself would form a cycle through the graph
+        # (output -> grad_fn -> box -> output) that outlives a graph dropped without backward,
+        # such as the forward torch.distributed.pipelining runs to infer a stage's shapes.
+        box.tensor = t.detach()
         weakref.finalize(box, release, key)
         return box
 
@@ -92,7 +95,9 @@ def run_config(name: str, nproc: int, settings: dict, args, folder: Path) -> lis
     cmd = ([sys.executable, *own] if nproc == 1 else
            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *own])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
