@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from scaletrain.callbacks import Throughput
-from scaletrain.config import TrainConfig
+from scaletrain.config import DistributedConfig, TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import pipeline_layers
 from scaletrain.training import build_run
@@ -70,9 +70,8 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     cfg.epochs, cfg.eval_each_epoch, cfg.progress, cfg.save_model = 2, False, False, False
     cfg.per_replica_batch_size = None
     cfg.data.train_subset = cfg.batch_size * steps
-    # One device, whatever the config says (a pipeline's or tensor split's settings included).
-    cfg.distributed.strategy, cfg.distributed.nproc = "single", 1
-    cfg.distributed.stages, cfg.distributed.tensor_parallel, cfg.distributed.split_points = 1, 1, []
+    # One device, whatever the config says: none of its distributed settings apply here.
+    cfg.distributed = DistributedConfig(strategy="single")
     throughput = Throughput(verbose=False)
     with build_run(cfg, callbacks=[throughput]) as built:
         trainer, dataset = built.trainer, built.dataset

@@ -13,17 +13,12 @@ from abc import ABC, abstractmethod
 import torch
 
 from scaletrain.errors import ConfigError
+from scaletrain.registry import registrar
 
 TASKS: dict[str, type["Task"]] = {}
 
 
-def register_task(name: str):
-    """Class decorator: makes a task available as `--task NAME`."""
-    def add(cls: type[Task]) -> type[Task]:
-        cls.name = name
-        TASKS[name] = cls
-        return cls
-    return add
+register_task = registrar(TASKS, "--task")
 
 
 class Task(ABC):

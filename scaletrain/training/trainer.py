@@ -132,9 +132,9 @@ class Trainer:
     def load_state_dict(self, state: dict, saved_world_size: int | None = None,
                         saved_replicas: int | None = None) -> dict:
         """Applies a state (filled from `load_template`); returns its plain values."""
-        world = saved_world_size or self.strategy.world_size
-        return load_trainer_state(self, state, world, saved_replicas or (self.strategy.replicas if saved_world_size
-                                                                         is None else world))
+        if saved_world_size is None:   # saved by this very layout
+            saved_world_size, saved_replicas = self.strategy.world_size, self.strategy.replicas
+        return load_trainer_state(self, state, saved_world_size, saved_replicas or saved_world_size)
 
     def position(self) -> dict:
         """Where training stands, and what a checkpoint must agree on to resume here."""

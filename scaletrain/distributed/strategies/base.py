@@ -19,17 +19,12 @@ from torch import nn
 
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, replicated_state
+from scaletrain.registry import registrar
 
 STRATEGIES: dict[str, type["Strategy"]] = {}
 
 
-def register_strategy(name: str):
-    """Class decorator: makes a strategy available as `--strategy NAME`."""
-    def add(cls: type[Strategy]) -> type[Strategy]:
-        cls.name = name
-        STRATEGIES[name] = cls
-        return cls
-    return add
+register_strategy = registrar(STRATEGIES, "--strategy")
 
 
 class Strategy(ABC):
