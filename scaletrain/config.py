@@ -77,7 +77,8 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
 STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp", "pipeline", "tensor")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus")
+DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus",
+             "shards")
 # The command-line flags whose name is not simply the field's last name (the config owns its
 # flag names: the CLI and the search-space files both read this).
 FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
@@ -100,9 +101,11 @@ class ModelConfig:
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     name: str = _f("mnist1d", "data set: mnist1d, digits, synthetic, mnist, fashion-mnist, cifar10, npz, "
-                   "friedman1 (regression), char-corpus (characters of Python's docs, for language models)",
+                   "friedman1 (regression), char-corpus (characters of Python's docs, for language models), "
+                   "shards (a folder written by `scaletrain shard`, streamed from disk)",
                    choices=DATA_SETS)
-    data_dir: str | None = _f(None, "folder (or .npz file) holding the data set's files")
+    data_dir: str | None = _f(None, "folder (or .npz file) holding the data set's files; for shards, the shard folder "
+                              "or a pattern of training shards like 'DIR/train-{0000..0063}.tar'")
     download: bool = _f(False, "download missing MNIST/Fashion-MNIST files (checksum-verified)")
     placement: str = _f("auto", "auto, device (whole set on the device) or stream (DataLoader)",
                         choices=("auto", "device", "stream"))
@@ -117,7 +120,9 @@ class DataConfig:
     shape: list[int] = _f([3, 32, 32], "sample shape for the synthetic data set", ge=1)
     num_classes: int = _f(10, "number of classes for the synthetic data set", ge=2)
     val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1)
-    num_workers: int = _f(0, "DataLoader worker processes for the streaming path", ge=0)
+    num_workers: int = _f(0, "DataLoader worker processes for the streaming path and for shards", ge=0)
+    prefetch: int = _f(2, "shards: batches each worker reads ahead, and batches copied ahead to the device", ge=1)
+    shuffle_buffer: int = _f(1000, "shards: samples held in each worker's shuffle buffer (1: shard order only)", ge=1)
 
 
 @dataclass(kw_only=True, slots=True)

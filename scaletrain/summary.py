@@ -49,6 +49,9 @@ class RunSummary:
     resumed_from: str | None = None
     checkpoints_saved: int = 0
     checkpoint_time_s: float = 0.0     # saving checkpoints, not counted as training time
+    # Host time the training loop spent blocked on its loader (part of train_time_s): near zero
+    # when the input pipeline keeps up, the input-bound share of training when it does not.
+    data_wait_s: float = 0.0
     # The test split, evaluated once after training (validation drove stopping and selection).
     test_accuracy: float | None = None
     test_loss: float | None = None
@@ -110,6 +113,7 @@ def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None,
         resumed_from=trainer.resumed_from,
         checkpoints_saved=trainer.checkpointer.saves if trainer.checkpointer else 0,
         checkpoint_time_s=trainer.checkpoint_time_s,
+        data_wait_s=sum(h.get("data_wait_s", 0.0) for h in history),
         test_accuracy=trainer.test_logs.get("test_accuracy"),
         test_loss=trainer.test_logs.get("test_loss"),
         task=trainer.task.name if trainer.task is not None else "classification",
@@ -144,6 +148,8 @@ def print_summary(s: RunSummary, console: Console) -> None:
         table.add_row(f"test {name} (once, at the end)", f"{value:.4f}")
     table.add_row("images/sec (steady state)", "-" if s.images_per_sec is None else f"{s.images_per_sec:,.0f}")
     table.add_row("training time", _fmt_time(s.train_time_s))
+    waited = f" ({s.data_wait_s / s.train_time_s:.0%} of training time)" if s.train_time_s else ""
+    table.add_row("waiting for data", _fmt_time(s.data_wait_s) + waited)
     table.add_row("evaluation time", _fmt_time(s.eval_time_s))
     if s.checkpoints_saved:
         table.add_row("checkpoint time", f"{_fmt_time(s.checkpoint_time_s)} ({s.checkpoints_saved} saved)")

@@ -44,6 +44,8 @@ COMMANDS = [
             "run independent trainings side by side, one per device, each a run in the store"),
     Command("ensemble", "multi", "add_ensemble_arguments", "run_ensemble",
             "evaluate the averaged predictions of saved models on the test split"),
+    Command("shard", "shard", "add_shard_arguments", "run_shard",
+            "write a data set into WebDataset tar shards with a manifest, for --data shards"),
     Command("list", "main", "add_list_arguments", "run_list",
             "list the models, data sets, precisions, strategies and recipes"),
 ]

@@ -26,7 +26,7 @@ class ArraySplit:
 @dataclass(slots=True)
 class Dataset:
     name: str
-    train: ArraySplit
+    train: ArraySplit     # or a ShardedSplit (data/shards), streamed from disk: only its length is known here
     test: ArraySplit
     num_classes: int
     # Featurewise centring (seed 003): per-channel mean/std of the *training* split, shaped to
@@ -40,8 +40,14 @@ class Dataset:
     task: str = "classification"
 
     @property
+    def examples(self) -> ArraySplit:
+        """In-memory samples shaped like the training samples: the training split itself, or the
+        test split where the training split streams from shards."""
+        return self.train if isinstance(self.train, ArraySplit) else self.test
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.train.x.shape[1:])
+        return tuple(self.examples.x.shape[1:])
 
 
 def as_features(x: np.ndarray | torch.Tensor, source: str) -> torch.Tensor:

@@ -121,22 +121,21 @@ class _Positions(torch.utils.data.Sampler):
         return (len(self.source) - self.source.start_batch) * self.source.batch_size
 
 
-class StreamingLoader(_BatchSource):
-    """A DataLoader on the host (pinned memory), copied with non-blocking transfers one batch
-    ahead on a side stream, so the copy of batch i+1 overlaps the compute of batch i."""
+def own_generator() -> torch.Generator:
+    """For a DataLoader: every new iterator draws its workers' base seed from the loader's
+    generator, by default the global one, which would shift the model's dropout masks by one
+    draw per epoch and make a resumed run (one draw fewer) differ from an uninterrupted one."""
+    return torch.Generator().manual_seed(0)
 
-    def __init__(self, split: ArraySplit, *args, num_workers: int = 0, **kwargs):
+
+class HostToDevice(_BatchSource):
+    """Batches read on the host (pinned when the device is a GPU), copied with non-blocking
+    transfers on a side stream, so the copy of the next batch overlaps the compute of this one."""
+
+    def __init__(self, split, *args, **kwargs):
         super().__init__(split, *args, **kwargs)
-        cuda = self.device.type == "cuda"
-        self.host_generator = torch.Generator()
-        self.loader = DataLoader(TensorDataset(split.x, split.y), batch_size=self.batch_size,
-                                 sampler=_Positions(self), drop_last=False, num_workers=num_workers,
-                                 pin_memory=cuda, persistent_workers=num_workers > 0)
-        self.copy_stream = torch.cuda.Stream(self.device) if cuda else None
-
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        super().set_epoch(epoch, start_batch)
-        self.host_generator.manual_seed(self.seed * 100_003 + epoch)
+        self.pin_memory = self.device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(self.device) if self.pin_memory else None
 
     def _to_device(self, batch):
         x, y = batch
@@ -152,6 +151,22 @@ class StreamingLoader(_BatchSource):
             x.record_stream(current)
             y.record_stream(current)
         return self._finish(x, y, batch_index)
+
+
+class StreamingLoader(HostToDevice):
+    """An in-memory split through a DataLoader on the host, copied to the device one batch ahead."""
+
+    def __init__(self, split: ArraySplit, *args, num_workers: int = 0, **kwargs):
+        super().__init__(split, *args, **kwargs)
+        self.host_generator = torch.Generator()
+        self.loader = DataLoader(TensorDataset(split.x, split.y), batch_size=self.batch_size,
+                                 sampler=_Positions(self), drop_last=False, num_workers=num_workers,
+                                 pin_memory=self.pin_memory, persistent_workers=num_workers > 0,
+                                 generator=own_generator())
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        super().set_epoch(epoch, start_batch)
+        self.host_generator.manual_seed(self.seed * 100_003 + epoch)
 
     def __iter__(self):
         batches = iter(self.loader)

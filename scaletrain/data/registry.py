@@ -10,10 +10,25 @@ from scaletrain.data.npz import load_npz
 from scaletrain.data.text import load_char_corpus, pydoc_text
 from scaletrain.errors import ConfigError
 
-DATASETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus")
+DATASETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus",
+            "shards")
 # Sample shape and class count of the named data sets, for planning without loading any data.
 SAMPLE_SHAPES = {"mnist1d": ((1, 40), 10), "digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10),
                  "fashion-mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
+
+
+def _shards():
+    """The shards package, imported when used: webdataset is an optional extra."""
+    try:
+        import scaletrain.data.shards as shards
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"--data shards needs the '{exc.name}' package: pip install 'scaletrain[shards]'") from None
+    return shards
+
+
+def shard_manifest(data_dir: str | None):
+    """The manifest a shard folder or pattern names."""
+    return _shards().manifest_for(data_dir)
 
 
 def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
@@ -27,6 +42,10 @@ def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
         return (10,), 1, "regression"
     if cfg.name in SAMPLE_SHAPES:
         return (*SAMPLE_SHAPES[cfg.name], "classification")
+    if cfg.name == "shards":
+        manifest = shard_manifest(cfg.data_dir)
+        outputs = manifest.num_classes if manifest.task != "regression" else (manifest.y_shape or [1])[0]
+        return tuple(manifest.sample_shape), outputs, manifest.task
     ds = load_dataset(cfg)
     outputs = ds.num_classes if ds.task != "regression" else (1 if ds.train.y.ndim == 1 else ds.train.y.shape[1])
     return ds.input_shape, outputs, ds.task
@@ -51,6 +70,8 @@ def load_dataset(cfg, seed: int = 0) -> Dataset:
         ds = load_char_corpus(cfg.seq_len)
     elif name == "npz":
         ds = load_npz(cfg.data_dir, seed=0)
+    elif name == "shards":
+        return _shards().load_shards(cfg.data_dir, cfg.train_subset)   # has its own validation split
     else:
         raise ConfigError(f"unknown data set '{name}'; choose one of: {', '.join(DATASETS)}")
     if ds.val is None:   # a data set with a validation split of its own keeps it

@@ -131,7 +131,7 @@ class BatchSizeFinder:
 
     # ----------------------------------------------------------------- trial
     def _batch(self, size: int):
-        train = self.dataset.train
+        train = self.dataset.examples
         idx = torch.randint(len(train), (size,), generator=self.generator).numpy()
         x = torch.as_tensor(train.x[idx]).to(self.trainer.device)
         y = torch.as_tensor(train.y[idx]).to(self.trainer.device)
@@ -162,7 +162,7 @@ class BatchSizeFinder:
 
     def _input_bytes(self, size: int) -> int:
         """Bytes of one trial batch as the step sees it (normalised inputs and labels)."""
-        train = self.dataset.train
+        train = self.dataset.examples
         dtype = self.trainer.normalizer.dtype if self.trainer.normalizer.mean is not None else train.x.dtype
         per_sample = train.x[0].numel() * torch.empty((), dtype=dtype).element_size()
         return size * (per_sample + train.y[0].numel() * train.y.element_size())

@@ -46,4 +46,4 @@ class Regression(Task):
         return output.float()
 
     def output_size(self, dataset) -> int:
-        return 1 if dataset.train.y.ndim == 1 else int(dataset.train.y.shape[1])
+        return 1 if dataset.examples.y.ndim == 1 else int(dataset.examples.y.shape[1])

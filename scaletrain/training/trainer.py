@@ -117,7 +117,7 @@ class Trainer:
             self.task = build_task(self.config.task, dataset.task)
         if self.normalizer is None:
             self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype)
-        self._units_per_sample = max(dataset.train.y[:1].numel(), 1)
+        self._units_per_sample = max(dataset.examples.y[:1].numel(), 1)
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -152,7 +152,7 @@ class Trainer:
                          first_step=first_step)
 
     # ------------------------------------------------------------------ data
-    def _loader(self, split: ArraySplit, train: bool) -> DeviceLoader | StreamingLoader:
+    def _loader(self, split, train: bool):
         cfg, data, s = self.config, self.config.data, self.strategy
         if train:
             batch, shard = self.batch.per_replica, dict(rank=s.replica_rank, world_size=s.replicas)
@@ -161,9 +161,14 @@ class Trainer:
             start, end = eval_range(len(split), s.replica_rank, s.replicas)
             split = split if s.replicas == 1 else ArraySplit(split.x[start:end], split.y[start:end])
             batch, shard = data.val_batch_size or self.batch.per_replica, {}
-        placement = choose_placement(data.placement, split.x.nbytes + split.y.nbytes, self.device)
-        cls = DeviceLoader if placement == "device" else StreamingLoader
-        kwargs = {} if cls is DeviceLoader else {"num_workers": data.num_workers}
+        if not isinstance(split, ArraySplit):   # a ShardedSplit: streamed from disk, never whole in memory
+            from scaletrain.data.shards import ShardLoader   # webdataset is an optional extra
+            cls, kwargs = ShardLoader, dict(num_workers=data.num_workers, prefetch=data.prefetch,
+                                            shuffle_buffer=data.shuffle_buffer)
+        elif choose_placement(data.placement, split.x.nbytes + split.y.nbytes, self.device) == "device":
+            cls, kwargs = DeviceLoader, {}
+        else:
+            cls, kwargs = StreamingLoader, {"num_workers": data.num_workers}
         return cls(split, batch, self.device, self.normalizer, shuffle=train, drop_last=train,
                    augment=data.augment if train else (), shift=data.shift, seed=cfg.seed, **shard, **kwargs)
 
@@ -252,7 +257,13 @@ class Trainer:
         first_global_step = self.global_step - start_step
         # A resumed epoch counts the training time its first steps took before the checkpoint.
         self.clock.start(already=self.resumed_epoch_time_s if start_step else 0.0)
-        while chunk := list(islice(batches, cfg.steps_per_execution)):
+        data_wait = 0.0   # host time blocked on the loader: how much the input pipeline held training back
+        while True:
+            asked = time.perf_counter()
+            chunk = list(islice(batches, cfg.steps_per_execution))
+            data_wait += time.perf_counter() - asked
+            if not chunk:
+                break
             self.callbacks.call("on_train_batch_begin", self, self.global_step)
             for x, y in chunk:
                 self._step(x, y)
@@ -282,6 +293,7 @@ class Trainer:
             "lr": current_lr(self.optimizer),
             "samples": samples,
             "epoch_train_time_s": epoch_time,
+            "data_wait_s": data_wait,
             "cumulative_train_time_s": self.clock.total,
             "checkpoint_time_s": self.checkpoint_time_s,
             "skipped_steps": values["skipped"],

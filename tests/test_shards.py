@@ -1,0 +1,153 @@
+"""Streamed shards: the writer, which process reads what, exact resume, damaged shards (real files,
+real DataLoader worker processes, a real torchrun)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.processes import DIGITS_MLP, committed_steps, kill_group, metrics, run, start, summary, wait_for
+from scaletrain.config import DataConfig
+from scaletrain.data import ArraySplit, Normalizer, load_dataset, make_dataset
+from scaletrain.data.shards import Manifest, ShardLoader, load_shards, write_shards
+from scaletrain.data.shards.reader import read_split
+from scaletrain.errors import DataError
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _numbered(n: int, test: int = 16) -> "Dataset":
+    """Samples whose single feature is their own index: what a loader yields names the sample."""
+    x = torch.arange(n + test, dtype=torch.float32).reshape(-1, 1, 1)
+    y = torch.arange(n + test) % 3
+    return make_dataset("numbered", ArraySplit(x[:n], y[:n]), ArraySplit(x[n:], y[n:]), 3)
+
+
+def _epoch(loader, epoch: int, start: int = 0) -> list[list[int]]:
+    loader.set_epoch(epoch, start)
+    return [x.flatten().long().tolist() for x, _ in loader]
+
+
+def _loaders(folder, world: int, workers: int, batch: int = 16, pattern: str | None = None):
+    ds = load_shards(pattern or str(folder))
+    return [ShardLoader(ds.train, batch, torch.device("cpu"), Normalizer(None, None, torch.float32), shuffle=True,
+                        drop_last=True, seed=3, rank=r, world_size=world, num_workers=workers, prefetch=2,
+                        shuffle_buffer=40) for r in range(world)]
+
+
+def test_shard_command_round_trips_every_split_with_checksums(tmp_path):
+    out = tmp_path / "digits"
+    result = run(["shard", "--data", "digits", "--out", str(out), "--samples-per-shard", "200"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    manifest = Manifest.read(out)
+    original = load_dataset(DataConfig(name="digits"))
+    for name in ("train", "val", "test"):
+        split = getattr(original, name)
+        assert sum(s.samples for s in manifest.split(name)) == len(split)
+        assert max(s.samples for s in manifest.split(name)) <= 200
+        back = read_split(manifest, name)
+        assert torch.equal(back.x, split.x) and torch.equal(back.y, split.y)
+    assert manifest.statistics()[0].item() == pytest.approx(original.mean.item())
+    # A finished output is never overwritten or merged into.
+    again = run(["shard", "--data", "digits", "--out", str(out)], tmp_path)
+    assert again.returncode == 2 and "already holds files" in again.stderr and "Traceback" not in again.stderr
+
+
+@pytest.mark.parametrize("shards,world", [(8, 2), (7, 2)])
+def test_ranks_and_workers_read_distinct_samples_equal_steps_and_resume_exactly(tmp_path, shards, world):
+    write_shards(_numbered(shards * 48), tmp_path, samples_per_shard=48)
+    loaders = _loaders(tmp_path, world=world, workers=2)
+    assert len({len(loader) for loader in loaders}) == 1           # every rank runs the same steps
+    steps = len(loaders[0])
+    epochs = [[_epoch(loader, e) for loader in loaders] for e in (0, 1)]
+    for per_rank in epochs:
+        assert all(len(batches) == steps for batches in per_rank)
+        seen = [i for batches in per_rank for batch in batches for i in batch]
+        assert len(seen) == len(set(seen))                           # no sample twice in an epoch
+        if shards % (world * 2) == 0:
+            assert sorted(seen) == list(range(shards * 48))          # and every one once
+    assert epochs[0] != epochs[1]                                    # reshuffled per epoch
+    # A resume at any step yields exactly the rest of the epoch, on every rank.
+    for start in (1, 5, steps - 1):
+        for rank, loader in enumerate(loaders):
+            assert _epoch(loader, 1, start) == epochs[1][rank][start:]
+
+
+def test_streamed_run_killed_mid_epoch_resumes_bitwise(tmp_path):
+    write = run(["shard", "--data", "digits", "--out", str(tmp_path / "s"), "--samples-per-shard", "160"], tmp_path)
+    assert write.returncode == 0, write.stderr
+
+    def args(name):
+        return ["train", *DIGITS_MLP, "--data", "shards", "--data-dir", str(tmp_path / "s"), "--num-workers", "2",
+                "--model-option", "dropout=0.1", "--epochs", "2", "--batch-size", "64", "--checkpoint-every", "7",
+                "--run-dir", str(tmp_path / name)]
+    full = run(args("full"), tmp_path)
+    assert full.returncode == 0, full.stderr
+    slow = [a if a != "mlp" else "faulty_models:slow_mlp" for a in args("cut")] + ["--model-option", "delay_s=0.05"]
+    proc = start(slow, tmp_path, tmp_path / "cut.log")
+    try:
+        # Step 21 is mid epoch 1: 9 shards of 143-144 samples; worker 0 reads 5 (11 batches of 64),
+        # worker 1 reads 4 (9 batches), 20 steps an epoch.
+        wait_for(lambda: any(s >= 21 for s in committed_steps(tmp_path / "cut" / "checkpoints")), 120,
+                 "a checkpoint at step 21")
+    finally:
+        kill_group(proc)
+    resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "optimizer_steps")
+    assert [m["optimizer_steps"] for m in metrics(tmp_path / "full")] == [20, 40]
+    assert [[m[k] for k in keys] for m in metrics(tmp_path / "full")] == \
+           [[m[k] for k in keys] for m in metrics(tmp_path / "cut")]
+    a, b = (torch.load(tmp_path / n / "model.pt", weights_only=True) for n in ("full", "cut"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert summary(tmp_path / "full")["data_wait_s"] > 0
+
+
+def test_two_ranks_with_two_workers_each_train_on_eight_shards(tmp_path):
+    write_shards(load_dataset(DataConfig(name="digits")), tmp_path / "s", samples_per_shard=162)
+    assert len(Manifest.read(tmp_path / "s").split("train")) == 8
+    result = run(["train", *DIGITS_MLP, "--data", "shards", "--data-dir", str(tmp_path / "s"), "--num-workers", "2",
+                  "--epochs", "2", "--batch-size", "32", "--nproc", "2", "--run-dir", str(tmp_path / "r")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    # 8 shards of 161-162 samples: 2 workers x 2 shards per rank, 20 batches of 16 per worker.
+    assert [m["optimizer_steps"] for m in metrics(tmp_path / "r")] == [40, 80]
+    assert metrics(tmp_path / "r")[-1]["val_accuracy"] > 0.8
+
+
+def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
+    write_shards(_numbered(4 * 48), tmp_path / "s", samples_per_shard=48)
+    folder = tmp_path / "s"
+
+    def train(data_dir, *extra):
+        return run(["train", "--model", "mlp", "--data", "shards", "--data-dir", data_dir, "--no-progress",
+                    "--epochs", "1", "--batch-size", "16", "--run-dir", str(tmp_path / "r"), *extra], tmp_path)
+
+    # A corrupt byte, same size: found by the checksum as the shard is read; training stops.
+    shard = folder / "train-0002.tar"
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="train-0002.tar does not match its SHA-256"):
+        for _ in _loaders(folder, world=1, workers=0)[0]:
+            pass
+    result = train(str(folder))
+    assert result.returncode == 2 and "train-0002.tar" in result.stderr and "Traceback" not in result.stderr
+    # Truncated: named before any training.
+    shard.write_bytes(bytes(data[:4096]))
+    result = train(str(folder))
+    assert result.returncode == 2 and "train-0002.tar has 4096 bytes" in result.stderr
+    # A pattern naming shards the manifest does not list; no manifest; fewer shards than ranks.
+    result = train(str(folder / "train-{0003..0005}.tar"))
+    assert result.returncode == 2 and "train-0004.tar is not a training shard" in result.stderr
+    result = train(str(tmp_path))
+    assert result.returncode == 2 and "holds no manifest.json" in result.stderr
+    with pytest.raises(DataError, match="1 training shard.*cannot feed 2 ranks"):
+        _loaders(folder, world=2, workers=1, pattern=str(folder / "train-0000.tar"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["shards"] = [s for s in manifest["shards"] if s["split"] != "train"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    result = train(str(folder))
+    assert result.returncode == 2 and "lists no training shards" in result.stderr
