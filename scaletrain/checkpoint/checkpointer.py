@@ -132,3 +132,20 @@ class Checkpointer:
         self.last_saved_step = values["global_step"]
         self.last_saved_position = (values["epoch"], values["epoch_step"])
         return Position(values["epoch"], values["epoch_step"], str(path))
+
+
+def load_model_weights(path: Path, model: torch.nn.Module) -> None:
+    """Fills `model`'s weights in place from a committed checkpoint and nothing else (no optimizer,
+    RNG or loop position): DCP reshards whatever layout saved it onto this one. The checkpoint is
+    verified against its manifest first. Raises UserError for an unsafe or damaged checkpoint."""
+    problem = CheckpointStore.problem(path)
+    if problem:
+        raise UserError(f"checkpoint {path} is damaged ({problem})")
+    try:
+        SafeFileSystemReader(str(path)).read_metadata()
+    except UnsafeCheckpoint as exc:
+        raise UserError(f"checkpoint {path} was refused: {exc}") from None
+    with _single_process_quiet():
+        dcp.load({"model": model.state_dict()}, storage_reader=SafeFileSystemReader(str(path)),
+                 planner=SafeLoadPlanner())
+

@@ -44,6 +44,8 @@ COMMANDS = [
             "run independent trainings side by side, one per device, each a run in the store"),
     Command("ensemble", "multi", "add_ensemble_arguments", "run_ensemble",
             "evaluate the averaged predictions of saved models on the test split"),
+    Command("evaluate", "evaluate", "add_evaluate_arguments", "run_evaluate",
+            "a sidecar evaluator: evaluate each checkpoint a run commits, beside its training, until it ends"),
     Command("shard", "shard", "add_shard_arguments", "run_shard",
             "write a data set into WebDataset tar shards with a manifest, for --data shards"),
     Command("list", "main", "add_list_arguments", "run_list",

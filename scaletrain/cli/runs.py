@@ -53,13 +53,14 @@ def _selected(store: RunStore, ids: list[str], group: str | None, last: int | No
 
 
 def _show(store: RunStore, record: RunRecord, as_json: bool, console: Console) -> None:
-    epochs = store.epochs(record.id)
+    epochs, evaluations = store.epochs(record.id), store.evaluations(record.id)
     if as_json:
         print(json.dumps({"id": record.id, "status": record.display_status, "group": record.group,
                           "name": record.name, "run_dir": record.run_dir,
                           "created_at": record.created_at, "config": record.config,
                           "environment": record.environment, "summary": record.summary, "error": record.error,
-                          "epochs": epochs, "samples": len(store.samples(record.id))}, indent=2))
+                          "epochs": epochs, "evaluations": evaluations,
+                          "samples": len(store.samples(record.id))}, indent=2))
         return
     created = datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
     console.print(Text.assemble((f"run {record.id}", "bold"), f" {record.name or ''}: {record.display_status}, "
@@ -86,6 +87,14 @@ def _show(store: RunStore, record: RunRecord, as_json: bool, console: Console) -
         for e in epochs:
             table.add_row(str(e["epoch"] + 1), f"{e['elapsed_s']:.2f}",
                           *[f"{e[k]:.4g}" if isinstance(e.get(k), float) else str(e.get(k, "-")) for k in keys])
+        console.print(table)
+    if evaluations:   # a sidecar evaluator's results, one row per checkpoint
+        keys = [k for k in evaluations[0] if k.startswith("val_")]
+        table = Table(title="Checkpoint evaluations (sidecar)")
+        for header in ["step", "epoch", *keys]:
+            table.add_column(header, justify="right")
+        for e in evaluations:
+            table.add_row(str(e["step"]), f"{e['epoch']:g}", *[f"{e.get(k, float('nan')):.4g}" for k in keys])
         console.print(table)
     console.print(f"config: {json.dumps(record.config)}", soft_wrap=True, markup=False)
 

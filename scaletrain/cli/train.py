@@ -140,11 +140,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     """`argv`: the arguments after `train`."""
     from scaletrain.distributed import dist_env
+    from scaletrain.distributed.cluster import cluster_from_env
     from scaletrain.distributed.launch import inside_worker, launch_from_config
     from scaletrain.experiments.pruning import trial_pruning_from_env
     from scaletrain.lifecycle import plan_run, resume_config, resume_source
     from scaletrain.run import run_training
     cfg = config_from_args(args)
+    spec = cluster_from_env()
+    if spec is not None and spec.is_evaluator:
+        # The cluster's evaluator task evaluates the job's checkpoints beside it (seed 002).
+        if not cfg.run_dir:
+            raise ConfigError("the evaluator task of SCALETRAIN_CLUSTER needs --run-dir: the training's run folder "
+                              "(on a file system both can see)")
+        from scaletrain.cli.evaluate import watch_run
+        return watch_run(cfg.run_dir, device=cfg.device if cfg.device != "auto" else None)
     env = dist_env()
     source = resume_source(cfg, env)
     if source is not None and source.config() is not None:

@@ -5,8 +5,10 @@
 
 Tasks are ordered chief first, then workers, as MultiWorkerMirroredStrategy orders them; a task's
 position in that order is its rank, the first address is the rendezvous (c10d store) address.
-Parameter servers and evaluators are TensorFlow roles that synchronous data parallelism has no use
-for; naming one is an error rather than a silently ignored task.
+An `evaluator` task (TensorFlow's name) is not part of the training job: it holds no rank and
+joins no collective; `scaletrain train` run as the evaluator becomes the sidecar evaluator of the
+run in --run-dir (evaluation/sidecar.py). Parameter servers are a TensorFlow role synchronous data
+parallelism has no use for; naming one is an error rather than a silently ignored task.
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ from dataclasses import dataclass
 from scaletrain.errors import ConfigError
 
 ENV_VAR = "SCALETRAIN_CLUSTER"
-ROLES = ("chief", "worker")
+ROLES = ("chief", "worker")            # the training job's tasks, in rank order
+SIDE_ROLES = ("evaluator",)            # tasks beside the job: no rank, no collectives
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
-    addresses: tuple[str, ...]   # every task's host:port, in rank order
-    rank: int
+    addresses: tuple[str, ...]   # every training task's host:port, in rank order
+    rank: int                    # -1 for a task beside the job (the evaluator)
+    role: str = "worker"
+
+    @property
+    def is_evaluator(self) -> bool:
+        return self.role == "evaluator"
 
     @property
     def world_size(self) -> int:
@@ -60,11 +68,15 @@ def parse_cluster_spec(text: str) -> ClusterSpec:
         if not isinstance(spec.get(key), dict):
             raise _fail(f"has no '{key}' object")
     cluster, task = spec["cluster"], spec["task"]
-    unsupported = sorted(set(cluster) - set(ROLES))
+    unsupported = sorted(set(cluster) - set(ROLES) - set(SIDE_ROLES))
     if unsupported:
-        raise _fail(f"names task type(s) {unsupported} that data-parallel training does not use (only chief, worker)")
+        raise _fail(f"names task type(s) {unsupported} that scaletrain does not use (chief, worker, evaluator)")
     addresses: list[str] = []
     offsets: dict[str, int] = {}
+    for role in SIDE_ROLES:
+        if role in cluster and (not isinstance(cluster[role], list)
+                                or not all(isinstance(h, str) for h in cluster[role])):
+            raise _fail(f"cluster.{role} must be a list of \"host:port\" strings")
     for role in ROLES:
         hosts = cluster.get(role, [])
         if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
@@ -81,13 +93,15 @@ def parse_cluster_spec(text: str) -> ClusterSpec:
         if key not in task:
             raise _fail(f"has no task.{key}")
     role, index = task["type"], task["index"]
-    if role not in ROLES or role not in cluster:
-        raise _fail(f"has task.type '{role}' that is not a task type of its cluster ({', '.join(r for r in ROLES if r in cluster)})")
+    if role not in cluster:
+        raise _fail(f"has task.type '{role}' that is not a task type of its cluster ({', '.join(cluster)})")
     if not isinstance(index, int) or isinstance(index, bool):
         raise _fail(f"has task.index {index!r} that is not an integer")
     if not 0 <= index < len(cluster[role]):
         raise _fail(f"has task.index {index} out of range: cluster.{role} has {len(cluster[role])} task(s)")
-    return ClusterSpec(addresses=tuple(addresses), rank=offsets[role] + index)
+    if role in SIDE_ROLES:
+        return ClusterSpec(addresses=tuple(addresses), rank=-1, role=role)
+    return ClusterSpec(addresses=tuple(addresses), rank=offsets[role] + index, role=role)
 
 
 def cluster_from_env(environ=os.environ) -> ClusterSpec | None:

@@ -29,7 +29,7 @@ def dist_env(environ=None) -> DistEnv:
     environ = os.environ if environ is None else environ
     if "RANK" not in environ:
         spec = cluster_from_env(environ)
-        if spec is not None:
+        if spec is not None and not spec.is_evaluator:   # the evaluator is no rank of the job
             environ.update(spec.torch_env())
     return DistEnv(
         rank=int(environ.get("RANK", 0)),

@@ -23,8 +23,10 @@ from scaletrain.errors import UserError
 from scaletrain.lifecycle.lock import LOCK_FILE
 
 CONFIG, META, RUN_ID, SUMMARY, MODEL = "config.json", "run.json", "run_id", "summary.json", "model.pt"
+EVALUATIONS = "evaluations.jsonl"   # a sidecar evaluator's results, one line per checkpoint
 # What a run leaves in its folder; any of these means the folder holds a run.
-RUN_FILES = (CONFIG, META, RUN_ID, SUMMARY, MODEL, "metrics.jsonl", "metrics.csv", "checkpoints", "tensorboard")
+RUN_FILES = (CONFIG, META, RUN_ID, SUMMARY, MODEL, "metrics.jsonl", "metrics.csv", "checkpoints", "tensorboard",
+             EVALUATIONS)
 
 
 class RunFolder:

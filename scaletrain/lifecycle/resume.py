@@ -17,7 +17,7 @@ MUTABLE_ON_RESUME = frozenset({
     # how it runs (numerically equivalent)
     "device", "compile", "compile_mode", "cuda_graphs", "steps_per_execution",
     "memory.activation_checkpointing", "memory.block_classes",
-    "data.num_workers", "data.val_batch_size", "data.placement", "data.download",
+    "data.num_workers", "data.prefetch", "data.val_batch_size", "data.placement", "data.download",
     "distributed.strategy", "distributed.nproc", "distributed.max_restarts", "distributed.backend",
     "distributed.bucket_cap_mb", "distributed.init_timeout_s", "distributed.step_timeout_s",
     # what it writes and shows

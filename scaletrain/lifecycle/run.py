@@ -53,7 +53,8 @@ class RunPlan:
         return {"new": "new run", "resume": "resuming run", "overwrite": "new run (overwriting the folder)"}[self.mode]
 
 
-def _checkpoints(cfg: TrainConfig, folder: RunFolder) -> CheckpointStore:
+def checkpoint_store(cfg: TrainConfig, folder: RunFolder) -> CheckpointStore:
+    """Where the run's checkpoints are kept (its folder's checkpoints/, or --checkpoint-dir)."""
     root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else folder.path / "checkpoints"
     return CheckpointStore(root, keep=cfg.checkpoint.keep)
 
@@ -66,7 +67,7 @@ def _check_resumable(cfg: TrainConfig, folder: RunFolder) -> None:
             raise ConfigError(f"cannot resume {folder} with a different configuration ({describe_differences(diffs)}); "
                               "these keys are fixed for a run: drop those flags to continue it, or start a new run "
                               "(another --run-dir, or --overwrite)")
-    if folder.status == "finished" and not _checkpoints(cfg, folder).complete():
+    if folder.status == "finished" and not checkpoint_store(cfg, folder).complete():
         raise UserError(f"run {folder.run_id} in {folder} finished and kept no checkpoint to continue from; "
                         "pass --overwrite to start afresh there, or another --run-dir")
 
@@ -111,7 +112,7 @@ def latest_resumable(cfg: TrainConfig) -> RunFolder | None:
                 continue
         except UserError:
             continue
-        if _checkpoints(cfg, folder).complete():
+        if checkpoint_store(cfg, folder).complete():
             return folder
     return None
 
@@ -225,7 +226,7 @@ def make_checkpointer(plan: RunPlan, cfg: TrainConfig, env) -> Checkpointer | No
     resume = cfg.checkpoint.resume or ("auto" if plan.mode == "resume" or env.restart_count > 0 else None)
     if cfg.checkpoint.every <= 0 and resume is None:
         return None
-    return Checkpointer(_checkpoints(cfg, plan.folder), every=cfg.checkpoint.every, resume=resume)
+    return Checkpointer(checkpoint_store(cfg, plan.folder), every=cfg.checkpoint.every, resume=resume)
 
 
 def open_run(plan: RunPlan, cfg: TrainConfig, env) -> Run:

@@ -60,6 +60,14 @@ CREATE TABLE IF NOT EXISTS samples (
     gpu_util_percent REAL
 );
 CREATE INDEX IF NOT EXISTS samples_run ON samples (run_id, elapsed_s);
+CREATE TABLE IF NOT EXISTS evaluations (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    step INTEGER NOT NULL,
+    epoch REAL NOT NULL,
+    evaluated_at REAL NOT NULL,
+    metrics TEXT NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
 """
 
 
@@ -213,6 +221,12 @@ class RunStore:
             conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
             self._insert_samples(conn, run_id, samples)
 
+    def log_evaluation(self, run_id: str, step: int, epoch: float, metrics: dict) -> None:
+        """A sidecar evaluator's result for the checkpoint at global step `step`."""
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?, ?)",
+                         (run_id, step, epoch, time.time(), _dumps(metrics)))
+
     def log_samples(self, run_id: str, samples: list[Sample]) -> None:
         if samples:
             with self._write() as conn:
@@ -299,3 +313,9 @@ class RunStore:
         rows = self._conn.execute("SELECT elapsed_s, rss_bytes, cpu_percent, gpu_memory_bytes, gpu_util_percent "
                                   "FROM samples WHERE run_id = ? ORDER BY elapsed_s", (run_id,)).fetchall()
         return [Sample(*r) for r in rows]
+
+    def evaluations(self, run_id: str) -> list[dict]:
+        rows = self._conn.execute("SELECT step, epoch, evaluated_at, metrics FROM evaluations WHERE run_id = ? "
+                                  "ORDER BY step", (run_id,)).fetchall()
+        return [{"step": step, "epoch": epoch, "evaluated_at": at, **_loads(metrics)}
+                for step, epoch, at, metrics in rows]

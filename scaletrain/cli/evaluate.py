@@ -1,0 +1,37 @@
+"""`scaletrain evaluate --watch RUN_DIR`: the sidecar evaluator (evaluation/sidecar.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from scaletrain.console import make_console
+from scaletrain.errors import ConfigError
+
+
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--watch", required=True, metavar="RUN_DIR",
+                        help="the run folder of a training: evaluate each checkpoint it commits, until it ends")
+    parser.add_argument("--once", action="store_true",
+                        help="evaluate the checkpoints committed so far and stop, instead of following the run")
+    parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks for new checkpoints")
+    parser.add_argument("--device", default=None, help="the one device to evaluate on (default: the run's --device)")
+    parser.add_argument("--store", default=None,
+                        help="the run store to record into (default: the run's own, relative to this folder)")
+
+
+def run_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
+    return watch_run(args.watch, once=args.once, poll_s=args.poll_s, device=args.device, store=args.store)
+
+
+def watch_run(run_dir: str, once: bool = False, poll_s: float = 2.0, device: str | None = None,
+              store: str | None = None) -> int:
+    from scaletrain.evaluation import SidecarEvaluator
+    if not poll_s > 0:
+        raise ConfigError(f"--poll-s must be positive (got {poll_s})")
+    console = make_console()
+    with SidecarEvaluator(run_dir, device=device, store=store, console=console) as evaluator:
+        console.print(f"evaluator: watching {run_dir} ({evaluator.split} split, {len(evaluator.done)} checkpoint(s) "
+                      "already evaluated)")
+        count = evaluator.watch(poll_s=poll_s, once=once)
+    console.print(f"evaluator: {count} checkpoint(s) evaluated; results in {run_dir}/evaluations.jsonl")
+    return 0
