@@ -113,7 +113,8 @@ class DataConfig:
     shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation", ge=0)
     num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic, friedman1)", ge=2)
     seq_len: int = _f(64, "characters per sample of the char-corpus data set (the model's context)", ge=1)
-    train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000)", ge=1)
+    train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000; for shards, the "
+                                  "fewest leading shards holding N)", ge=1)
     val_fraction: float = _f(0.1, "fraction of the training split held out for validation (per-epoch evaluation, "
                              "stopping, tuning) when the data set has no validation split; the test split is "
                              "evaluated once, at the end", gt=0, lt=1)

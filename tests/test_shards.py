@@ -3,10 +3,13 @@ real DataLoader worker processes, a real torchrun)."""
 
 from __future__ import annotations
 
+import io
 import json
 
+import numpy as np
 import pytest
 import torch
+import webdataset
 
 from tests.processes import DIGITS_MLP, committed_steps, kill_group, metrics, run, start, summary, wait_for
 from scaletrain.config import DataConfig
@@ -50,6 +53,11 @@ def test_shard_command_round_trips_every_split_with_checksums(tmp_path):
         back = read_split(manifest, name)
         assert torch.equal(back.x, split.x) and torch.equal(back.y, split.y)
     assert manifest.statistics()[0].item() == pytest.approx(original.mean.item())
+    # The shards are WebDataset's: its own reader reads the same samples.
+    first = manifest.split("train")[0]
+    theirs = list(webdataset.WebDataset(str(out / first.name), shardshuffle=False, empty_check=False))
+    assert len(theirs) == first.samples and theirs[0]["__key__"] == "000000000"
+    assert torch.equal(torch.from_numpy(np.load(io.BytesIO(theirs[0]["x.npy"]))), original.train.x[0])
     # A finished output is never overwritten or merged into.
     again = run(["shard", "--data", "digits", "--out", str(out)], tmp_path)
     assert again.returncode == 2 and "already holds files" in again.stderr and "Traceback" not in again.stderr
@@ -125,6 +133,9 @@ def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
         return run(["train", "--model", "mlp", "--data", "shards", "--data-dir", data_dir, "--no-progress",
                     "--epochs", "1", "--batch-size", "16", "--run-dir", str(tmp_path / "r"), *extra], tmp_path)
 
+    # --train-subset N takes the fewest leading shards holding N samples.
+    assert [s.name for s in load_shards(str(folder), train_subset=100).train.shards] == \
+           ["train-0000.tar", "train-0001.tar", "train-0002.tar"]
     # A corrupt byte, same size: found by the checksum as the shard is read; training stops.
     shard = folder / "train-0002.tar"
     data = bytearray(shard.read_bytes())
@@ -135,6 +146,13 @@ def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
             pass
     result = train(str(folder))
     assert result.returncode == 2 and "train-0002.tar" in result.stderr and "Traceback" not in result.stderr
+    # A damaged member header: the shard is named, nothing is guessed.
+    data[700] ^= 0xFF
+    data[1024 + 257] = ord("X")
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="train-0002.tar cannot be read as a shard tar"):
+        for _ in _loaders(folder, world=1, workers=0)[0]:
+            pass
     # Truncated: named before any training.
     shard.write_bytes(bytes(data[:4096]))
     result = train(str(folder))

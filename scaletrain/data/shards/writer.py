@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,9 @@ def _write_shard(path: Path, split: ArraySplit, start: int, end: int, first_key:
     x, y = split.x[start:end].numpy(), split.y[start:end].numpy()
     tmp = path.with_name("." + path.name + ".tmp")
     with open(tmp, "wb") as file:
-        # Fixed mtime: the same data writes byte-identical shards (and checksums).
-        with TarWriter(file, encoder=False, mtime=0.0) as writer:
+        # Plain ustar members (no pax headers: reader.py reads exactly these) with a fixed integer
+        # mtime, so the same data writes byte-identical shards (and checksums).
+        with TarWriter(file, encoder=False, mtime=0, format=tarfile.USTAR_FORMAT) as writer:
             for i in range(len(x)):
                 writer.write({"__key__": f"{first_key + i:09d}", "x.npy": _npy(x[i]), "y.npy": _npy(y[i])})
         file.flush()
