@@ -16,6 +16,7 @@ from scaletrain.distributed.env import dist_env
 from scaletrain.distributed.launch import strip_launcher_flags, torchrun_arguments
 from scaletrain.distributed.sharding import eval_range, rank_positions
 from scaletrain.errors import ConfigError
+from scaletrain.models import build_model
 from scaletrain.optim.schedules import LRSchedule
 from tests.conftest import small_config
 from tests.helpers import fit
@@ -124,6 +125,25 @@ def test_incomplete_checkpoints_are_ignored_and_old_ones_pruned(tmp_path):
     store.path_for(5).mkdir()                         # an old leftover is removed
     store.prune()
     assert not store.path_for(5).exists()
+
+
+def test_streamed_resume_with_dropout_is_bitwise(tmp_path, digits):
+    """Every new DataLoader iterator (in-process ones too) draws a seed from its generator: from
+    the global one, it shifted dropout masks by one draw per epoch, and a run resumed mid-epoch (one
+    more iterator after the restored RNG) differed from an uninterrupted one."""
+    def config(name):
+        cfg = small_config(tmp_path / name, epochs=2)
+        cfg.data.placement, cfg.data.num_workers = "stream", 0
+        return cfg
+
+    def model():
+        torch.manual_seed(0)
+        return build_model("mlp", digits.input_shape, digits.num_classes, hidden=[64], dropout=0.3)
+    store = CheckpointStore(tmp_path / "ck", keep=10)
+    full = fit(config("a"), digits, model=model(), ckpt=Checkpointer(store, every=25))
+    resumed = fit(config("b"), digits, model=model(), ckpt=Checkpointer(store, resume=str(store.path_for(25))))
+    assert [h["train_loss"] for h in full.history] == [h["train_loss"] for h in resumed.history]
+    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()))
 
 
 def test_single_process_resume_is_bitwise_and_bad_resume_paths_are_errors(tmp_path, digits):

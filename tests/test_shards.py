@@ -17,6 +17,7 @@ from scaletrain.data import ArraySplit, Normalizer, load_dataset, make_dataset
 from scaletrain.data.shards import Manifest, ShardLoader, load_shards, write_shards
 from scaletrain.data.shards.reader import read_split
 from scaletrain.errors import DataError
+from scaletrain.evaluation.sidecar import read_evaluations
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -118,11 +119,18 @@ def test_two_ranks_with_two_workers_each_train_on_eight_shards(tmp_path):
     write_shards(load_dataset(DataConfig(name="digits")), tmp_path / "s", samples_per_shard=162)
     assert len(Manifest.read(tmp_path / "s").split("train")) == 8
     result = run(["train", *DIGITS_MLP, "--data", "shards", "--data-dir", str(tmp_path / "s"), "--num-workers", "2",
-                  "--epochs", "2", "--batch-size", "32", "--nproc", "2", "--run-dir", str(tmp_path / "r")], tmp_path)
+                  "--epochs", "2", "--batch-size", "32", "--nproc", "2", "--checkpoint-every", "40",
+                  "--run-dir", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stderr
     # 8 shards of 161-162 samples: 2 workers x 2 shards per rank, 20 batches of 16 per worker.
     assert [m["optimizer_steps"] for m in metrics(tmp_path / "r")] == [40, 80]
     assert metrics(tmp_path / "r")[-1]["val_accuracy"] > 0.8
+    # The sidecar evaluator reads the two ranks' checkpoints on one process: the loop's numbers.
+    evaluated = run(["evaluate", "--watch", str(tmp_path / "r"), "--once"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    for e, m in zip(read_evaluations(tmp_path / "r"), metrics(tmp_path / "r"), strict=True):
+        assert e["epoch"] == m["epoch"] and e["val_accuracy"] == m["val_accuracy"]
+        assert e["val_loss"] == pytest.approx(m["val_loss"], rel=1e-6)
 
 
 def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
