@@ -75,7 +75,7 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
 # Choices owned by the config; the registries that implement them are checked against these in
 # tests (tests/test_config.py), so a new precision or strategy is added here and there together.
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
-STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp", "pipeline", "tensor")
+STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp", "pipeline", "tensor", "ps")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus",
              "shards")
@@ -161,7 +161,8 @@ class PrecisionConfig:
 @dataclass(kw_only=True, slots=True)
 class DistributedConfig:
     strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single, ddp, zero1, "
-                       "zero2, fsdp, pipeline (--stages) or tensor (--tensor-parallel)", choices=STRATEGIES)
+                       "zero2, fsdp, pipeline (--stages), tensor (--tensor-parallel) or ps (parameter servers, --num-ps)",
+                       choices=STRATEGIES)
     nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent", ge=1)
     max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure", ge=0)
     backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo",
@@ -181,6 +182,26 @@ class DistributedConfig:
                                      "balanced by parameter count)")
     tensor_parallel: int = _f(1, "processes each transformer block's attention and MLP are split over (column-/row-wise)",
                               ge=1)
+
+    # Parameter servers: processes = workers + num_ps; the servers hold the parameters and the
+    # optimizer state, sharded over them; the workers compute gradients.
+    num_ps: int = _f(1, "--strategy ps: parameter-server processes (the parameters are sharded over them by size)",
+                     ge=1)
+    ps_mode: str = _f("sync", "--strategy ps: sync (every step waits for the workers' gradients) or async (each "
+                      "gradient is applied as it arrives)", choices=("sync", "async"))
+    backup_workers: int = _f(0, "--ps-mode sync: apply the first workers - B gradients of each step and drop the "
+                             "late ones, so no step waits for the slowest B workers", ge=0)
+    max_staleness: int | None = _f(None, "--ps-mode async: drop gradients computed on parameters more than this many "
+                                   "updates old", ge=0)
+    stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness")
+    ps_worker_delay_s: float = _f(0.0, "testing and benchmarks: worker 1 sleeps this long before each push (a slow "
+                                  "worker on purpose)", ge=0)
+
+    def replicas_of(self, processes: int) -> int:
+        """Model replicas (data-parallel ranks) among `processes` processes."""
+        if self.strategy == "ps":
+            return processes - self.num_ps
+        return processes // self.model_parallel()
 
     def model_parallel(self) -> int:
         """Processes one model replica spans (stages x tensor-parallel degree)."""
@@ -211,6 +232,16 @@ class DistributedConfig:
                         f"(where stages 2..{n} begin)")
         if self.strategy == "tensor" and self.tensor_parallel < 2:
             return "--strategy tensor needs --tensor-parallel 2 or more"
+        ps_flags = {"--num-ps": self.num_ps != 1, "--ps-mode": self.ps_mode != "sync",
+                    "--backup-workers": self.backup_workers > 0, "--max-staleness": self.max_staleness is not None,
+                    "--stale-lr": self.stale_lr, "--ps-worker-delay-s": self.ps_worker_delay_s > 0}
+        given = [flag for flag, on in ps_flags.items() if on]
+        if self.strategy != "ps" and given:
+            return f"{given[0]} needs --strategy ps"
+        if self.ps_mode == "async" and self.backup_workers:
+            return "--backup-workers applies to --ps-mode sync (async never waits for a worker)"
+        if self.ps_mode == "sync" and (self.max_staleness is not None or self.stale_lr):
+            return "--max-staleness and --stale-lr apply to --ps-mode async (sync gradients are never stale)"
         return None
 
 
@@ -295,6 +326,15 @@ class TrainConfig:
         problem = self.distributed.problem()
         if problem:
             raise ConfigError(problem)
+        if self.distributed.strategy == "ps":
+            # Not yet built for parameter servers (their state lives outside the workers).
+            unsupported = {"--checkpoint-every": self.checkpoint.every > 0, "--resume": self.checkpoint.resume,
+                           "--clip-grad-norm": self.optim.clip_grad_norm, "--compile": self.compile,
+                           "--precision fp16-mixed": self.precision.policy == "fp16-mixed",
+                           "--grad-accum-steps": self.optim.grad_accum_steps > 1}
+            given = [flag for flag, on in unsupported.items() if on]
+            if given:
+                raise ConfigError(f"--strategy ps does not support {given[0]} yet; drop it, or use --strategy ddp")
         if self.checkpoint.resume not in (None, "auto") and not Path(self.checkpoint.resume).is_dir():
             raise ConfigError(f"--resume {self.checkpoint.resume}: no such checkpoint folder; pass 'auto' or the "
                               "folder of a complete checkpoint (one holding a COMMITTED file)")

@@ -31,13 +31,19 @@ from scaletrain.tasks import build_task
 from scaletrain.training import Trainer, build_run
 
 
-def run_training(cfg: TrainConfig, console: Console | None = None, callbacks=()) -> tuple[RunSummary, Trainer]:
-    """Trains one run. `callbacks`: extra callbacks for the chief (a tuner's pruning callback)."""
+def run_training(cfg: TrainConfig, console: Console | None = None,
+                 callbacks=()) -> tuple[RunSummary | None, Trainer | None]:
+    """Trains one run. `callbacks`: extra callbacks for the chief (a tuner's pruning callback).
+    A process that serves rather than trains (a parameter server) returns (None, None)."""
     cfg.validate()
     env = dist_env()
     strategy = build_strategy(cfg.distributed, env)
     try:
         strategy.setup(cfg.device)
+        if not strategy.trains:   # a parameter server: it serves the workers until they are done
+            strategy.serve(cfg.optim)
+            strategy.teardown()
+            return None, None
         console = console or make_console()
         if not strategy.is_chief:
             console = make_console(quiet=True)

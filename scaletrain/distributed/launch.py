@@ -63,11 +63,14 @@ def launch_from_config(cfg, argv: list[str], run_dir: str, run_id: str) -> int:
     from scaletrain.distributed.batching import plan_batch
     spec = cluster_from_env()
     processes = cfg.distributed.nproc * (spec.world_size if spec else 1)
+    if cfg.distributed.strategy == "ps" and processes <= cfg.distributed.num_ps:
+        raise ConfigError(f"--strategy ps with --num-ps {cfg.distributed.num_ps} needs more processes than servers: "
+                          f"--nproc {processes} leaves no worker; use --nproc {cfg.distributed.num_ps + 1} or more")
     if processes % cfg.distributed.model_parallel():
         raise ConfigError(f"{processes} processes do not divide into replicas of {cfg.distributed.stages} stage(s) x "
                           f"{cfg.distributed.tensor_parallel} tensor-parallel process(es); start a multiple of "
                           f"{cfg.distributed.model_parallel()}")
-    replicas = processes // cfg.distributed.model_parallel()
+    replicas = cfg.distributed.replicas_of(processes)
     if cfg.distributed.strategy == "single":
         raise ConfigError(f"--strategy single cannot run on --nproc {cfg.distributed.nproc} processes; "
                           "use --strategy ddp (or auto)")

@@ -37,13 +37,13 @@ class DeviceCounters:
         With several processes the values are first summed over them (one all-reduce) and divided by
         the replicas: losses averaged over replicas, training-metric sums kept as sums. Processes
         that do not record (a pipeline's earlier stages) hold zeros there. Skipped/applied steps are
-        the same on every process, so they are divided back by the process count."""
+        the same on every process, so they are divided back by the count of processes summed over."""
         totals = torch.stack([self.metric_sum, self.skipped.double(), self.applied_steps.double()])
         values = torch.cat([self.step_losses[:steps_done].to(torch.float64), totals])
         if strategy is not None and strategy.world_size > 1:
             strategy.all_reduce_sum_(values)
             values[:steps_done] /= strategy.replicas
-            values[steps_done + 1:] /= strategy.world_size
+            values[steps_done + 1:] /= strategy.collective_size
         values = values.tolist()
         losses, (metric_sum, skipped, applied) = values[:steps_done], values[steps_done:]
         return {"losses": losses, "metric_sum": metric_sum, "skipped": int(skipped), "applied_steps": int(applied)}

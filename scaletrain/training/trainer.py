@@ -71,8 +71,9 @@ class Trainer:
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)
                            and self.device.type == "cuda" and strategy.supports_cuda_graphs)
-        self.optimizer = build_optimizer(cfg.optim, self.model, self.device, capturable=self.use_graphs,
-                                         params=strategy.optimizer_parameters(self.model))
+        self.optimizer = strategy.wrap_optimizer(build_optimizer(
+            cfg.optim, self.model, self.device, capturable=self.use_graphs,
+            params=strategy.optimizer_parameters(self.model)))
         init_optimizer_state(self.optimizer)
         self.scaler = (DynamicLossScaler(self.device, cfg.precision.init_scale,
                                          growth_interval=cfg.precision.growth_interval)
@@ -294,6 +295,7 @@ class Trainer:
             "samples": samples,
             "epoch_train_time_s": epoch_time,
             "data_wait_s": data_wait,
+            **self.strategy.epoch_metrics(),
             "cumulative_train_time_s": self.clock.total,
             "checkpoint_time_s": self.checkpoint_time_s,
             "skipped_steps": values["skipped"],

@@ -57,6 +57,11 @@ class Strategy(ABC):
         return self.env.world_size
 
     @property
+    def collective_size(self) -> int:
+        """Processes taking part in the trainer's collectives (all but parameter servers)."""
+        return self.env.world_size
+
+    @property
     def is_chief(self) -> bool:
         return self.env.rank == 0
 
@@ -76,6 +81,11 @@ class Strategy(ABC):
         holds a replica's outputs (under a pipeline, its last stage), so sums over all processes
         count every sample once."""
         return True
+
+    def epoch_metrics(self) -> dict[str, float]:
+        """The strategy's own figures for the epoch just trained, added to its metrics (called on
+        every rank at each epoch's end)."""
+        return {}
 
     def describe(self) -> str | None:
         """How the model is laid out over processes, for the run's log (None: nothing to add)."""
@@ -118,6 +128,19 @@ class Strategy(ABC):
         if found_inf is not None and not self.replicated_gradients:
             self.all_reduce_max_(found_inf)
         step.update(found_inf)
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer the training step drives (parameter servers replace it with a push/pull)."""
+        return optimizer
+
+    @property
+    def trains(self) -> bool:
+        """Whether this process runs the training loop (a parameter server serves instead)."""
+        return True
+
+    def serve(self, optim_config) -> dict:
+        """The life of a process that does not train (see `trains`)."""
+        raise NotImplementedError(f"strategy {self.name} has no serving processes")
 
     def optimizer_parameters(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters this rank's optimizer updates (and holds state for)."""

@@ -7,7 +7,8 @@ what fills STRATEGIES, so a new strategy file is added to the import list below.
 from __future__ import annotations
 
 from scaletrain.distributed.env import DistEnv, dist_env
-from scaletrain.distributed.strategies import ddp, fsdp, model_parallel, single, zero1  # noqa: F401  (they register)
+from scaletrain.distributed.strategies import (ddp, fsdp, model_parallel, parameter_server, single,  # noqa: F401
+                                                zero1)  # (they register)
 from scaletrain.distributed.strategies.base import STRATEGIES, Strategy
 from scaletrain.errors import ConfigError
 

@@ -1,0 +1,247 @@
+"""Parameter-server training (seed 002; TensorFlow's ParameterServerStrategy, SyncReplicasOptimizer
+and DropStaleGradientOptimizer are the references), on c10d point-to-point messages over gloo.
+
+Processes 0 .. W-1 are workers (0 is the chief: it logs, evaluates and writes the run); processes
+W .. W+K-1 are parameter servers. The servers hold the parameters and the optimizer state, each
+a shard of whole tensors balanced by size. Every step a worker computes its gradient, sends each
+server its shard (with the step's LR and the parameter version it computed on) and receives that
+server's current parameters back.
+
+    sync          a server applies the average of one gradient per worker, then answers them all
+                  (the same update as DDP with the same global batch)
+    sync + B      a server applies the average of the first W - B gradients of a step; a gradient
+                  computed on an older version arrives late and is dropped (and counted), and its
+                  worker gets the new parameters at once: nobody waits for the slowest B workers
+    async         a server applies each gradient as it arrives and answers its sender; staleness
+                  = updates applied since the sender's parameters; --max-staleness drops older
+                  ones, --stale-lr divides the LR by 1 + staleness
+
+Why c10d point-to-point and not torch.distributed.rpc: it is the same process group, launcher
+(torchrun) and backends as every other strategy, gloo's receive-from-any-source is exactly the
+server's loop, and rpc's TensorPipe agent is in maintenance mode. The cost per step is two
+messages per (worker, server) pair of the shard's size: measured in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.distributed.ps_server import DONE, DROPPED, GRADIENT, HEADER, IDLE, Server
+from scaletrain.distributed.strategies.base import register_strategy
+from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
+from scaletrain.errors import ConfigError
+
+
+
+def balance(sizes: list[int], servers: int) -> list[list[int]]:
+    """Tensor indices per server: largest first onto the least loaded server (whole tensors)."""
+    if servers > len(sizes):
+        raise ConfigError(f"--num-ps {servers} is more than the model's {len(sizes)} parameter tensors (a server "
+                          f"holds whole tensors); use --num-ps {len(sizes)} or fewer")
+    shards: list[list[int]] = [[] for _ in range(servers)]
+    load = [0] * servers
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        k = min(range(servers), key=lambda k: load[k])
+        shards[k].append(i)
+        load[k] += sizes[i]
+    return [sorted(s) for s in shards]
+
+
+@dataclass(slots=True)
+class ExchangeStats:
+    """What a worker saw of the servers: for the run's metrics."""
+    pushes: int = 0
+    dropped: int = 0
+    staleness: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class PushPullOptimizer(torch.optim.Optimizer):
+    """The worker's optimizer: a step sends the gradients to the servers and takes their
+    parameters back. It holds no state (the servers do); its LR tensor is the one the training
+    step's schedule writes."""
+
+    def __init__(self, param_groups: list[dict], strategy: "ParameterServerStrategy"):
+        super().__init__(param_groups, {})
+        self.strategy = strategy
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.strategy.exchange(float(self.param_groups[0]["lr"]))
+
+
+@register_strategy("ps")
+class ParameterServerStrategy(ProcessGroupStrategy):
+    plannable = False
+
+    def __init__(self, config, env):
+        super().__init__(config, env)
+        self.workers = env.world_size - config.num_ps
+        self.workers_group = None
+        self.params: list[nn.Parameter] = []
+        self.shards: list[list[int]] = []
+        self.version = 0
+        self.live = False       # off during the untimed warm-up: no update may reach the servers
+        self.stats = ExchangeStats()
+
+    # -- roles
+    @property
+    def trains(self) -> bool:
+        return self.rank < self.workers
+
+    @property
+    def replicas(self) -> int:
+        return self.workers
+
+    @property
+    def collective_size(self) -> int:
+        return self.workers
+
+    def describe(self) -> str:
+        backups = f", {self.config.backup_workers} backup" if self.config.backup_workers else ""
+        return f"{self.workers} worker(s) + {self.config.num_ps} parameter server(s), {self.config.ps_mode}{backups}"
+
+    def epoch_metrics(self) -> dict[str, float]:
+        """Over all workers, this epoch: pushes, gradients dropped (late or too stale), the mean
+        and largest staleness of the applied ones, and seconds spent exchanging."""
+        s = self.stats
+        counts = torch.tensor([s.pushes, s.dropped, sum(s.staleness), len(s.staleness), s.seconds], dtype=torch.float64)
+        self.all_reduce_sum_(counts)
+        largest = self.all_reduce_max_(torch.tensor([max(s.staleness, default=0)], dtype=torch.float64))
+        self.stats = ExchangeStats()
+        pushes, dropped, stale_sum, applied, seconds = counts.tolist()
+        return {"ps_pushes": int(pushes), "ps_dropped": int(dropped),
+                "ps_staleness_mean": stale_sum / applied if applied else 0.0, "ps_staleness_max": int(largest),
+                "ps_exchange_s": seconds / self.workers}
+
+    def setup(self, device_request: str) -> torch.device:
+        if self.workers < 1:
+            raise ConfigError(f"--strategy ps needs more processes than servers (--num-ps {self.config.num_ps}): "
+                              f"{self.world_size} leave no worker; start {self.config.num_ps + 1} or more (--nproc)")
+        if self.config.backup_workers >= self.workers:
+            raise ConfigError(f"--backup-workers {self.config.backup_workers} leaves no gradient to apply with "
+                              f"{self.workers} worker(s); use at most {self.workers - 1}")
+        device = super().setup(device_request if self.rank < self.workers else "cpu")
+        if self.device.type != "cpu":
+            raise ConfigError("--strategy ps runs on the CPU with gloo for now; pass --device cpu")
+        # Every process creates every group, in the same order.
+        self.workers_group = dist.new_group(list(range(self.workers)))
+        return device
+
+    def server_rank(self, k: int) -> int:
+        return self.workers + k
+
+    # -- the workers' side
+    def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.shards = balance([p.numel() for p in self.params], self.config.num_ps)
+        # The servers learn the layout and the chief's initial values (every worker's are equal).
+        layout = [[tuple(p.shape) for p in self.params], self.shards]
+        dist.broadcast_object_list(layout, src=0)
+        if self.is_chief:
+            for k, shard in enumerate(self.shards):
+                dist.send(self._flat(shard, grads=False), dst=self.server_rank(k))
+        return compile_fn(model), compile_fn(model)
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return PushPullOptimizer(optimizer.param_groups, self)
+
+    def after_first_step(self) -> None:
+        super().after_first_step()
+        self.live = True
+
+    def _flat(self, shard: list[int], grads: bool) -> torch.Tensor:
+        tensors = [(self.params[i].grad if grads else self.params[i]).detach().reshape(-1) for i in shard]
+        return torch.cat(tensors)
+
+    def exchange(self, lr: float) -> None:
+        """One push of this worker's gradient to every server and one pull of its parameters."""
+        if not self.live:
+            return
+        if self.config.ps_worker_delay_s and self.rank == 1:
+            time.sleep(self.config.ps_worker_delay_s)
+        started = time.perf_counter()
+        sends, replies = [], []
+        for k, shard in enumerate(self.shards):
+            header = torch.tensor([GRADIENT, self.version, lr, 0.0])
+            sends.append(dist.isend(torch.cat([header, self._flat(shard, grads=True)]), dst=self.server_rank(k)))
+        for k, shard in enumerate(self.shards):
+            reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
+            dist.recv(reply, src=self.server_rank(k))
+            replies.append(reply)
+        for work in sends:
+            work.wait()
+        self._adopt(replies)
+        self.stats.seconds += time.perf_counter() - started
+
+    @torch.no_grad()
+    def _adopt(self, replies: list[torch.Tensor]) -> None:
+        self.stats.pushes += 1
+        for reply, shard in zip(replies, self.shards):
+            offset = HEADER
+            for i in shard:
+                p = self.params[i]
+                p.copy_(reply[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        first = replies[0]
+        self.version = int(first[0])
+        if first[3] == DROPPED:
+            self.stats.dropped += 1
+        else:
+            self.stats.staleness.append(int(first[3]))
+
+    def _tell_servers(self, kind: float) -> None:
+        for k, shard in enumerate(self.shards):
+            message = torch.zeros(HEADER + sum(self.params[i].numel() for i in shard))
+            message[0] = kind
+            dist.send(message, dst=self.server_rank(k))
+
+    def teardown(self, clean: bool = True) -> None:
+        if clean and self.trains and self.shards:
+            self._tell_servers(DONE)
+        super().teardown(clean)
+
+    # -- collectives among the workers (the servers take no part in evaluation or the run's plan).
+    # Before each, a worker tells the servers it is idle: the others may be waiting for it there,
+    # so a sync step must not wait for their gradients (with backups, it would wait forever).
+    def _meet(self) -> None:
+        if self.live:
+            self._tell_servers(IDLE)
+
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._meet()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.workers_group)
+        return tensor
+
+    def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._meet()
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.workers_group)
+        return tensor
+
+    def broadcast_object(self, obj):
+        self._meet()
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.workers_group)
+        return box[0]
+
+    def barrier(self) -> None:
+        self._meet()
+        dist.barrier(group=self.workers_group)
+
+    # -- the servers' side
+    def serve(self, optim_config) -> dict:
+        """A parameter server's whole life: receive the layout and initial values, then apply
+        gradients until every worker is done. Returns its counts."""
+        layout = [None, None]
+        dist.broadcast_object_list(layout, src=0)
+        shapes, shards = layout
+        server = Server(self.config, optim_config, [shapes[i] for i in shards[self.rank - self.workers]],
+                        self.workers)
+        dist.recv(server.flat_params(), src=0)
+        server.load_initial()
+        return server.run()
