@@ -32,7 +32,8 @@ _REGULAR = (b"0", b"\0")
 
 
 def _fail(manifest: Manifest, shard: ShardFile, problem: str) -> DataError:
-    return DataError(f"shard {manifest.path(shard)} {problem}; restore it or rewrite the shards with `scaletrain shard`")
+    return DataError(f"shard {manifest.path(shard)} {problem}; restore it or rewrite the shards with "
+                     "`scaletrain shard`")
 
 
 def _members(file, digest) -> Iterator[tuple[str, bytes]]:

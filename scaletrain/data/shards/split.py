@@ -28,7 +28,8 @@ def _select(manifest: Manifest, names: list[str]) -> tuple[ShardFile, ...]:
     train = {s.name: s for s in manifest.split("train")}
     unknown = [n for n in names if n not in train]
     if unknown:
-        raise DataError(f"{manifest.folder / unknown[0]} is not a training shard of {manifest.folder / 'manifest.json'} "
+        raise DataError(f"{manifest.folder / unknown[0]} is not a training shard of "
+                        f"{manifest.folder / 'manifest.json'} "
                         f"(it lists {len(train)}: {min(train)} .. {max(train)}); fix the --data-dir pattern")
     return tuple(train[n] for n in dict.fromkeys(names))
 

@@ -1,5 +1,6 @@
-"""Parameter-server training (seed 002; TensorFlow's ParameterServerStrategy, SyncReplicasOptimizer
-and DropStaleGradientOptimizer are the references), on c10d point-to-point messages over gloo.
+"""Parameter-server training (seed 002), on c10d point-to-point messages over gloo; in progress
+(issue 13). TensorFlow's ParameterServerStrategy, SyncReplicasOptimizer and
+DropStaleGradientOptimizer are the references.
 
 Processes 0 .. W-1 are workers (0 is the chief: it logs, evaluates and writes the run); processes
 W .. W+K-1 are parameter servers. The servers hold the parameters and the optimizer state, each
@@ -18,8 +19,8 @@ server's current parameters back.
 
 Why c10d point-to-point and not torch.distributed.rpc: it is the same process group, launcher
 (torchrun) and backends as every other strategy, gloo's receive-from-any-source is exactly the
-server's loop, and rpc's TensorPipe agent is in maintenance mode. The cost per step is two
-messages per (worker, server) pair of the shard's size: measured in BENCHMARKS.md.
+server's loop, and TensorPipe, rpc's only agent, is in maintenance mode (pytorch/tensorpipe#468).
+The cost per step is two messages per (worker, server) pair of the shard's size (BENCHMARKS.md).
 """
 
 from __future__ import annotations

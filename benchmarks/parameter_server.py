@@ -1,0 +1,84 @@
+"""Seed 002's parameter-server claims, measured: with worker 1 slowed on purpose, does a step of
+sync follow the slow worker, sync with one backup the fast ones, and async keep everyone busy?
+And what does a push/pull cost per step against DDP's all-reduce? Real torchrun processes over
+gloo (3 workers + 1 server, or 3 DDP ranks), interleaved over repeats, one thread per process.
+
+The step time is the chief's (a fast worker's): its training time per step over the epochs after
+the first. The epoch's wall time also counts the wait at the epoch's end, where every worker meets
+for the metrics and the evaluation.
+
+  python benchmarks/parameter_server.py --repeats 3 --delay-s 0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import spread  # noqa: E402
+
+BASE = ["--model", "mlp", "--model-option", "hidden=[64]", "--data", "digits", "--no-progress", "--no-record",
+        "--target-accuracy", "0.999", "--lr", "0.003", "--epochs", "3", "--batch-size", "66", "--no-save-model"]
+
+
+def setups(delay: float) -> dict[str, list[str]]:
+    slow = ["--ps-worker-delay-s", str(delay)]
+    return {
+        "ddp, 3 ranks (no delay)": ["--strategy", "ddp", "--nproc", "3"],
+        "ps sync (no delay)": ["--strategy", "ps", "--nproc", "4"],
+        "ps sync, worker 1 slow": ["--strategy", "ps", "--nproc", "4", *slow],
+        "ps sync + 1 backup, worker 1 slow": ["--strategy", "ps", "--nproc", "4", "--backup-workers", "1", *slow],
+        "ps async, worker 1 slow": ["--strategy", "ps", "--nproc", "4", "--ps-mode", "async", *slow],
+    }
+
+
+def one(root: Path, name: str, args: list[str]) -> dict:
+    run_dir = root / name
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "scaletrain", "train", *BASE, *args, "--run-dir", str(run_dir)],
+                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=root)
+    if result.returncode != 0:
+        raise SystemExit(result.stderr[-3000:])
+    wall = time.perf_counter() - started
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+    per_epoch_steps = epochs[-1]["optimizer_steps"] // epochs[-1]["epoch"]
+    train_s = sum(e["epoch_train_time_s"] for e in epochs)
+    return {"step_ms": 1e3 * train_s / (per_epoch_steps * len(epochs)), "wall_s": wall,
+            "dropped": sum(e.get("ps_dropped", 0) for e in epochs), "pushes": sum(e.get("ps_pushes", 0) for e in epochs),
+            "staleness_max": max((e.get("ps_staleness_max", 0) for e in epochs), default=0),
+            "staleness_mean": sum(e.get("ps_staleness_mean", 0.0) for e in epochs) / len(epochs),
+            "val_accuracy": epochs[-1]["val_accuracy"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--delay-s", type=float, default=0.05, help="worker 1's sleep before each push")
+    args = parser.parse_args()
+    table = setups(args.delay_s)
+    results: dict[str, list[dict]] = {name: [] for name in table}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for name in (list(table) if r % 2 == 0 else list(reversed(table))):
+                folder = f"{len(results[name])}-{list(table).index(name)}"
+                results[name].append(one(Path(tmp), folder, table[name]))
+    print(f"| setup (digits MLP, global batch 66, delay {args.delay_s * 1e3:g} ms) | chief's step ms | run wall s | "
+          "dropped / pushes (epochs 2-3) | staleness mean / max | final val accuracy |")
+    print("|---|---|---|---|---|---|")
+    for name, runs in results.items():
+        step, wall = spread([r["step_ms"] for r in runs]), spread([r["wall_s"] for r in runs])
+        last = runs[-1]
+        print(f"| {name} | {step['median']:.2f} ({step['min']:.2f}-{step['max']:.2f}) | {wall['median']:.1f} | "
+              f"{last['dropped']} / {last['pushes']} | {last['staleness_mean']:.2f} / {last['staleness_max']} | "
+              f"{last['val_accuracy']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
