@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from tests.processes import DIGITS_MLP, metrics, run
+from scaletrain.distributed.strategies.parameter_server import balance
+from scaletrain.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,7 +36,7 @@ def test_sync_parameter_servers_equal_ddp_with_one_and_two_servers(tmp_path):
 
 def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     base = [*DIGITS_MLP, "--batch-size", "66", "--nproc", "4", "--strategy", "ps", "--ps-mode", "async"]
-    free = run(["train", *base, "--epochs", "4", "--run-dir", str(tmp_path / "a")], tmp_path)
+    free = run(["train", *base, "--epochs", "3", "--run-dir", str(tmp_path / "a")], tmp_path)
     assert free.returncode == 0, free.stderr
     logs = metrics(tmp_path / "a")
     assert logs[-1]["val_accuracy"] >= 0.9
@@ -48,7 +50,6 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
 
 @pytest.mark.parametrize("extra,message", [
     (["--nproc", "1"], "needs more processes than servers"),
-    (["--nproc", "6", "--num-ps", "5", "--batch-size", "64"], "more than the model's 4 parameter tensors"),
     (["--nproc", "3", "--backup-workers", "2", "--batch-size", "64"], "leaves no gradient to apply"),
     (["--nproc", "3", "--max-staleness", "2"], "apply to --ps-mode async"),
     (["--nproc", "3", "--checkpoint-every", "5"], "does not support --checkpoint-every yet"),
@@ -58,6 +59,13 @@ def test_bad_parameter_server_setups_are_one_line(tmp_path, extra, message):
                   "--run-dir", str(tmp_path / "r")], tmp_path)
     assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr.split("scaletrain: error")[-1]
+
+
+def test_servers_get_whole_tensors_balanced_by_size():
+    assert balance([100, 10, 60, 50], 2) == [[0, 1], [2, 3]]   # 110 and 110
+    assert balance([5, 5, 5], 3) == [[0], [1], [2]]
+    with pytest.raises(ConfigError, match="--num-ps 5 is more than the model's 4 parameter tensors"):
+        balance([1, 2, 3, 4], 5)
 
 
 def test_ps_flags_need_the_ps_strategy(tmp_path):
