@@ -45,7 +45,8 @@ def test_cluster_spec_maps_to_rank_world_size_and_rendezvous():
     (_spec({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 2}), "task.index 2 out of range"),
     (_spec({"worker": ["a:1"]}, {"type": "worker", "index": "0"}), "is not an integer"),
     (_spec({"worker": ["a:1"]}, {"type": "chief", "index": 0}), "task.type 'chief' that is not"),
-    (_spec({"worker": ["a:1"], "ps": ["p:2"]}, {"type": "worker", "index": 0}), "task type(s) ['ps']"),
+    (_spec({"worker": ["a:1"], "bogus": ["p:2"]}, {"type": "worker", "index": 0}), "task type(s) ['bogus']"),
+    (_spec({"ps": ["p:2"]}, {"type": "ps", "index": 0}), "lists only ps tasks"),
     (_spec({"worker": ["nohost"]}, {"type": "worker", "index": 0}), "'nohost' that is not host:port"),
     (_spec({"worker": []}, {"type": "worker", "index": 0}), "lists no tasks"),
 ])

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from tests.processes import DIGITS_MLP, metrics, run
+from tests.processes import DIGITS_MLP, cli_env, metrics, run
 from scaletrain.distributed.strategies.parameter_server import balance
 from scaletrain.errors import ConfigError
 
@@ -71,3 +76,31 @@ def test_servers_get_whole_tensors_balanced_by_size():
 def test_ps_flags_need_the_ps_strategy(tmp_path):
     result = run(["train", *DIGITS_MLP, "--num-ps", "2", "--epochs", "1"], tmp_path)
     assert result.returncode == 2 and "--num-ps needs --strategy ps" in result.stderr
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_a_cluster_spec_with_a_ps_task_trains_like_nproc(tmp_path):
+    """Three tasks started on their own, as on three hosts (here on loopback): chief, worker, ps."""
+    ports = _free_ports(3)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"], "ps": [f"127.0.0.1:{ports[2]}"]}
+    args = [sys.executable, "-m", "scaletrain", "train", *COMMON, "--strategy", "ps", "--run-dir", str(tmp_path / "r")]
+    tasks = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=cli_env(SCALETRAIN_CLUSTER=json.dumps({"cluster": cluster,
+                                                                         "task": {"type": role, "index": 0}})))
+             for role in ("chief", "worker", "ps")]
+    outputs = [task.communicate(timeout=240)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0, 0], outputs
+    assert "2 worker(s) + 1 parameter server(s), sync" in outputs[0]
+    assert [m["optimizer_steps"] for m in metrics(tmp_path / "r")] == [20, 40]
+    wrong = run(["train", *COMMON, "--strategy", "ddp", "--run-dir", str(tmp_path / "w")], tmp_path,
+                SCALETRAIN_CLUSTER=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
+    assert wrong.returncode == 2 and "lists 1 ps task(s); train with --strategy ps --num-ps 1" in wrong.stderr

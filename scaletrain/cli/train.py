@@ -140,7 +140,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     """`argv`: the arguments after `train`."""
     from scaletrain.distributed import dist_env
-    from scaletrain.distributed.cluster import cluster_from_env
+    from scaletrain.distributed.cluster import cluster_from_env, cluster_problem
     from scaletrain.distributed.launch import inside_worker, launch_from_config
     from scaletrain.experiments.pruning import trial_pruning_from_env
     from scaletrain.lifecycle import plan_run, resume_config, resume_source
@@ -154,6 +154,9 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
                               "(on a file system both can see)")
         from scaletrain.cli.evaluate import watch_run
         return watch_run(cfg.run_dir, device=cfg.device if cfg.device != "auto" else None)
+    problem = cluster_problem(spec, cfg.distributed)
+    if problem:
+        raise ConfigError(problem)
     env = dist_env()
     source = resume_source(cfg, env)
     if source is not None and source.config() is not None:

@@ -7,8 +7,9 @@ Tasks are ordered chief first, then workers, as MultiWorkerMirroredStrategy orde
 position in that order is its rank, the first address is the rendezvous (c10d store) address.
 An `evaluator` task (TensorFlow's name) is not part of the training job: it holds no rank and
 joins no collective; `scaletrain train` run as the evaluator becomes the sidecar evaluator of the
-run in --run-dir (evaluation/sidecar.py). Parameter servers are a TensorFlow role synchronous data
-parallelism has no use for; naming one is an error rather than a silently ignored task.
+run in --run-dir (evaluation/sidecar.py). `ps` tasks are parameter servers (--strategy ps): they
+take the last ranks, which is where that strategy puts its servers; any other task type is an
+error rather than a silently ignored task.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from scaletrain.errors import ConfigError
 
 ENV_VAR = "SCALETRAIN_CLUSTER"
-ROLES = ("chief", "worker")            # the training job's tasks, in rank order
+ROLES = ("chief", "worker", "ps")      # the training job's tasks, in rank order (servers last)
 SIDE_ROLES = ("evaluator",)            # tasks beside the job: no rank, no collectives
 
 
@@ -29,6 +30,7 @@ class ClusterSpec:
     addresses: tuple[str, ...]   # every training task's host:port, in rank order
     rank: int                    # -1 for a task beside the job (the evaluator)
     role: str = "worker"
+    servers: int = 0             # the cluster's ps tasks
 
     @property
     def is_evaluator(self) -> bool:
@@ -70,7 +72,7 @@ def parse_cluster_spec(text: str) -> ClusterSpec:
     cluster, task = spec["cluster"], spec["task"]
     unsupported = sorted(set(cluster) - set(ROLES) - set(SIDE_ROLES))
     if unsupported:
-        raise _fail(f"names task type(s) {unsupported} that scaletrain does not use (chief, worker, evaluator)")
+        raise _fail(f"names task type(s) {unsupported} that scaletrain does not use (chief, worker, ps, evaluator)")
     addresses: list[str] = []
     offsets: dict[str, int] = {}
     for role in SIDE_ROLES:
@@ -99,9 +101,25 @@ def parse_cluster_spec(text: str) -> ClusterSpec:
         raise _fail(f"has task.index {index!r} that is not an integer")
     if not 0 <= index < len(cluster[role]):
         raise _fail(f"has task.index {index} out of range: cluster.{role} has {len(cluster[role])} task(s)")
+    servers = len(cluster.get("ps", []))
+    if servers and len(addresses) == servers:
+        raise _fail("lists only ps tasks; parameter servers need at least one chief or worker")
     if role in SIDE_ROLES:
-        return ClusterSpec(addresses=tuple(addresses), rank=-1, role=role)
-    return ClusterSpec(addresses=tuple(addresses), rank=offsets[role] + index, role=role)
+        return ClusterSpec(addresses=tuple(addresses), rank=-1, role=role, servers=servers)
+    return ClusterSpec(addresses=tuple(addresses), rank=offsets[role] + index, role=role, servers=servers)
+
+
+def cluster_problem(spec: ClusterSpec | None, distributed) -> str | None:
+    """A cluster's ps tasks and the configuration must agree (one line, with the fix)."""
+    if spec is None or spec.is_evaluator:
+        return None
+    if spec.servers and distributed.strategy != "ps":
+        return (f"{ENV_VAR} lists {spec.servers} ps task(s); train with --strategy ps --num-ps {spec.servers}, or "
+                "drop the ps tasks")
+    if spec.servers and (distributed.num_ps != spec.servers or distributed.nproc != 1):
+        return (f"{ENV_VAR} lists {spec.servers} ps task(s): run every task with --strategy ps --num-ps "
+                f"{spec.servers} --nproc 1 (got --num-ps {distributed.num_ps} --nproc {distributed.nproc})")
+    return None
 
 
 def cluster_from_env(environ=os.environ) -> ClusterSpec | None:
