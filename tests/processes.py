@@ -109,3 +109,15 @@ def assert_a_raising_rank_ends_the_job(args, cwd, injected: str, rank: int, with
     assert injected in result.stderr
     assert f"scaletrain: error: worker rank {rank} failed" in result.stderr
     assert elapsed < within_s, elapsed
+
+
+def kill_slowed_run_after_checkpoint(args: list[str], cwd: Path, run_dir: Path, step: int, delay_s: float) -> None:
+    """Runs the CLI with the MLP swapped for its slowed twin (the same weights and arithmetic) and
+    SIGKILLs it, launcher and workers, once a checkpoint at or after `step` is committed."""
+    slow = [a if a != "mlp" else "faulty_models:slow_mlp" for a in args] + ["--model-option", f"delay_s={delay_s}"]
+    proc = start(slow, cwd, cwd / f"{run_dir.name}.log")
+    try:
+        wait_for(lambda: any(s >= step for s in committed_steps(run_dir / "checkpoints")), 120,
+                 f"a checkpoint at step {step}")
+    finally:
+        kill_group(proc)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tests.processes import (DIGITS_MLP, PLUGINS, assert_a_raising_rank_ends_the_job, children, cli_env,
-                             committed_steps, kill_group, metrics, run, start, summary, wait_for)
+                             committed_steps, kill_group, kill_slowed_run_after_checkpoint, metrics, run, start,
+                             summary, wait_for)
 from scaletrain.models import build_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -94,14 +95,8 @@ def test_killed_run_resumed_equals_uninterrupted_run_bitwise(tmp_path):
     full = run(_run_with_checkpoints(tmp_path, "full"), tmp_path)
     assert full.returncode == 0, full.stderr
     # The same run, slowed down, SIGKILLed (launcher and workers) once a mid-run checkpoint is committed.
-    args = _run_with_checkpoints(tmp_path, "cut")
-    slow = [a if a != "mlp" else "faulty_models:slow_mlp" for a in args] + ["--model-option", "delay_s=0.02"]
-    proc = start(slow, tmp_path, tmp_path / "cut.log")
-    try:
-        wait_for(lambda: any(s >= 21 for s in committed_steps(tmp_path / "cut" / "checkpoints")), 120,
-                 "a checkpoint at step 21")
-    finally:
-        kill_group(proc)
+    kill_slowed_run_after_checkpoint(_run_with_checkpoints(tmp_path, "cut"), tmp_path, tmp_path / "cut", step=21,
+                                     delay_s=0.02)
     assert not (tmp_path / "cut" / "model.pt").exists()
     # A resume continues with the run's own model (the slow one: the same weights and arithmetic).
     resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto", "--nproc", "2"], tmp_path)

@@ -69,3 +69,5 @@ def test_the_cluster_evaluator_task_evaluates_the_run_and_bad_specs_are_one_line
     assert no_dir.returncode == 2 and "needs --run-dir" in no_dir.stderr and "Traceback" not in no_dir.stderr
     missing = run(["evaluate", "--watch", str(tmp_path / "none")], tmp_path)
     assert missing.returncode == 2 and "holds no run" in missing.stderr
+    no_poll = run(["evaluate", "--watch", str(run_dir), "--poll-s", "0"], tmp_path)
+    assert no_poll.returncode == 2 and "--poll-s must be positive" in no_poll.stderr

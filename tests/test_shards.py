@@ -11,7 +11,7 @@ import pytest
 import torch
 import webdataset
 
-from tests.processes import DIGITS_MLP, committed_steps, kill_group, metrics, run, start, summary, wait_for
+from tests.processes import DIGITS_MLP, kill_slowed_run_after_checkpoint, metrics, run, summary
 from scaletrain.config import DataConfig
 from scaletrain.data import ArraySplit, Normalizer, load_dataset, make_dataset
 from scaletrain.data.shards import Manifest, ShardLoader, load_shards, write_shards
@@ -62,6 +62,8 @@ def test_shard_command_round_trips_every_split_with_checksums(tmp_path):
     # A finished output is never overwritten or merged into.
     again = run(["shard", "--data", "digits", "--out", str(out)], tmp_path)
     assert again.returncode == 2 and "already holds files" in again.stderr and "Traceback" not in again.stderr
+    zero = run(["shard", "--data", "digits", "--out", str(tmp_path / "z"), "--samples-per-shard", "0"], tmp_path)
+    assert zero.returncode == 2 and "--samples-per-shard must be at least 1" in zero.stderr
 
 
 @pytest.mark.parametrize("shards,world", [(8, 2), (7, 2)])
@@ -94,15 +96,9 @@ def test_streamed_run_killed_mid_epoch_resumes_bitwise(tmp_path):
                 "--run-dir", str(tmp_path / name)]
     full = run(args("full"), tmp_path)
     assert full.returncode == 0, full.stderr
-    slow = [a if a != "mlp" else "faulty_models:slow_mlp" for a in args("cut")] + ["--model-option", "delay_s=0.05"]
-    proc = start(slow, tmp_path, tmp_path / "cut.log")
-    try:
-        # Step 21 is mid epoch 1: 9 shards of 143-144 samples; worker 0 reads 5 (11 batches of 64),
-        # worker 1 reads 4 (9 batches), 20 steps an epoch.
-        wait_for(lambda: any(s >= 21 for s in committed_steps(tmp_path / "cut" / "checkpoints")), 120,
-                 "a checkpoint at step 21")
-    finally:
-        kill_group(proc)
+    # Step 21 is mid epoch 1: 9 shards of 143-144 samples; worker 0 reads 5 (11 batches of 64),
+    # worker 1 reads 4 (9 batches), 20 steps an epoch.
+    kill_slowed_run_after_checkpoint(args("cut"), tmp_path, tmp_path / "cut", step=21, delay_s=0.05)
     resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
