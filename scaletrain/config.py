@@ -327,9 +327,8 @@ class TrainConfig:
         if problem:
             raise ConfigError(problem)
         if self.distributed.strategy == "ps":
-            # Not yet built for parameter servers (their state lives outside the workers).
-            unsupported = {"--checkpoint-every": self.checkpoint.every > 0, "--resume": self.checkpoint.resume,
-                           "--clip-grad-norm": self.optim.clip_grad_norm, "--compile": self.compile,
+            # Not yet built for parameter servers (the servers step the optimizer; the workers never see a whole update).
+            unsupported = {"--clip-grad-norm": self.optim.clip_grad_norm, "--compile": self.compile,
                            "--precision fp16-mixed": self.precision.policy == "fp16-mixed",
                            "--grad-accum-steps": self.optim.grad_accum_steps > 1}
             given = [flag for flag, on in unsupported.items() if on]

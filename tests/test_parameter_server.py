@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from tests.processes import DIGITS_MLP, cli_env, metrics, run
+from tests.processes import (DIGITS_MLP, children, cli_env, committed_steps, kill_group, kill_slowed_run_after_checkpoint,
+                             metrics, run, start, summary, wait_for)
 from scaletrain.distributed.strategies.parameter_server import balance
 from scaletrain.errors import ConfigError
 
@@ -53,11 +57,57 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     assert all(m["ps_staleness_max"] == 0 for m in logs) and sum(m["ps_dropped"] for m in logs) > 0
 
 
+def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_kill_or_a_dead_server(tmp_path):
+    """The servers write the parameters and AdamW's state into the run's DCP checkpoint: a run
+    SIGKILLed after a checkpoint and resumed, and a run whose parameter server is SIGKILLed and
+    restarted by torchrun (--max-restarts), both end bitwise where the uninterrupted run ends."""
+    args = lambda name: ["train", *COMMON, "--nproc", "3", "--strategy", "ps", "--checkpoint-every", "5",
+                         "--run-dir", str(tmp_path / name)]
+    full = run(args("full"), tmp_path)
+    assert full.returncode == 0, full.stderr
+    kill_slowed_run_after_checkpoint(args("cut"), tmp_path, tmp_path / "cut", step=15, delay_s=0.02)
+    resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto", "--nproc", "3"], tmp_path)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr
+    slow = [a if a != "mlp" else "faulty_models:slow_mlp" for a in args("restarted")]
+    proc = start([*slow, "--model-option", "delay_s=0.02", "--max-restarts", "1"], tmp_path, tmp_path / "log")
+    try:
+        wait_for(lambda: any(s >= 15 for s in committed_steps(tmp_path / "restarted" / "checkpoints")), 120,
+                 "a checkpoint at step 15")
+        server = wait_for(lambda: children(proc.pid)[2:], 10, "the server")[0]   # ranks 0, 1 work; rank 2 serves
+        os.kill(server, signal.SIGKILL)
+        assert proc.wait(timeout=180) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        kill_group(proc)
+    assert summary(tmp_path / "restarted")["restarts"] == 1
+    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "optimizer_steps")
+    for name in ("cut", "restarted"):
+        assert [[m[k] for k in keys] for m in metrics(tmp_path / "full")] == \
+               [[m[k] for k in keys] for m in metrics(tmp_path / name)], name
+        a, b = _weights(tmp_path / "full"), _weights(tmp_path / name)
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_a_dead_server_ends_the_job_with_one_line(tmp_path):
+    slow = ["train", *COMMON, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.05", "--nproc", "3",
+            "--strategy", "ps", "--run-dir", str(tmp_path / "r")]
+    proc = start(slow, tmp_path, tmp_path / "log")
+    try:
+        server = wait_for(lambda: children(proc.pid)[2:], 60, "the server")[0]
+        wait_for(lambda: "parameter server(s)" in (tmp_path / "log").read_text(), 60, "training to start")
+        time.sleep(1)
+        os.kill(server, signal.SIGKILL)
+        assert proc.wait(timeout=120) == 1
+    finally:
+        kill_group(proc)
+    log = (tmp_path / "log").read_text()
+    assert "scaletrain: error: parameter server (rank 2) failed with exit code -9" in log, log[-3000:]
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--nproc", "1"], "needs more processes than servers"),
     (["--nproc", "3", "--backup-workers", "2", "--batch-size", "64"], "leaves no gradient to apply"),
     (["--nproc", "3", "--max-staleness", "2"], "apply to --ps-mode async"),
-    (["--nproc", "3", "--checkpoint-every", "5"], "does not support --checkpoint-every yet"),
+    (["--nproc", "3", "--clip-grad-norm", "1"], "does not support --clip-grad-norm yet"),
 ])
 def test_bad_parameter_server_setups_are_one_line(tmp_path, extra, message):
     result = run(["train", *DIGITS_MLP, "--strategy", "ps", "--epochs", "1", *extra,

@@ -64,9 +64,10 @@ class Checkpointer:
             (path / "COMMITTED").unlink(missing_ok=True)
             shutil.rmtree(path)
         strategy.barrier()
+        strategy.join_checkpoint(path, loading=False)
         with _single_process_quiet():
             # Returns once every rank's part and the metadata are written.
-            dcp.save(trainer.state_dict(), checkpoint_id=str(path))
+            dcp.save(strategy.state_to_save(trainer.state_dict()), checkpoint_id=str(path))
         if strategy.is_chief:
             self.store.commit(path, position)
             self.store.prune()
@@ -126,6 +127,7 @@ class Checkpointer:
         except UnsafeCheckpoint as exc:
             raise UserError(f"checkpoint {path} was refused: {exc}; it was not written by scaletrain's DCP "
                             "checkpointer, so nothing in it was run") from None
+        trainer.strategy.join_checkpoint(path, loading=True)
         with _single_process_quiet():
             dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
         values = trainer.load_state_dict(state, saved_world, saved_replicas)

@@ -80,10 +80,13 @@ def launch_from_config(cfg, argv: list[str], run_dir: str, run_id: str) -> int:
         print("scaletrain: note: --max-restarts without --checkpoint-every: a restarted group starts over",
               file=sys.stderr)
     worker_argv = argv + ["--run-dir", run_dir, "--run-id", run_id]
-    return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv)
+    servers_from = processes - cfg.distributed.num_ps if cfg.distributed.strategy == "ps" else processes
+    return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv,
+                  role=lambda rank: f"parameter server (rank {rank})" if rank >= servers_from else f"worker rank {rank}")
 
 
-def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], command: str = "train") -> int:
+def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], command: str = "train",
+           role=lambda rank: f"worker rank {rank}") -> int:
     """Runs the elastic agent in this process, each worker running `scaletrain COMMAND
     WORKER_ARGV`; returns the job's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -102,7 +105,7 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
         run(args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        print(f"scaletrain: error: worker rank {rank} failed with exit code {failure.exitcode} "
+        print(f"scaletrain: error: {role(rank)} failed with exit code {failure.exitcode} "
               f"(after {max_restarts} allowed restart(s)); its output is above", file=sys.stderr)
         return 1
     return 0

@@ -1,21 +1,35 @@
 """One parameter server: a shard of the parameters and its optimizer state, and the loop that
-applies the workers' gradients (strategies/parameter_server.py describes the protocol)."""
+applies the workers' gradients (strategies/parameter_server.py describes the protocol).
+
+A worker's message is a header and a flat tensor of the server's shard size:
+
+    [kind, parameter version, lr, meetings]   meetings: how many meetings the worker has entered
+
+A *meeting* is a point every worker reaches at the same step: a collective of the workers (the
+epoch's metrics, evaluation) or a checkpoint. Before one a worker tells every server, so a sync
+step does not wait for a worker that is waiting for the others. Meeting counts, not arrival
+order, decide who is waiting: a gradient sent after meeting k proves meeting k is over (every
+worker had entered it), even when it arrives before a slower worker's notice of meeting k.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
+
 HEADER = 4
-GRADIENT, DONE, IDLE = 1.0, 2.0, 3.0   # IDLE: a worker waits at a collective of the workers (evaluation)
+GRADIENT, DONE, IDLE, SAVE, LOAD = 1.0, 2.0, 3.0, 4.0, 5.0
 DROPPED = -1.0     # the staleness slot of a reply whose gradient was not applied
 
 
 class Server:
-    def __init__(self, config, optim_config, shapes: list[tuple[int, ...]], workers: int):
+    def __init__(self, config, optim_config, names: list[str], shapes: list[tuple[int, ...]], workers: int):
         from scaletrain.optim import build_optimizer
-        self.config, self.workers = config, workers
+        self.config, self.workers, self.names = config, workers, names
         self.params = [nn.Parameter(torch.zeros(shape)) for shape in shapes]
         self.size = sum(p.numel() for p in self.params)
         self.optimizer = build_optimizer(optim_config, None, torch.device("cpu"), params=self.params)
@@ -54,26 +68,67 @@ class Server:
         header = torch.tensor([float(self.version), 0.0, 0.0, staleness])
         dist.send(torch.cat([header] + [p.detach().reshape(-1) for p in self.params]), dst=worker)
 
+    # -- checkpoints: the servers write and read their shard beside the workers' state
+    def state_dict(self) -> dict:
+        """This shard in the trainer's checkpoint layout (training/state.py): weights under
+        "model", optimizer state under "optimizer" as "<name>/<key>"; DCP reshards by name, so a
+        resume may use another number of servers."""
+        optimizer = {}
+        for name, p in zip(self.names, self.params):
+            for key, value in self.optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    optimizer[f"{name}/{key}"] = value
+        return {"model": dict(zip(self.names, self.params)), "optimizer": optimizer}
+
+    @torch.no_grad()
+    def _create_optimizer_state(self) -> None:
+        """A lazily built optimizer (AdamW) has no state to load into before its first step: take
+        one with zero gradients and LR 0 (no change to any weight; the load then overwrites it)."""
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        for group in self.optimizer.param_groups:
+            group["lr"].fill_(0.0)
+        self.optimizer.step()
+
+    def _checkpoint(self, kind: float) -> None:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)     # the chief's path, on the group DCP uses
+        if kind == SAVE:
+            dcp.save(self.state_dict(), checkpoint_id=box[0])
+        else:
+            self._create_optimizer_state()
+            dcp.load(self.state_dict(), storage_reader=SafeFileSystemReader(box[0]), planner=SafeLoadPlanner())
+            self.version = 0          # the workers restart their count too
+
+    # -- the loop
     def run(self) -> dict:
         message = torch.empty(HEADER + self.size)
-        active, idle = set(range(self.workers)), set()
+        active = set(range(self.workers))
+        meetings = dict.fromkeys(active, 0)     # meetings each worker has entered
+        checkpoints: dict[int, float] = {}      # meeting number -> SAVE or LOAD
+        over = 0                                # meetings known to be over (a gradient came after them)
         pending: dict[int, tuple[torch.Tensor, float]] = {}    # sync: this step's gradients, by worker
         mode, backups = self.config.ps_mode, self.config.backup_workers
         while active:
             worker = dist.recv(message)
-            kind, version, lr = float(message[0]), int(message[1]), float(message[2])
+            kind, version, lr, entered = float(message[0]), int(message[1]), float(message[2]), int(message[3])
             if kind == DONE:
                 active.discard(worker)
-            elif kind == IDLE:
-                idle.add(worker)
-                if idle >= active:   # everyone has met: after the collective they all push again
-                    idle.clear()
-            else:
-                idle.discard(worker)
+            elif kind == GRADIENT:
+                over = max(over, entered)
                 self._receive(worker, version, lr, message, pending)
+            else:                                   # IDLE, SAVE or LOAD: the worker enters a meeting
+                meetings[worker] = entered
+                if kind != IDLE:
+                    checkpoints[entered] = kind
+            waiting = {w for w in active if meetings[w] > over}
+            ready = [k for k in checkpoints if all(meetings[w] >= k for w in active)]
+            for k in ready:                         # every worker is at this checkpoint: join it
+                self._checkpoint(checkpoints.pop(k))
+                over = max(over, k)
             # Sync: a step needs one gradient from each working worker, less the backups; a worker
-            # that is done, or waiting for the others at a collective of the workers, is not waited for.
-            working = len(active - idle)
+            # that is done, or waiting for the others at a meeting, is not waited for.
+            working = len(active - waiting)
             if mode == "sync" and pending and len(pending) >= min(self.workers - backups, max(working, 1)):
                 # In worker order, so the sum is the same whatever order the messages came in.
                 ranks = sorted(pending)

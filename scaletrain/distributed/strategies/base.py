@@ -142,6 +142,17 @@ class Strategy(ABC):
         """The life of a process that does not train (see `trains`)."""
         raise NotImplementedError(f"strategy {self.name} has no serving processes")
 
+    # -- checkpoints
+    def join_checkpoint(self, path, loading: bool) -> None:
+        """Called on every training process right before the checkpointer's DCP save or load of
+        `path` (a collective on the default group): processes that hold state but do not train
+        (parameter servers) are brought in here."""
+
+    def state_to_save(self, state: dict) -> dict:
+        """What this process writes of the trainer's state (`training/state.py`); the default is
+        all of it (DCP writes replicated tensors once)."""
+        return state
+
     def optimizer_parameters(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters this rank's optimizer updates (and holds state for)."""
         return [p for p in model.parameters() if p.requires_grad]

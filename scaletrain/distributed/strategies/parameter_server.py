@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.distributed.ps_server import DONE, DROPPED, GRADIENT, HEADER, IDLE, Server
+from scaletrain.distributed.ps_server import DONE, DROPPED, GRADIENT, HEADER, IDLE, LOAD, SAVE, Server
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.errors import ConfigError
@@ -85,8 +85,10 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.workers = env.world_size - config.num_ps
         self.workers_group = None
         self.params: list[nn.Parameter] = []
+        self.names: list[str] = []
         self.shards: list[list[int]] = []
         self.version = 0
+        self.meetings = 0       # meetings entered (ps_server.py): collectives of the workers, checkpoints
         self.live = False       # off during the untimed warm-up: no update may reach the servers
         self.stats = ExchangeStats()
 
@@ -139,10 +141,11 @@ class ParameterServerStrategy(ProcessGroupStrategy):
 
     # -- the workers' side
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.names, self.params = [name for name, _ in named], [p for _, p in named]
         self.shards = balance([p.numel() for p in self.params], self.config.num_ps)
         # The servers learn the layout and the chief's initial values (every worker's are equal).
-        layout = [[tuple(p.shape) for p in self.params], self.shards]
+        layout = [self.names, [tuple(p.shape) for p in self.params], self.shards]
         dist.broadcast_object_list(layout, src=0)
         if self.is_chief:
             for k, shard in enumerate(self.shards):
@@ -169,7 +172,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         started = time.perf_counter()
         sends, replies = [], []
         for k, shard in enumerate(self.shards):
-            header = torch.tensor([GRADIENT, self.version, lr, 0.0])
+            header = torch.tensor([GRADIENT, self.version, lr, self.meetings])
             sends.append(dist.isend(torch.cat([header, self._flat(shard, grads=True)]), dst=self.server_rank(k)))
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
@@ -197,9 +200,11 @@ class ParameterServerStrategy(ProcessGroupStrategy):
             self.stats.staleness.append(int(first[3]))
 
     def _tell_servers(self, kind: float) -> None:
+        if kind != DONE:
+            self.meetings += 1
         for k, shard in enumerate(self.shards):
             message = torch.zeros(HEADER + sum(self.params[i].numel() for i in shard))
-            message[0] = kind
+            message[0], message[3] = kind, self.meetings
             dist.send(message, dst=self.server_rank(k))
 
     def teardown(self, clean: bool = True) -> None:
@@ -234,15 +239,29 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self._meet()
         dist.barrier(group=self.workers_group)
 
+    # -- checkpoints: the servers write and read the parameters and the optimizer state
+    def join_checkpoint(self, path, loading: bool) -> None:
+        """Brings the servers into the DCP save or load the workers are about to enter (a meeting:
+        no gradient is in flight), and tells them where."""
+        self._tell_servers(LOAD if loading else SAVE)
+        dist.broadcast_object_list([str(path)], src=0)
+
+    def state_to_save(self, state: dict) -> dict:
+        """The servers write the parameters (the workers' copies may be older, in async mode);
+        the workers write the rest: buffers, LR, counters, RNG, the loop's position."""
+        held = set(self.names)
+        state["model"] = {k: v for k, v in state["model"].items() if k not in held}
+        return state
+
     # -- the servers' side
     def serve(self, optim_config) -> dict:
         """A parameter server's whole life: receive the layout and initial values, then apply
         gradients until every worker is done. Returns its counts."""
-        layout = [None, None]
+        layout = [None, None, None]
         dist.broadcast_object_list(layout, src=0)
-        shapes, shards = layout
-        server = Server(self.config, optim_config, [shapes[i] for i in shards[self.rank - self.workers]],
-                        self.workers)
+        names, shapes, shards = layout
+        mine = shards[self.rank - self.workers]
+        server = Server(self.config, optim_config, [names[i] for i in mine], [shapes[i] for i in mine], self.workers)
         dist.recv(server.flat_params(), src=0)
         server.load_initial()
         return server.run()
