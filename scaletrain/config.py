@@ -194,6 +194,8 @@ class DistributedConfig:
     max_staleness: int | None = _f(None, "--ps-mode async: drop gradients computed on parameters more than this many "
                                    "updates old", ge=0)
     stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness")
+    sync_warmup_epochs: int = _f(0, "--ps-mode async: train the first N epochs in sync mode (a warm-up on one "
+                                 "consistent model before gradients can be stale)", ge=0)
     ps_worker_delay_s: float = _f(0.0, "testing and benchmarks: worker 1 sleeps this long before each push (a slow "
                                   "worker on purpose)", ge=0)
 
@@ -234,14 +236,16 @@ class DistributedConfig:
             return "--strategy tensor needs --tensor-parallel 2 or more"
         ps_flags = {"--num-ps": self.num_ps != 1, "--ps-mode": self.ps_mode != "sync",
                     "--backup-workers": self.backup_workers > 0, "--max-staleness": self.max_staleness is not None,
-                    "--stale-lr": self.stale_lr, "--ps-worker-delay-s": self.ps_worker_delay_s > 0}
+                    "--stale-lr": self.stale_lr, "--sync-warmup-epochs": self.sync_warmup_epochs > 0,
+                    "--ps-worker-delay-s": self.ps_worker_delay_s > 0}
         given = [flag for flag, on in ps_flags.items() if on]
         if self.strategy != "ps" and given:
             return f"{given[0]} needs --strategy ps"
         if self.ps_mode == "async" and self.backup_workers:
             return "--backup-workers applies to --ps-mode sync (async never waits for a worker)"
-        if self.ps_mode == "sync" and (self.max_staleness is not None or self.stale_lr):
-            return "--max-staleness and --stale-lr apply to --ps-mode async (sync gradients are never stale)"
+        if self.ps_mode == "sync" and (self.max_staleness is not None or self.stale_lr or self.sync_warmup_epochs):
+            return ("--max-staleness, --stale-lr and --sync-warmup-epochs apply to --ps-mode async (sync gradients "
+                    "are never stale)")
         return None
 
 

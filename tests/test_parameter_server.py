@@ -45,16 +45,21 @@ def test_sync_parameter_servers_equal_ddp_with_one_and_two_servers(tmp_path):
 
 def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     base = [*DIGITS_MLP, "--batch-size", "66", "--nproc", "4", "--strategy", "ps", "--ps-mode", "async"]
-    free = run(["train", *base, "--epochs", "3", "--run-dir", str(tmp_path / "a")], tmp_path)
+    free = run(["train", *base, "--epochs", "3", "--sync-warmup-epochs", "1", "--ps-worker-delay-s", "0.002",
+                "--run-dir", str(tmp_path / "a")], tmp_path)
     assert free.returncode == 0, free.stderr
     logs = metrics(tmp_path / "a")
     assert logs[-1]["val_accuracy"] >= 0.9
     assert sum(m["ps_pushes"] for m in logs) == 3 * logs[-1]["optimizer_steps"]   # every worker step, one push
+    assert all(sum(m["ps_staleness_counts"]) == m["ps_pushes"] for m in logs)      # none dropped: all counted
+    # The warm-up epoch is sync (nothing stale); then the slowed worker's gradients arrive late.
+    assert logs[0]["ps_staleness_max"] == 0 and sum(sum(m["ps_staleness_counts"][1:]) for m in logs[1:]) > 0
     bounded = run(["train", *base, "--epochs", "2", "--max-staleness", "0", "--run-dir", str(tmp_path / "b")],
                   tmp_path)
     assert bounded.returncode == 0, bounded.stderr
     logs = metrics(tmp_path / "b")
     assert all(m["ps_staleness_max"] == 0 for m in logs) and sum(m["ps_dropped"] for m in logs) > 0
+    assert all(m["ps_staleness_counts"][0] == m["ps_pushes"] - m["ps_dropped"] for m in logs)
 
 
 def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_kill_or_a_dead_server(tmp_path):
@@ -107,6 +112,7 @@ def test_a_dead_server_ends_the_job_with_one_line(tmp_path):
     (["--nproc", "1"], "needs more processes than servers"),
     (["--nproc", "3", "--backup-workers", "2", "--batch-size", "64"], "leaves no gradient to apply"),
     (["--nproc", "3", "--max-staleness", "2"], "apply to --ps-mode async"),
+    (["--nproc", "3", "--sync-warmup-epochs", "1"], "apply to --ps-mode async"),
     (["--nproc", "3", "--clip-grad-norm", "1"], "does not support --clip-grad-norm yet"),
 ])
 def test_bad_parameter_server_setups_are_one_line(tmp_path, extra, message):

@@ -69,7 +69,7 @@ class MetricsLog:
             self.on_epoch_end(trainer, epoch, logs)
 
     def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
-        record = {k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        record = {k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool, list)) or v is None}
         with self.path.open("a", newline="") as fh:
             if self.format == "jsonl":
                 fh.write(json.dumps(record) + "\n")

@@ -23,6 +23,7 @@ from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlan
 
 HEADER = 4
 GRADIENT, DONE, IDLE, SAVE, LOAD = 1.0, 2.0, 3.0, 4.0, 5.0
+SYNC_GRADIENT = 6.0    # a gradient of an async run's sync warm-up (--sync-warmup-epochs)
 DROPPED = -1.0     # the staleness slot of a reply whose gradient was not applied
 
 
@@ -107,29 +108,30 @@ class Server:
         meetings = dict.fromkeys(active, 0)     # meetings each worker has entered
         checkpoints: dict[int, float] = {}      # meeting number -> SAVE or LOAD
         over = 0                                # meetings known to be over (a gradient came after them)
-        pending: dict[int, tuple[torch.Tensor, float]] = {}    # sync: this step's gradients, by worker
-        mode, backups = self.config.ps_mode, self.config.backup_workers
+        pending: dict[int, tuple[torch.Tensor, float]] = {}    # this sync step's gradients, by worker
+        backups = self.config.backup_workers
         while active:
             worker = dist.recv(message)
             kind, version, lr, entered = float(message[0]), int(message[1]), float(message[2]), int(message[3])
             if kind == DONE:
                 active.discard(worker)
-            elif kind == GRADIENT:
+            elif kind in (GRADIENT, SYNC_GRADIENT):
                 over = max(over, entered)
-                self._receive(worker, version, lr, message, pending)
+                mode = "sync" if kind == SYNC_GRADIENT else self.config.ps_mode
+                self._receive(mode, worker, version, lr, message, pending)
             else:                                   # IDLE, SAVE or LOAD: the worker enters a meeting
                 meetings[worker] = entered
                 if kind != IDLE:
                     checkpoints[entered] = kind
-            waiting = {w for w in active if meetings[w] > over}
             ready = [k for k in checkpoints if all(meetings[w] >= k for w in active)]
             for k in ready:                         # every worker is at this checkpoint: join it
                 self._checkpoint(checkpoints.pop(k))
                 over = max(over, k)
+            waiting = {w for w in active if meetings[w] > over}
             # Sync: a step needs one gradient from each working worker, less the backups; a worker
             # that is done, or waiting for the others at a meeting, is not waited for.
             working = len(active - waiting)
-            if mode == "sync" and pending and len(pending) >= min(self.workers - backups, max(working, 1)):
+            if pending and len(pending) >= min(self.workers - backups, max(working, 1)):
                 # In worker order, so the sum is the same whatever order the messages came in.
                 ranks = sorted(pending)
                 average = torch.stack([pending[w][0] for w in ranks]).sum(0) / len(ranks)
@@ -139,8 +141,8 @@ class Server:
                 pending.clear()
         return {"applied": self.applied, "dropped": self.dropped, "staleness": self.staleness}
 
-    def _receive(self, worker: int, version: int, lr: float, message: torch.Tensor, pending: dict) -> None:
-        if self.config.ps_mode == "async":
+    def _receive(self, mode: str, worker: int, version: int, lr: float, message: torch.Tensor, pending: dict) -> None:
+        if mode == "async":
             staleness = self.version - version
             if self.config.max_staleness is not None and staleness > self.config.max_staleness:
                 self.dropped += 1

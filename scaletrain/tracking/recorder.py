@@ -12,9 +12,11 @@ from scaletrain.tracking.system_monitor import SystemMonitor
 
 
 def plain_metrics(logs: dict) -> dict:
-    """The JSON-able scalars of an epoch log (tensors and arrays have been read back by then)."""
-    return {k: (v if isinstance(v, (bool, str)) or v is None else float(v)) for k, v in logs.items()
-            if isinstance(v, (numbers.Number, bool, str)) or v is None}
+    """The JSON-able values of an epoch log: scalars, and lists of numbers (a distribution, such as
+    a parameter server's staleness counts). Tensors and arrays have been read back by then."""
+    return {k: (v if isinstance(v, (bool, str, list)) or v is None else float(v)) for k, v in logs.items()
+            if isinstance(v, (numbers.Number, bool, str)) or v is None
+            or (isinstance(v, list) and all(isinstance(x, numbers.Number) for x in v))}
 
 
 class RunRecorder:

@@ -207,6 +207,7 @@ class Trainer:
                 break
             self.epoch = epoch
             train_loader.set_epoch(epoch, start_step)
+            self.strategy.begin_epoch(epoch)
             self.callbacks.call("on_epoch_begin", self, epoch)
             logs = self._train_epoch(train_loader, epoch, start_step)
             start_step = 0

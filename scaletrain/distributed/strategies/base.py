@@ -82,6 +82,10 @@ class Strategy(ABC):
         count every sample once."""
         return True
 
+    def begin_epoch(self, epoch: int) -> None:
+        """Called on every training process before each epoch's steps (a parameter server's
+        sync warm-up ends at an epoch)."""
+
     def epoch_metrics(self) -> dict[str, float]:
         """The strategy's own figures for the epoch just trained, added to its metrics (called on
         every rank at each epoch's end)."""

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.distributed.ps_server import DONE, DROPPED, GRADIENT, HEADER, IDLE, LOAD, SAVE, Server
+from scaletrain.distributed.ps_server import DONE, DROPPED, GRADIENT, HEADER, IDLE, LOAD, SAVE, SYNC_GRADIENT, Server
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.errors import ConfigError
@@ -60,6 +60,9 @@ class ExchangeStats:
     dropped: int = 0
     staleness: list[int] = field(default_factory=list)
     seconds: float = 0.0
+
+
+STALENESS_BUCKETS = 16   # the staleness histogram's last bucket holds this many updates late or more
 
 
 class PushPullOptimizer(torch.optim.Optimizer):
@@ -90,6 +93,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.version = 0
         self.meetings = 0       # meetings entered (ps_server.py): collectives of the workers, checkpoints
         self.live = False       # off during the untimed warm-up: no update may reach the servers
+        self.gradient_kind = GRADIENT
         self.stats = ExchangeStats()
 
     # -- roles
@@ -109,18 +113,30 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         backups = f", {self.config.backup_workers} backup" if self.config.backup_workers else ""
         return f"{self.workers} worker(s) + {self.config.num_ps} parameter server(s), {self.config.ps_mode}{backups}"
 
-    def epoch_metrics(self) -> dict[str, float]:
+    def epoch_metrics(self) -> dict[str, float | list[int]]:
         """Over all workers, this epoch: pushes, gradients dropped (late or too stale), the mean
-        and largest staleness of the applied ones, and seconds spent exchanging."""
+        and largest staleness of the applied ones and their distribution (`ps_staleness_counts[s]`:
+        gradients applied s updates late; the last entry counts STALENESS_BUCKETS or more), and
+        seconds spent exchanging."""
         s = self.stats
-        counts = torch.tensor([s.pushes, s.dropped, sum(s.staleness), len(s.staleness), s.seconds], dtype=torch.float64)
-        self.all_reduce_sum_(counts)
+        counts = torch.tensor([s.pushes, s.dropped, s.seconds], dtype=torch.float64)
+        histogram = torch.bincount(torch.tensor(s.staleness, dtype=torch.long).clamp(max=STALENESS_BUCKETS),
+                                   minlength=STALENESS_BUCKETS + 1).to(torch.float64)
+        staleness_sum = torch.tensor([float(sum(s.staleness))], dtype=torch.float64)
+        totals = torch.cat([counts, staleness_sum, histogram])
+        self.all_reduce_sum_(totals)
         largest = self.all_reduce_max_(torch.tensor([max(s.staleness, default=0)], dtype=torch.float64))
         self.stats = ExchangeStats()
-        pushes, dropped, stale_sum, applied, seconds = counts.tolist()
+        pushes, dropped, seconds, stale_sum = totals[:4].tolist()
+        histogram = [int(n) for n in totals[4:].tolist()]
+        applied = sum(histogram)
         return {"ps_pushes": int(pushes), "ps_dropped": int(dropped),
                 "ps_staleness_mean": stale_sum / applied if applied else 0.0, "ps_staleness_max": int(largest),
-                "ps_exchange_s": seconds / self.workers}
+                "ps_staleness_counts": histogram, "ps_exchange_s": seconds / self.workers}
+
+    def begin_epoch(self, epoch: int) -> None:
+        warming_up = epoch < self.config.sync_warmup_epochs
+        self.gradient_kind = SYNC_GRADIENT if warming_up else GRADIENT
 
     def setup(self, device_request: str) -> torch.device:
         if self.workers < 1:
@@ -172,7 +188,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         started = time.perf_counter()
         sends, replies = [], []
         for k, shard in enumerate(self.shards):
-            header = torch.tensor([GRADIENT, self.version, lr, self.meetings])
+            header = torch.tensor([self.gradient_kind, self.version, lr, self.meetings])
             sends.append(dist.isend(torch.cat([header, self._flat(shard, grads=True)]), dst=self.server_rank(k)))
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
