@@ -189,8 +189,9 @@ class DistributedConfig:
                      ge=1)
     ps_mode: str = _f("sync", "--strategy ps: sync (every step waits for the workers' gradients) or async (each "
                       "gradient is applied as it arrives)", choices=("sync", "async"))
-    backup_workers: int = _f(0, "--ps-mode sync: apply the first workers - B gradients of each step and drop the "
-                             "late ones, so no step waits for the slowest B workers", ge=0)
+    backup_workers: int = _f(0, "--strategy ps: an epoch ends once all but B workers have finished their share (the "
+                             "rest of the others' is dropped); in sync mode each step also applies the first "
+                             "workers - B gradients and drops the late ones. Nothing waits for the slowest B", ge=0)
     max_staleness: int | None = _f(None, "--ps-mode async: drop gradients computed on parameters more than this many "
                                    "updates old", ge=0)
     stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness")
@@ -241,8 +242,6 @@ class DistributedConfig:
         given = [flag for flag, on in ps_flags.items() if on]
         if self.strategy != "ps" and given:
             return f"{given[0]} needs --strategy ps"
-        if self.ps_mode == "async" and self.backup_workers:
-            return "--backup-workers applies to --ps-mode sync (async never waits for a worker)"
         if self.ps_mode == "sync" and (self.max_staleness is not None or self.stale_lr or self.sync_warmup_epochs):
             return ("--max-staleness, --stale-lr and --sync-warmup-epochs apply to --ps-mode async (sync gradients "
                     "are never stale)")

@@ -62,6 +62,23 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     assert all(m["ps_staleness_counts"][0] == m["ps_pushes"] - m["ps_dropped"] for m in logs)
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tmp_path, mode):
+    """Worker 1 sleeps 1.5 s before each push: with one backup, each epoch ends once workers 0 and 2
+    have finished their 19 steps; worker 1's single push of the epoch arrives after that and is
+    dropped, and the rest of its share is never trained."""
+    result = run(["train", *DIGITS_MLP, "--batch-size", "66", "--epochs", "2", "--nproc", "4", "--strategy", "ps",
+                  "--ps-mode", mode, "--backup-workers", "1", "--ps-worker-delay-s", "1.5",
+                  "--run-dir", str(tmp_path / "r")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    logs = metrics(tmp_path / "r")
+    assert [m["optimizer_steps"] for m in logs] == [19, 38]        # positions agree: 19 steps an epoch
+    for m in logs:
+        assert m["epoch_train_time_s"] < 1.5                       # the chief never waited for worker 1
+        assert (m["ps_pushes"], m["ps_dropped"]) == (2 * 19 + 1, 1)
+        assert m["samples"] == (2 * 19 + 1) * 22                   # what was trained, worker 1's one batch included
+
+
 def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_kill_or_a_dead_server(tmp_path):
     """The servers write the parameters and AdamW's state into the run's DCP checkpoint: a run
     SIGKILLed after a checkpoint and resumed, and a run whose parameter server is SIGKILLed and

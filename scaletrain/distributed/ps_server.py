@@ -3,13 +3,19 @@ applies the workers' gradients (strategies/parameter_server.py describes the pro
 
 A worker's message is a header and a flat tensor of the server's shard size:
 
-    [kind, parameter version, lr, meetings]   meetings: how many meetings the worker has entered
+    [kind, parameter version, lr, meetings, epoch]   meetings: how many meetings the worker has entered
+
+and a server's reply is [version, epoch over, 0, staleness (or DROPPED), 0] and its parameters.
 
 A *meeting* is a point every worker reaches at the same step: a collective of the workers (the
 epoch's metrics, evaluation) or a checkpoint. Before one a worker tells every server, so a sync
 step does not wait for a worker that is waiting for the others. Meeting counts, not arrival
 order, decide who is waiting: a gradient sent after meeting k proves meeting k is over (every
 worker had entered it), even when it arrives before a slower worker's notice of meeting k.
+
+With backup workers an epoch ends once all but B workers have finished their share: the others'
+gradients of that epoch are dropped from then on, and their replies say the epoch is over, so a
+slow worker stops where it is instead of making everyone wait at the epoch's end.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from torch import nn
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 
-HEADER = 4
-GRADIENT, DONE, IDLE, SAVE, LOAD = 1.0, 2.0, 3.0, 4.0, 5.0
+HEADER = 5
+GRADIENT, DONE, IDLE, SAVE, LOAD, EPOCH_END = 1.0, 2.0, 3.0, 4.0, 5.0, 7.0
 SYNC_GRADIENT = 6.0    # a gradient of an async run's sync warm-up (--sync-warmup-epochs)
 DROPPED = -1.0     # the staleness slot of a reply whose gradient was not applied
 
@@ -65,8 +71,8 @@ class Server:
         self.version += 1
         self.applied += 1
 
-    def _reply(self, worker: int, staleness: float) -> None:
-        header = torch.tensor([float(self.version), 0.0, 0.0, staleness])
+    def _reply(self, worker: int, staleness: float, epoch_over: bool = False) -> None:
+        header = torch.tensor([float(self.version), float(epoch_over), 0.0, staleness, 0.0])
         dist.send(torch.cat([header] + [p.detach().reshape(-1) for p in self.params]), dst=worker)
 
     # -- checkpoints: the servers write and read their shard beside the workers' state
@@ -108,17 +114,36 @@ class Server:
         meetings = dict.fromkeys(active, 0)     # meetings each worker has entered
         checkpoints: dict[int, float] = {}      # meeting number -> SAVE or LOAD
         over = 0                                # meetings known to be over (a gradient came after them)
-        pending: dict[int, tuple[torch.Tensor, float]] = {}    # this sync step's gradients, by worker
+        pending: dict[int, tuple[torch.Tensor, float, int]] = {}   # this sync step's gradients, by worker
+        finished: dict[int, set[int]] = {}      # epoch -> workers that have ended it
+        cut: set[int] = set()                   # epochs ended for everyone (backup workers)
         backups = self.config.backup_workers
         while active:
             worker = dist.recv(message)
-            kind, version, lr, entered = float(message[0]), int(message[1]), float(message[2]), int(message[3])
+            kind, version, lr = float(message[0]), int(message[1]), float(message[2])
+            entered, epoch = int(message[3]), int(message[4])
             if kind == DONE:
                 active.discard(worker)
             elif kind in (GRADIENT, SYNC_GRADIENT):
                 over = max(over, entered)
-                mode = "sync" if kind == SYNC_GRADIENT else self.config.ps_mode
-                self._receive(mode, worker, version, lr, message, pending)
+                if epoch in cut:                # the epoch ended without this worker: not applied
+                    self.dropped += 1
+                    self._reply(worker, DROPPED, epoch_over=True)
+                else:
+                    mode = "sync" if kind == SYNC_GRADIENT else self.config.ps_mode
+                    self._receive(mode, worker, version, lr, epoch, message, pending)
+            elif kind == EPOCH_END:
+                done = finished.setdefault(epoch, set())
+                done.add(worker)
+                if epoch not in cut and len(done) >= self.workers - backups:
+                    cut.add(epoch)
+                    for w in [w for w, (_, _, e) in pending.items() if e == epoch]:
+                        del pending[w]
+                        self.dropped += 1
+                        self._reply(w, DROPPED, epoch_over=True)
+                if done >= active:
+                    del finished[epoch]
+                    cut.discard(epoch)
             else:                                   # IDLE, SAVE or LOAD: the worker enters a meeting
                 meetings[worker] = entered
                 if kind != IDLE:
@@ -141,7 +166,8 @@ class Server:
                 pending.clear()
         return {"applied": self.applied, "dropped": self.dropped, "staleness": self.staleness}
 
-    def _receive(self, mode: str, worker: int, version: int, lr: float, message: torch.Tensor, pending: dict) -> None:
+    def _receive(self, mode: str, worker: int, version: int, lr: float, epoch: int, message: torch.Tensor,
+                 pending: dict) -> None:
         if mode == "async":
             staleness = self.version - version
             if self.config.max_staleness is not None and staleness > self.config.max_staleness:
@@ -155,4 +181,4 @@ class Server:
             self.dropped += 1
             self._reply(worker, DROPPED)
         else:
-            pending[worker] = (message[HEADER:].clone(), lr)
+            pending[worker] = (message[HEADER:].clone(), lr, epoch)

@@ -32,21 +32,37 @@ class DeviceCounters:
         self.slot.zero_()
         self.metric_sum.zero_()
 
-    def read(self, steps_done: int, strategy=None) -> dict:
+    def read(self, steps_done: int, strategy=None, ran: int | None = None) -> dict:
         """One device-to-host transfer: the losses of the first `steps_done` steps and the totals.
         With several processes the values are first summed over them (one all-reduce) and divided by
         the replicas: losses averaged over replicas, training-metric sums kept as sums. Processes
         that do not record (a pipeline's earlier stages) hold zeros there. Skipped/applied steps are
-        the same on every process, so they are divided back by the count of processes summed over."""
+        the same on every process, so they are divided back by the count of processes summed over.
+
+        `ran`: the steps this process ran, when an epoch may end before every replica has run them
+        all (`Strategy.cuts_epochs`): each step's loss is then averaged over the replicas that ran
+        it, and `replica_steps` counts them."""
         totals = torch.stack([self.metric_sum, self.skipped.double(), self.applied_steps.double()])
         values = torch.cat([self.step_losses[:steps_done].to(torch.float64), totals])
+        replica_steps = float(steps_done)
+        if ran is not None:
+            recorded = float(strategy.records_metrics if strategy is not None else True)
+            ran_mask = (torch.arange(steps_done, device=values.device) < ran).to(torch.float64) * recorded
+            values = torch.cat([values, ran_mask])
         if strategy is not None and strategy.world_size > 1:
             strategy.all_reduce_sum_(values)
-            values[:steps_done] /= strategy.replicas
-            values[steps_done + 1:] /= strategy.collective_size
-        values = values.tolist()
+            if ran is None:
+                values[:steps_done] /= strategy.replicas
+                replica_steps *= strategy.replicas
+            else:
+                runners = values[steps_done + 3:]
+                values[:steps_done] /= runners.clamp(min=1)
+                replica_steps = float(runners.sum())
+            values[steps_done + 1:steps_done + 3] /= strategy.collective_size
+        values = values[:steps_done + 3].tolist()
         losses, (metric_sum, skipped, applied) = values[:steps_done], values[steps_done:]
-        return {"losses": losses, "metric_sum": metric_sum, "skipped": int(skipped), "applied_steps": int(applied)}
+        return {"losses": losses, "metric_sum": metric_sum, "skipped": int(skipped), "applied_steps": int(applied),
+                "replica_steps": replica_steps}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"step_losses": self.step_losses, "slot": self.slot, "metric_sum": self.metric_sum,

@@ -284,10 +284,18 @@ class Trainer:
                 self.checkpointer.save(self)
                 self.checkpoint_time_s += time.perf_counter() - paused_at
                 self.clock.resume()
+            if self.strategy.epoch_cut():
+                break   # the others have finished the epoch (backup workers): the rest of this share is dropped
+        self.strategy.end_epoch()
         epoch_time = self.clock.stop()
-        values = c.read(epoch_step, self.strategy)
+        if self.strategy.cuts_epochs:
+            ran, epoch_step = epoch_step, self._agree_on_epoch_end(epoch_step, first_global_step)
+            values = c.read(epoch_step, self.strategy, ran=ran)
+            samples = round(values["replica_steps"] * self.batch.global_batch / self.strategy.replicas)
+        else:
+            values = c.read(epoch_step, self.strategy)
+            samples = epoch_step * self.batch.global_batch
         self._check_finite(values["losses"], first_global_step)
-        samples = epoch_step * self.batch.global_batch
         return {
             "epoch": epoch + 1,
             "train_loss": sum(values["losses"]) / max(epoch_step, 1),
@@ -303,6 +311,16 @@ class Trainer:
             "optimizer_steps": values["applied_steps"],
             **({"loss_scale": float(self.scaler.scale)} if self.scaler else {}),
         }
+
+    def _agree_on_epoch_end(self, ran: int, first_global_step: int) -> int:
+        """An epoch that ended early for some replicas: every process takes the most steps any ran
+        (the position, the LR schedule's count and the checkpoints then agree again)."""
+        agreed = torch.tensor([ran, int(self.counters.applied_steps)], dtype=torch.float64)
+        self.strategy.all_reduce_max_(agreed)
+        steps, applied = (int(v) for v in agreed.tolist())
+        self.counters.applied_steps.fill_(applied)
+        self.epoch_step, self.global_step = steps, first_global_step + steps
+        return steps
 
     def _check_finite(self, losses: list[float], first_global_step: int) -> None:
         """Under fp16-mixed an overflow is the loss scaler's business; elsewhere it is fatal."""

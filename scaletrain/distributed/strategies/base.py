@@ -82,6 +82,21 @@ class Strategy(ABC):
         count every sample once."""
         return True
 
+    @property
+    def cuts_epochs(self) -> bool:
+        """Whether an epoch may end for a replica before it has run all its steps (parameter
+        servers with backup workers do not wait for the slowest). The trainer then agrees on the
+        epoch's step count at its end, and averages each step's loss over the replicas that ran it."""
+        return False
+
+    def epoch_cut(self) -> bool:
+        """Whether this process's epoch was just ended early (see `cuts_epochs`); host state only."""
+        return False
+
+    def end_epoch(self) -> None:
+        """Called on every training process when its epoch's steps end (run out or cut), before
+        the epoch's metrics are gathered."""
+
     def begin_epoch(self, epoch: int) -> None:
         """Called on every training process before each epoch's steps (a parameter server's
         sync warm-up ends at an epoch)."""

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.distributed.ps_server import DONE, DROPPED, GRADIENT, HEADER, IDLE, LOAD, SAVE, SYNC_GRADIENT, Server
+from scaletrain.distributed.ps_server import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, SAVE, SYNC_GRADIENT,
+                                              Server)
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.errors import ConfigError
@@ -94,6 +95,8 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.meetings = 0       # meetings entered (ps_server.py): collectives of the workers, checkpoints
         self.live = False       # off during the untimed warm-up: no update may reach the servers
         self.gradient_kind = GRADIENT
+        self.epoch = 0
+        self.cut = False        # the servers ended this epoch before this worker finished its share
         self.stats = ExchangeStats()
 
     # -- roles
@@ -137,6 +140,21 @@ class ParameterServerStrategy(ProcessGroupStrategy):
     def begin_epoch(self, epoch: int) -> None:
         warming_up = epoch < self.config.sync_warmup_epochs
         self.gradient_kind = SYNC_GRADIENT if warming_up else GRADIENT
+        self.epoch = epoch
+
+    @property
+    def cuts_epochs(self) -> bool:
+        return self.config.backup_workers > 0
+
+    def epoch_cut(self) -> bool:
+        return self.cut
+
+    def end_epoch(self) -> None:
+        """Tells the servers this worker's epoch is over; once all but the backups have said so,
+        they end it for the rest."""
+        if self.live and self.cuts_epochs:
+            self._tell_servers(EPOCH_END)
+        self.cut = False
 
     def setup(self, device_request: str) -> torch.device:
         if self.workers < 1:
@@ -188,7 +206,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         started = time.perf_counter()
         sends, replies = [], []
         for k, shard in enumerate(self.shards):
-            header = torch.tensor([self.gradient_kind, self.version, lr, self.meetings])
+            header = torch.tensor([self.gradient_kind, self.version, lr, self.meetings, self.epoch])
             sends.append(dist.isend(torch.cat([header, self._flat(shard, grads=True)]), dst=self.server_rank(k)))
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
@@ -210,17 +228,18 @@ class ParameterServerStrategy(ProcessGroupStrategy):
                 offset += p.numel()
         first = replies[0]
         self.version = int(first[0])
+        self.cut = self.cut or any(bool(reply[1]) for reply in replies)
         if first[3] == DROPPED:
             self.stats.dropped += 1
         else:
             self.stats.staleness.append(int(first[3]))
 
     def _tell_servers(self, kind: float) -> None:
-        if kind != DONE:
+        if kind not in (DONE, EPOCH_END):
             self.meetings += 1
         for k, shard in enumerate(self.shards):
             message = torch.zeros(HEADER + sum(self.params[i].numel() for i in shard))
-            message[0], message[3] = kind, self.meetings
+            message[0], message[3], message[4] = kind, self.meetings, self.epoch
             dist.send(message, dst=self.server_rank(k))
 
     def teardown(self, clean: bool = True) -> None:
