@@ -60,6 +60,11 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     logs = metrics(tmp_path / "b")
     assert all(m["ps_staleness_max"] == 0 for m in logs) and sum(m["ps_dropped"] for m in logs) > 0
     assert all(m["ps_staleness_counts"][0] == m["ps_pushes"] - m["ps_dropped"] for m in logs)
+    # The run report plots the distribution beside the usual plots (the store in this folder holds both runs).
+    report = run(["runs", "report", "-o", str(tmp_path / "report.html")], tmp_path)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("<svg") == 6 and "Staleness of the applied gradients" in page
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -126,7 +126,27 @@ def _time_vs_loss(runs: list[RunData]) -> str:
     return to_svg(figure)
 
 
-PLOTS = [_accuracy, _loss, _throughput, _memory, _time_vs_loss]
+def _staleness(runs: list[RunData]) -> str | None:
+    """Parameter-server runs: how stale the applied gradients were (seed 002), over all epochs."""
+    figure, axes = None, None
+    for run in runs:
+        counts = [e["ps_staleness_counts"] for e in run.epochs if isinstance(e.get("ps_staleness_counts"), list)]
+        total = [sum(column) for column in zip(*counts)]
+        if not sum(total):
+            continue
+        if figure is None:
+            figure, axes = _figure(runs)
+        last = len(total) - 1
+        axes.step(range(len(total)), [n / sum(total) for n in total], where="mid", color=run.colour, label=run.label)
+        axes.set_xticks(range(0, len(total), 2), [str(k) if k < last else f"{k}+" for k in range(0, len(total), 2)])
+    if figure is None:
+        return None
+    style(axes, "Staleness of the applied gradients (parameter servers)", "updates applied since the gradient's "
+          "parameters", "fraction of applied gradients")
+    return to_svg(figure)
+
+
+PLOTS = [_accuracy, _loss, _throughput, _memory, _time_vs_loss, _staleness]
 
 
 def _table(runs: list[RunData]) -> str:
@@ -157,7 +177,8 @@ def _environments(runs: list[RunData]) -> str:
 def render_report(store: RunStore, records: list[RunRecord], title: str = "scaletrain runs") -> str:
     keys = varying_keys(records)
     runs = [RunData(store, record, i, keys) for i, record in enumerate(records)]
-    plots = "".join(f'<div class="plot">{plot(runs)}</div>' for plot in PLOTS)
+    figures = (plot(runs) for plot in PLOTS)
+    plots = "".join(f'<div class="plot">{svg}</div>' for svg in figures if svg)
     stamp = datetime.now().strftime("%Y-%m-%d %H:%M")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
