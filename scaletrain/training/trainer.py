@@ -287,7 +287,9 @@ class Trainer:
             if self.strategy.epoch_cut():
                 break   # the others have finished the epoch (backup workers): the rest of this share is dropped
         self.strategy.end_epoch()
-        epoch_time = self.clock.stop()
+        # The epoch's training ends when every replica has finished its steps, so the reads below (a
+        # collective) are inside the clock: a replica that finished first (a parameter server's fast
+        # worker, which never waits inside a step) counts its wait for the others.
         if self.strategy.cuts_epochs:
             ran, epoch_step = epoch_step, self._agree_on_epoch_end(epoch_step, first_global_step)
             values = c.read(epoch_step, self.strategy, ran=ran)
@@ -295,6 +297,7 @@ class Trainer:
         else:
             values = c.read(epoch_step, self.strategy)
             samples = epoch_step * self.batch.global_batch
+        epoch_time = self.clock.stop()
         self._check_finite(values["losses"], first_global_step)
         return {
             "epoch": epoch + 1,
