@@ -8,7 +8,7 @@ import pytest
 
 from scaletrain.cli.main import main
 from scaletrain.planning.hardware import get_interconnect
-from scaletrain.planning.scaling import ScalingInputs, device_counts, explain, predict
+from scaletrain.planning.scaling import ScalingInputs, device_counts, explain, predict, predict_parameter_server
 
 MiB = 2**20
 
@@ -63,6 +63,35 @@ def test_scaling_command_measures_and_prints_json(tmp_path, capsys):
         assert {"devices", "step_time_s", "speedup", "efficiency"} <= r.keys()
     assert records[0]["speedup"] == 1.0 and records[0]["step_time_s"] > 0
     assert records[0]["grad_bytes"] == 4 * sum((64 * 256 + 256, 256 * 256 + 256, 256 * 10 + 10))
+
+
+def test_parameter_server_formula_the_busiest_server_and_whole_tensors():
+    link = get_interconnect("100g")   # 11e9 B/s, 20 us
+    tensors = [40 * MiB, 40 * MiB, 10 * MiB, 10 * MiB]
+    one = predict_parameter_server(0.050, 32, tensors, workers=8, servers=1, link=link, update_s_per_byte=1e-11)
+    assert one.largest_shard_bytes == 100 * MiB
+    assert one.server_link_s == pytest.approx(8 * 100 * MiB / 11e9)          # W shards through one link
+    assert one.worker_link_s == pytest.approx(100 * MiB / 11e9)
+    assert one.exchange_s == pytest.approx(one.server_link_s + 2 * 20e-6 + 100 * MiB * 1e-11)
+    assert one.images_per_sec == pytest.approx(8 * 32 / (0.050 + one.exchange_s))
+    two = predict_parameter_server(0.050, 32, tensors, workers=8, servers=2, link=link)
+    assert two.largest_shard_bytes == 50 * MiB and two.server_link_s == pytest.approx(one.server_link_s / 2)
+    # Four servers cannot split a 40 MiB tensor: the largest shard, not K, sets the pace.
+    four = predict_parameter_server(0.050, 32, tensors, workers=8, servers=4, link=link)
+    assert four.largest_shard_bytes == 40 * MiB
+    # One worker's own link is the floor: with W = 1 the servers never carry more than it does.
+    assert predict_parameter_server(0.050, 32, tensors, 1, 4, link).exchange_s == \
+           pytest.approx(100 * MiB / 11e9 + 2 * 20e-6)
+
+
+def test_scaling_command_predicts_parameter_servers(capsys):
+    code = main(["scaling", "--model", "mlp", "--data", "digits", "--batch-size", "64", "--device", "cpu",
+                 "--measure-steps", "5", "--strategy", "ps", "--workers", "4", "--json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["servers"] for r in records] == [1, 2, 4]      # the MLP has 6 tensors
+    assert records[0]["largest_shard_bytes"] == 4 * sum((64 * 256 + 256, 256 * 256 + 256, 256 * 10 + 10))
+    assert records[0]["exchange_s"] > records[1]["exchange_s"] and records[0]["update_s_per_byte"] > 0
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -13,7 +13,8 @@ from rich.table import Table
 
 from scaletrain.errors import ConfigError
 from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
-from scaletrain.planning.scaling import ScalingInputs, device_counts, explain, predict, predict_pipeline
+from scaletrain.planning.scaling import (ScalingInputs, device_counts, explain, predict, predict_parameter_server,
+                                        predict_pipeline)
 
 
 def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,8 @@ def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--assume-h100-mfu", type=float, default=None, metavar="FRACTION",
                    help="instead of measuring, assume an H100 at this fraction of its dense peak for the "
                         "precision (step time from the counted FLOPs)")
+    g.add_argument("--workers", type=int, default=8,
+                   help="with --strategy ps: the workers the parameter servers serve (one row per server count)")
     g.add_argument("--json", action="store_true", help="print one JSON record per device count")
 
 
@@ -41,7 +44,7 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.planning.measure import measure_single_device
     cfg = config_from_args(args)
     for name, value, low in (("--devices-per-host", args.devices_per_host, 1), ("--max-devices", args.max_devices, 1),
-                             ("--measure-steps", args.measure_steps, 2)):
+                             ("--measure-steps", args.measure_steps, 2), ("--workers", args.workers, 1)):
         if value < low:
             raise ConfigError(f"{name} must be at least {low} (got {value})")
     if not 0 <= args.overlap <= 1:
@@ -62,6 +65,8 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     intra = args.interconnect or ("nvlink-h100" if m.device.startswith(("NVIDIA", "cuda")) else "pcie4")
     if cfg.distributed.strategy == "pipeline":
         return _pipeline_prediction(cfg, args, console, m, step_time, source, intra)
+    if cfg.distributed.strategy == "ps":
+        return _parameter_server_prediction(cfg, args, console, m, step_time, source)
     inputs = ScalingInputs(step_time_s=step_time, per_device_batch=cfg.batch_size, grad_bytes=m.grad_bytes,
                            intra=get_interconnect(intra), network=get_interconnect(args.network),
                            devices_per_host=args.devices_per_host, overlap=args.overlap,
@@ -115,4 +120,49 @@ def _pipeline_prediction(cfg, args, console, m, step_time: float, source: str, i
     console.print(f"a pipeline of {stages} balanced stages idles (P-1)/(M+P-1) of each step; more micro-batches "
                   "shrink the bubble until each micro-batch is too small to keep a device busy (not modelled: "
                   "measure it, BENCHMARKS.md)", soft_wrap=True)
+    return 0
+
+
+def optimizer_seconds_per_byte(cfg, tensor_bytes: int, repeats: int = 5) -> float:
+    """Times the run's optimizer stepping one float32 tensor of `tensor_bytes` on this CPU (a
+    parameter server's update of its shard), per byte."""
+    import time
+
+    import torch
+
+    from scaletrain.optim import build_optimizer
+    param = torch.nn.Parameter(torch.zeros(max(tensor_bytes // 4, 1)))
+    param.grad = torch.full_like(param, 1e-3)
+    optimizer = build_optimizer(cfg.optim, None, torch.device("cpu"), params=[param])
+    optimizer.step()    # builds its state
+    started = time.perf_counter()
+    for _ in range(repeats):
+        optimizer.step()
+    return (time.perf_counter() - started) / repeats / tensor_bytes
+
+
+def _parameter_server_prediction(cfg, args, console, m, step_time: float, source: str) -> int:
+    """Sync parameter servers: one row per server count at --workers workers, over --network."""
+    link = get_interconnect(args.network)
+    counts = [k for k in (1, 2, 4, 8, 16) if k <= len(m.tensor_bytes)]
+    per_byte = optimizer_seconds_per_byte(cfg, sum(m.tensor_bytes))
+    points = [predict_parameter_server(step_time, cfg.batch_size, list(m.tensor_bytes), args.workers, k, link,
+                                       per_byte) for k in counts]
+    if args.json:
+        print(json.dumps([{**p.to_dict(), "step_time_source": source, "per_worker_batch": cfg.batch_size,
+                           "network": args.network, "update_s_per_byte": per_byte} for p in points], indent=2))
+        return 0
+    table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size} per worker, {args.workers} workers, parameter "
+                        f"servers over {args.network}; step time {source}")
+    for col in ("servers", "largest shard MiB", "server link ms", "worker link ms", "update ms", "exchange ms",
+                "step ms", "images/s"):
+        table.add_column(col, justify="right")
+    for p in points:
+        table.add_row(str(p.servers), f"{p.largest_shard_bytes / 2**20:.2f}", f"{p.server_link_s * 1e3:.2f}",
+                      f"{p.worker_link_s * 1e3:.2f}", f"{p.update_s * 1e3:.2f}", f"{p.exchange_s * 1e3:.2f}",
+                      f"{p.step_time_s * 1e3:.2f}", f"{p.images_per_sec:,.0f}")
+    console.print(table)
+    console.print(f"each server's link carries {args.workers} workers' shards each way: sharding over more servers "
+                  "divides that until a worker's own link (the whole model each way) or the largest tensor (a "
+                  "server holds whole tensors) sets the pace", soft_wrap=True)
     return 0

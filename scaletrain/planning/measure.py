@@ -39,6 +39,8 @@ class StepMeasurement:
     # The largest activation between two consecutive pipeline layers, for the whole batch: what a
     # pipeline cut there sends forward (and its gradient back). 0 for a model with no layer sequence.
     boundary_bytes: int = 0
+    # Each trainable tensor's bytes: how a parameter server would shard them.
+    tensor_bytes: tuple[int, ...] = ()
 
 
 def boundary_bytes(trainer, dataset) -> int:
@@ -78,11 +80,13 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
         if time_steps:
             trainer.fit(dataset)
     # Under autocast the weights, hence the gradients DDP reduces, stay float32; bf16-true halves them.
-    grad_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
+    tensor_bytes = tuple(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
+    grad_bytes = sum(tensor_bytes)
     flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device, tokens=dataset.mean is None)
     from scaletrain.summary import device_name
     step_time = cfg.batch_size / throughput.steady_state() if time_steps else float("nan")
     return StepMeasurement(step_time_s=step_time, batch_size=cfg.batch_size,
                            grad_bytes=grad_bytes, params=sum(p.numel() for p in trainer.model.parameters()),
                            device=device_name(trainer.device), flops_per_sample=flops,
-                           sample_shape=tuple(dataset.input_shape), boundary_bytes=boundary_bytes(trainer, dataset))
+                           sample_shape=tuple(dataset.input_shape), boundary_bytes=boundary_bytes(trainer, dataset),
+                           tensor_bytes=tensor_bytes)

@@ -1,4 +1,5 @@
-"""Predicts data-parallel step time, speedup and efficiency from one measured device.
+"""Predicts data-parallel step time, speedup and efficiency from one measured device (a ring
+all-reduce, or parameter servers: `predict_parameter_server`).
 
 Model (weak scaling: every device keeps the per-device batch, so N devices process N times the
 samples per step):
@@ -150,3 +151,49 @@ def predict_pipeline(step_time_s: float, stages: int, microbatches: int, activat
                                                                  + link.hop_latency)
     return PipelinePoint(stages=p, microbatches=m, bubble_fraction=(p - 1) / slots, compute_s=step_time_s / p,
                          transfer_s=transfer, step_time_s=compute + transfer)
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterServerPoint:
+    servers: int
+    workers: int
+    largest_shard_bytes: int
+    server_link_s: float        # the busiest server's traffic: W gradient shards in, W parameter shards out
+    worker_link_s: float        # one worker's traffic: its whole gradient out, the parameters in
+    latency_s: float
+    update_s: float             # the busiest server's optimizer step on its shard
+    exchange_s: float
+    step_time_s: float
+    images_per_sec: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict_parameter_server(step_time_s: float, per_worker_batch: int, tensor_bytes: list[int], workers: int,
+                             servers: int, link: Interconnect, update_s_per_byte: float = 0.0) -> ParameterServerPoint:
+    """A synchronous parameter-server step (seed 002): every worker pushes its gradient, shard by
+    shard, to K servers after its backward pass, and pulls the new parameters back:
+
+        S_k = the bytes of server k's whole tensors (largest first onto the least loaded server)
+        t_server = W * max_k S_k / B      each link full duplex: W shards in while W go out
+        t_worker = S / B                  a worker's own link carries the whole model each way
+        t_exchange = max(t_server, t_worker) + 2 * alpha + max_k S_k * u
+        t_step = t_compute + t_exchange   nothing overlaps: the push starts after the backward
+
+    The busiest server's link is the bottleneck seed 002 describes: it carries W times its shard,
+    so sharding over K servers divides it until one worker's own link, or the largest tensor (a
+    server holds whole tensors), limits it. u: the optimizer step's seconds per byte of a shard."""
+    from scaletrain.distributed.strategies.parameter_server import balance
+    shards = balance(list(tensor_bytes), servers)
+    largest = max(sum(tensor_bytes[i] for i in shard) for shard in shards)
+    server_link = workers * largest / link.bus_bandwidth
+    worker_link = sum(tensor_bytes) / link.bus_bandwidth
+    latency = 2 * link.hop_latency
+    update = largest * update_s_per_byte
+    exchange = max(server_link, worker_link) + latency + update
+    step = step_time_s + exchange
+    return ParameterServerPoint(servers=servers, workers=workers, largest_shard_bytes=largest,
+                                server_link_s=server_link, worker_link_s=worker_link, latency_s=latency,
+                                update_s=update, exchange_s=exchange, step_time_s=step,
+                                images_per_sec=workers * per_worker_batch / step)
