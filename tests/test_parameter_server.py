@@ -15,6 +15,9 @@ import torch
 
 from tests.processes import (DIGITS_MLP, children, cli_env, committed_steps, kill_group, kill_slowed_run_after_checkpoint,
                              metrics, run, start, summary, wait_for)
+import torch.distributed.checkpoint as dcp
+
+from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 from scaletrain.distributed.strategies.parameter_server import balance
 from scaletrain.errors import ConfigError
 
@@ -46,7 +49,7 @@ def test_sync_parameter_servers_equal_ddp_with_one_and_two_servers(tmp_path):
 def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     base = [*DIGITS_MLP, "--batch-size", "66", "--nproc", "4", "--strategy", "ps", "--ps-mode", "async"]
     free = run(["train", *base, "--epochs", "3", "--sync-warmup-epochs", "1", "--ps-worker-delay-s", "0.002",
-                "--run-dir", str(tmp_path / "a")], tmp_path)
+                "--checkpoint-every", "1000", "--run-dir", str(tmp_path / "a")], tmp_path)
     assert free.returncode == 0, free.stderr
     logs = metrics(tmp_path / "a")
     assert logs[-1]["val_accuracy"] >= 0.9
@@ -54,6 +57,13 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     assert all(sum(m["ps_staleness_counts"]) == m["ps_pushes"] for m in logs)      # none dropped: all counted
     # The warm-up epoch is sync (nothing stale); then the slowed worker's gradients arrive late.
     assert logs[0]["ps_staleness_max"] == 0 and sum(sum(m["ps_staleness_counts"][1:]) for m in logs[1:]) > 0
+    # The saved model is the servers' final state (the final checkpoint's weights, which the servers
+    # wrote), not the chief's last pull from before the other workers' last updates.
+    saved = _weights(tmp_path / "a")
+    final = {"model": {k: torch.zeros_like(v) for k, v in saved.items()}}
+    checkpoint = max((tmp_path / "a" / "checkpoints").glob("step-*"))
+    dcp.load(final, storage_reader=SafeFileSystemReader(str(checkpoint)), planner=SafeLoadPlanner())
+    assert all(torch.equal(saved[k], final["model"][k]) for k in saved)
     bounded = run(["train", *base, "--epochs", "2", "--max-staleness", "0", "--run-dir", str(tmp_path / "b")],
                   tmp_path)
     assert bounded.returncode == 0, bounded.stderr

@@ -28,7 +28,7 @@ from torch import nn
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 
 HEADER = 5
-GRADIENT, DONE, IDLE, SAVE, LOAD, EPOCH_END = 1.0, 2.0, 3.0, 4.0, 5.0, 7.0
+GRADIENT, DONE, IDLE, SAVE, LOAD, EPOCH_END, PULL = 1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 8.0
 SYNC_GRADIENT = 6.0    # a gradient of an async run's sync warm-up (--sync-warmup-epochs)
 DROPPED = -1.0     # the staleness slot of a reply whose gradient was not applied
 
@@ -124,6 +124,8 @@ class Server:
             entered, epoch = int(message[3]), int(message[4])
             if kind == DONE:
                 active.discard(worker)
+            elif kind == PULL:                  # the current parameters, nothing applied
+                self._reply(worker, 0.0)
             elif kind in (GRADIENT, SYNC_GRADIENT):
                 over = max(over, entered)
                 if epoch in cut:                # the epoch ended without this worker: not applied

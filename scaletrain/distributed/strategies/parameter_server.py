@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.distributed.ps_server import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, SAVE, SYNC_GRADIENT,
-                                              Server)
+from scaletrain.distributed.ps_server import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, PULL, SAVE,
+                                              SYNC_GRADIENT, Server)
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.errors import ConfigError
@@ -150,11 +150,30 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         return self.cut
 
     def end_epoch(self) -> None:
-        """Tells the servers this worker's epoch is over; once all but the backups have said so,
-        they end it for the rest."""
-        if self.live and self.cuts_epochs:
-            self._tell_servers(EPOCH_END)
+        """Tells the servers this worker's epoch is over (once all but the backups have said so,
+        they end it for the rest); then, once every worker is done pushing, takes the servers'
+        parameters: the epoch's evaluation, the saved model and the next epoch start from the
+        servers' state, not from a worker's last (in async mode, older) pull."""
         self.cut = False
+        if not self.live:
+            return
+        if self.cuts_epochs:
+            self._tell_servers(EPOCH_END)
+        self.barrier()
+        self._pull()
+
+    def _pull(self) -> None:
+        for k, shard in enumerate(self.shards):
+            message = torch.zeros(HEADER + sum(self.params[i].numel() for i in shard))
+            message[0] = PULL
+            dist.send(message, dst=self.server_rank(k))
+        replies = []
+        for k, shard in enumerate(self.shards):
+            reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
+            dist.recv(reply, src=self.server_rank(k))
+            replies.append(reply)
+        self._copy_parameters(replies)
+        self.version = int(replies[0][0])
 
     def setup(self, device_request: str) -> torch.device:
         if self.workers < 1:
@@ -218,14 +237,17 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.stats.seconds += time.perf_counter() - started
 
     @torch.no_grad()
-    def _adopt(self, replies: list[torch.Tensor]) -> None:
-        self.stats.pushes += 1
+    def _copy_parameters(self, replies: list[torch.Tensor]) -> None:
         for reply, shard in zip(replies, self.shards):
             offset = HEADER
             for i in shard:
                 p = self.params[i]
                 p.copy_(reply[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
+
+    def _adopt(self, replies: list[torch.Tensor]) -> None:
+        self.stats.pushes += 1
+        self._copy_parameters(replies)
         first = replies[0]
         self.version = int(first[0])
         self.cut = self.cut or any(bool(reply[1]) for reply in replies)
