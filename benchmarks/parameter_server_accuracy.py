@@ -78,7 +78,7 @@ def main() -> None:
         acc = spread([r["val_accuracy"] for r in runs])
         best = spread([r["best"] for r in runs])
         print(f"| {name} | {wall['median']:.1f} ({wall['min']:.1f}-{wall['max']:.1f}) | {to_target} | "
-              f"{acc['median']:.3f} | {best['median']:.3f} | {runs[-1]['dropped']} / {runs[-1]['pushes']} | "
+              f"{acc['median']:.3f} | {best['median']:.3f} | {int(runs[-1]['dropped'])} / {int(runs[-1]['pushes'])} | "
               f"{runs[-1]['staleness_mean']:.2f} |")
     print(f"report: {out / 'report.html'}")
 

@@ -197,6 +197,9 @@ class DistributedConfig:
     stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness")
     sync_warmup_epochs: int = _f(0, "--ps-mode async: train the first N epochs in sync mode (a warm-up on one "
                                  "consistent model before gradients can be stale)", ge=0)
+    ps_roll_call_s: float = _f(5.0, "--strategy ps, async or backups: after a failed collective of the workers, how "
+                               "long the survivors wait for each other at the roll call before going on without "
+                               "the missing", gt=0)
     ps_worker_delay_s: float = _f(0.0, "testing and benchmarks: worker 1 sleeps this long before each push (a slow "
                                   "worker on purpose)", ge=0)
 

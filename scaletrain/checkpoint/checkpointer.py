@@ -67,7 +67,8 @@ class Checkpointer:
         strategy.join_checkpoint(path, loading=False)
         with _single_process_quiet():
             # Returns once every rank's part and the metadata are written.
-            dcp.save(strategy.state_to_save(trainer.state_dict()), checkpoint_id=str(path))
+            dcp.save(strategy.state_to_save(trainer.state_dict()), checkpoint_id=str(path),
+                     process_group=strategy.checkpoint_group)
         if strategy.is_chief:
             self.store.commit(path, position)
             self.store.prune()
@@ -129,7 +130,8 @@ class Checkpointer:
                             "checkpointer, so nothing in it was run") from None
         trainer.strategy.join_checkpoint(path, loading=True)
         with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
+                     process_group=trainer.strategy.checkpoint_group)
         values = trainer.load_state_dict(state, saved_world, saved_replicas)
         self.last_saved_step = values["global_step"]
         self.last_saved_position = (values["epoch"], values["epoch_step"])

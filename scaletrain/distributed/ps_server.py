@@ -29,6 +29,7 @@ from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlan
 
 HEADER = 5
 GRADIENT, DONE, IDLE, SAVE, LOAD, EPOCH_END, PULL = 1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 8.0
+LOST = 9.0     # from the chief: [LOST, the lost worker's rank, how many more follow]
 SYNC_GRADIENT = 6.0    # a gradient of an async run's sync warm-up (--sync-warmup-epochs)
 DROPPED = -1.0     # the staleness slot of a reply whose gradient was not applied
 
@@ -44,6 +45,7 @@ class Server:
         self.version = 0
         self.applied = self.dropped = 0
         self.staleness: list[int] = []
+        self.group = None     # the live workers and the servers, once a worker is lost (else the default)
 
     def flat_params(self) -> torch.Tensor:
         return self._buffer
@@ -71,9 +73,30 @@ class Server:
         self.version += 1
         self.applied += 1
 
+    @property
+    def tolerates_loss(self) -> bool:
+        return self.config.ps_mode == "async" or self.config.backup_workers > 0
+
     def _reply(self, worker: int, staleness: float, epoch_over: bool = False) -> None:
         header = torch.tensor([float(self.version), float(epoch_over), 0.0, staleness, 0.0])
-        dist.send(torch.cat([header] + [p.detach().reshape(-1) for p in self.params]), dst=worker)
+        try:
+            dist.send(torch.cat([header] + [p.detach().reshape(-1) for p in self.params]), dst=worker)
+        except RuntimeError:
+            if not self.tolerates_loss:
+                raise
+            # That worker is dead (gloo: its connection closed). The others go on; the chief tells
+            # us who is gone once the workers' roll call has settled it (LOST).
+
+    def _receive_any(self, message: torch.Tensor) -> int:
+        """The next message from any worker. Where workers may die, a connection reset by a dead
+        one is skipped: gloo goes on receiving from the others."""
+        for failures in range(1000):
+            try:
+                return dist.recv(message)
+            except RuntimeError:
+                if not self.tolerates_loss or failures == 999:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- checkpoints: the servers write and read their shard beside the workers' state
     def state_dict(self) -> dict:
@@ -99,12 +122,13 @@ class Server:
 
     def _checkpoint(self, kind: float) -> None:
         box = [None]
-        dist.broadcast_object_list(box, src=0)     # the chief's path, on the group DCP uses
+        dist.broadcast_object_list(box, src=0, group=self.group)     # the chief's path, on the group DCP uses
         if kind == SAVE:
-            dcp.save(self.state_dict(), checkpoint_id=box[0])
+            dcp.save(self.state_dict(), checkpoint_id=box[0], process_group=self.group)
         else:
             self._create_optimizer_state()
-            dcp.load(self.state_dict(), storage_reader=SafeFileSystemReader(box[0]), planner=SafeLoadPlanner())
+            dcp.load(self.state_dict(), storage_reader=SafeFileSystemReader(box[0]), planner=SafeLoadPlanner(),
+                     process_group=self.group)
             self.version = 0          # the workers restart their count too
 
     # -- the loop
@@ -119,13 +143,23 @@ class Server:
         cut: set[int] = set()                   # epochs ended for everyone (backup workers)
         backups = self.config.backup_workers
         while active:
-            worker = dist.recv(message)
+            worker = self._receive_any(message)
             kind, version, lr = float(message[0]), int(message[1]), float(message[2])
             entered, epoch = int(message[3]), int(message[4])
             if kind == DONE:
                 active.discard(worker)
             elif kind == PULL:                  # the current parameters, nothing applied
                 self._reply(worker, 0.0)
+            elif kind == LOST:                  # a worker died: stop counting on it
+                gone, more = int(message[1]), int(message[2])
+                active.discard(gone)
+                if pending.pop(gone, None) is not None:
+                    self.dropped += 1
+                for done in finished.values():
+                    done.discard(gone)
+                if more == 0:                   # the survivors regroup with the servers
+                    servers = list(range(self.workers, dist.get_world_size()))
+                    self.group = dist.new_group(sorted(active) + servers, use_local_synchronization=True)
             elif kind in (GRADIENT, SYNC_GRADIENT):
                 over = max(over, entered)
                 if epoch in cut:                # the epoch ended without this worker: not applied
@@ -137,7 +171,7 @@ class Server:
             elif kind == EPOCH_END:
                 done = finished.setdefault(epoch, set())
                 done.add(worker)
-                if epoch not in cut and len(done) >= self.workers - backups:
+                if epoch not in cut and len(done) >= min(self.workers - backups, len(active)):
                     cut.add(epoch)
                     for w in [w for w, (_, _, e) in pending.items() if e == epoch]:
                         del pending[w]

@@ -24,7 +24,6 @@ from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig
 from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
 from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
-from scaletrain.distributed.sharding import eval_range
 from scaletrain.errors import ConfigError, NonFiniteLossError
 from scaletrain.optim import LRSchedule, build_optimizer, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
@@ -159,8 +158,8 @@ class Trainer:
             batch, shard = self.batch.per_replica, dict(rank=s.replica_rank, world_size=s.replicas)
         else:
             # Each replica evaluates one contiguous range; the sums are all-reduced afterwards.
-            start, end = eval_range(len(split), s.replica_rank, s.replicas)
-            split = split if s.replicas == 1 else ArraySplit(split.x[start:end], split.y[start:end])
+            start, end = s.evaluation_range(len(split))
+            split = split if (start, end) == (0, len(split)) else ArraySplit(split.x[start:end], split.y[start:end])
             batch, shard = data.val_batch_size or self.batch.per_replica, {}
         if not isinstance(split, ArraySplit):   # a ShardedSplit: streamed from disk, never whole in memory
             from scaletrain.data.shards import ShardLoader   # webdataset is an optional extra
@@ -275,7 +274,8 @@ class Trainer:
             batch_logs = {"epoch_step": epoch_step}
             if epoch_step >= next_log:  # a log step: the only reads inside the epoch
                 next_log += cfg.log_every
-                losses = c.read(epoch_step, self.strategy)["losses"]
+                ran = epoch_step if self.strategy.cuts_epochs else None
+                losses = c.read(epoch_step, self.strategy, ran=ran)["losses"]
                 self._check_finite(losses, first_global_step)
                 batch_logs["loss"] = sum(losses[-cfg.log_every:]) / len(losses[-cfg.log_every:])
             self.callbacks.call("on_train_batch_end", self, self.global_step, batch_logs)

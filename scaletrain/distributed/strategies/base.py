@@ -19,6 +19,7 @@ from torch import nn
 
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, replicated_state
+from scaletrain.distributed.sharding import eval_range
 from scaletrain.registry import registrar
 
 STRATEGIES: dict[str, type["Strategy"]] = {}
@@ -161,7 +162,17 @@ class Strategy(ABC):
         """The life of a process that does not train (see `trains`)."""
         raise NotImplementedError(f"strategy {self.name} has no serving processes")
 
+    def evaluation_range(self, samples: int) -> tuple[int, int]:
+        """The [start, end) of an evaluation split this process evaluates (the sums are then
+        all-reduced): by default each replica one contiguous range."""
+        return eval_range(samples, self.replica_rank, self.replicas)
+
     # -- checkpoints
+    @property
+    def checkpoint_group(self):
+        """The process group DCP saves and loads over (None: the default group, every process)."""
+        return None
+
     def join_checkpoint(self, path, loading: bool) -> None:
         """Called on every training process right before the checkpointer's DCP save or load of
         `path` (a collective on the default group): processes that hold state but do not train

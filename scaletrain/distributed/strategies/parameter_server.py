@@ -32,11 +32,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.distributed.ps_server import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, PULL, SAVE,
-                                              SYNC_GRADIENT, Server)
+from scaletrain.distributed.ps_membership import default_store, roll_call
+from scaletrain.distributed.ps_server import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, LOST, PULL,
+                                              SAVE, SYNC_GRADIENT, Server)
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
-from scaletrain.errors import ConfigError
+from scaletrain.errors import ConfigError, UserError
 
 
 
@@ -97,6 +98,11 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.gradient_kind = GRADIENT
         self.epoch = 0
         self.cut = False        # the servers ended this epoch before this worker finished its share
+        # Who is left: async and backup modes go on without a worker that died.
+        self.members = list(range(self.workers))
+        self.lost: list[int] = []
+        self.everyone_group = None      # the live workers and the servers, once one is lost (else the default)
+        self.roll_calls = 0
         self.stats = ExchangeStats()
 
     # -- roles
@@ -110,7 +116,24 @@ class ParameterServerStrategy(ProcessGroupStrategy):
 
     @property
     def collective_size(self) -> int:
-        return self.workers
+        return len(self.members)
+
+    @property
+    def tolerates_loss(self) -> bool:
+        """Async and backup modes never wait for a given worker, so they go on without a dead one."""
+        return self.config.ps_mode == "async" or self.config.backup_workers > 0
+
+    @property
+    def checkpoint_group(self):
+        return self.everyone_group
+
+    def evaluation_range(self, samples: int) -> tuple[int, int]:
+        """Where a worker may die, the chief evaluates the whole split (every worker holds the
+        servers' parameters after the epoch's pull, so the result is the same): no range can go
+        missing with a dead worker. Sync mode splits it as DDP does."""
+        if not self.tolerates_loss:
+            return super().evaluation_range(samples)
+        return (0, samples) if self.is_chief else (samples, samples)
 
     def describe(self) -> str:
         backups = f", {self.config.backup_workers} backup" if self.config.backup_workers else ""
@@ -135,7 +158,8 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         applied = sum(histogram)
         return {"ps_pushes": int(pushes), "ps_dropped": int(dropped),
                 "ps_staleness_mean": stale_sum / applied if applied else 0.0, "ps_staleness_max": int(largest),
-                "ps_staleness_counts": histogram, "ps_exchange_s": seconds / self.workers}
+                "ps_staleness_counts": histogram, "ps_exchange_s": seconds / len(self.members),
+                "ps_workers": len(self.members), "ps_workers_lost": len(self.lost)}
 
     def begin_epoch(self, epoch: int) -> None:
         warming_up = epoch < self.config.sync_warmup_epochs
@@ -144,7 +168,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
 
     @property
     def cuts_epochs(self) -> bool:
-        return self.config.backup_workers > 0
+        return self.tolerates_loss
 
     def epoch_cut(self) -> bool:
         return self.cut
@@ -157,7 +181,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.cut = False
         if not self.live:
             return
-        if self.cuts_epochs:
+        if self.config.backup_workers:
             self._tell_servers(EPOCH_END)
         self.barrier()
         self._pull()
@@ -256,17 +280,23 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         else:
             self.stats.staleness.append(int(first[3]))
 
-    def _tell_servers(self, kind: float) -> None:
-        if kind not in (DONE, EPOCH_END):
+    def _tell_servers(self, kind: float, about: tuple[float, float] = (0.0, 0.0)) -> None:
+        if kind not in (DONE, EPOCH_END, LOST):
             self.meetings += 1
         for k, shard in enumerate(self.shards):
             message = torch.zeros(HEADER + sum(self.params[i].numel() for i in shard))
             message[0], message[3], message[4] = kind, self.meetings, self.epoch
+            message[1], message[2] = about
             dist.send(message, dst=self.server_rank(k))
 
     def teardown(self, clean: bool = True) -> None:
         if clean and self.trains and self.shards:
             self._tell_servers(DONE)
+        if self.everyone_group is not None and self.owns_group and dist.is_initialized():
+            if clean:     # the default group holds a dead worker: drain over the live processes only
+                dist.barrier(group=self.everyone_group)
+            dist.destroy_process_group()
+            self.owns_group = False
         super().teardown(clean)
 
     # -- collectives among the workers (the servers take no part in evaluation or the run's plan).
@@ -276,32 +306,65 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         if self.live:
             self._tell_servers(IDLE)
 
-    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _among_workers(self, collective, tensor: torch.Tensor | None = None):
+        """Runs `collective(group)` over the live workers. Where workers may be lost, a failure
+        (gloo: a peer's connection closed) is followed by a roll call; if a worker is gone, the
+        survivors regroup and run the collective again on the input as it was."""
         self._meet()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.workers_group)
+        before = tensor.clone() if tensor is not None and self.tolerates_loss else None
+        try:
+            return collective(self.workers_group)
+        except RuntimeError:
+            if not self.tolerates_loss or not self._regroup():
+                raise
+        if before is not None:
+            tensor.copy_(before)
+        return collective(self.workers_group)
+
+    def _regroup(self) -> bool:
+        """Takes a roll call; with a worker missing, drops it (the servers too) and returns True."""
+        self.roll_calls += 1
+        present = roll_call(default_store(), self.roll_calls, self.rank, self.members, chief=0,
+                            wait_s=self.config.ps_roll_call_s)
+        if self.rank not in present:
+            raise UserError(f"worker rank {self.rank} missed the roll call after a failed collective and was "
+                            "dropped from the job; the others go on")
+        lost = [w for w in self.members if w not in present]
+        if not lost:
+            return False
+        self.members, self.lost = present, self.lost + lost
+        servers = [self.server_rank(k) for k in range(self.config.num_ps)]
+        if self.is_chief:
+            for i, w in enumerate(lost):     # the servers stop counting on it, then regroup with us
+                self._tell_servers(LOST, about=(float(w), float(len(lost) - 1 - i)))
+            print(f"scaletrain: worker rank(s) {', '.join(map(str, lost))} lost; training goes on with "
+                  f"{len(present)} worker(s)", flush=True)
+        self.workers_group = dist.new_group(present, use_local_synchronization=True)
+        self.everyone_group = dist.new_group(present + servers, use_local_synchronization=True)
+        return True
+
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._among_workers(lambda g: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=g), tensor)
         return tensor
 
     def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._meet()
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.workers_group)
+        self._among_workers(lambda g: dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=g), tensor)
         return tensor
 
     def broadcast_object(self, obj):
-        self._meet()
         box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.workers_group)
+        self._among_workers(lambda g: dist.broadcast_object_list(box, src=0, group=g))
         return box[0]
 
     def barrier(self) -> None:
-        self._meet()
-        dist.barrier(group=self.workers_group)
+        self._among_workers(lambda g: dist.barrier(group=g))
 
     # -- checkpoints: the servers write and read the parameters and the optimizer state
     def join_checkpoint(self, path, loading: bool) -> None:
         """Brings the servers into the DCP save or load the workers are about to enter (a meeting:
         no gradient is in flight), and tells them where."""
         self._tell_servers(LOAD if loading else SAVE)
-        dist.broadcast_object_list([str(path)], src=0)
+        dist.broadcast_object_list([str(path)], src=0, group=self.everyone_group)
 
     def state_to_save(self, state: dict) -> dict:
         """The servers write the parameters (the workers' copies may be older, in async mode);
@@ -321,4 +384,6 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         server = Server(self.config, optim_config, [names[i] for i in mine], [shapes[i] for i in mine], self.workers)
         dist.recv(server.flat_params(), src=0)
         server.load_initial()
-        return server.run()
+        counts = server.run()
+        self.everyone_group = server.group
+        return counts
