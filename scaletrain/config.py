@@ -241,7 +241,7 @@ class DistributedConfig:
         ps_flags = {"--num-ps": self.num_ps != 1, "--ps-mode": self.ps_mode != "sync",
                     "--backup-workers": self.backup_workers > 0, "--max-staleness": self.max_staleness is not None,
                     "--stale-lr": self.stale_lr, "--sync-warmup-epochs": self.sync_warmup_epochs > 0,
-                    "--ps-worker-delay-s": self.ps_worker_delay_s > 0}
+                    "--ps-roll-call-s": self.ps_roll_call_s != 5.0, "--ps-worker-delay-s": self.ps_worker_delay_s > 0}
         given = [flag for flag, on in ps_flags.items() if on]
         if self.strategy != "ps" and given:
             return f"{given[0]} needs --strategy ps"

@@ -193,3 +193,38 @@ def test_a_cluster_spec_with_a_ps_task_trains_like_nproc(tmp_path):
     wrong = run(["train", *COMMON, "--strategy", "ddp", "--run-dir", str(tmp_path / "w")], tmp_path,
                 SCALETRAIN_CLUSTER=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
     assert wrong.returncode == 2 and "lists 1 ps task(s); train with --strategy ps --num-ps 1" in wrong.stderr
+
+
+@pytest.mark.parametrize("mode", [["--ps-mode", "async"], ["--backup-workers", "1", "--checkpoint-every", "25"]],
+                         ids=["async", "backup-with-checkpoints"])
+def test_a_killed_worker_does_not_stop_training(tmp_path, mode):
+    """Chief, two workers and a server started as four commands (as on four hosts); worker 1 (rank
+    2) is SIGKILLed once the first epoch is recorded. The others finish every epoch without it,
+    record the loss, and (with checkpoints) keep saving over the processes left."""
+    ports = _free_ports(4)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"],
+               "ps": [f"127.0.0.1:{ports[3]}"]}
+    args = [sys.executable, "-m", "scaletrain", "train", *DIGITS_MLP, "--model", "faulty_models:slow_mlp",
+            "--model-option", "delay_s=0.01", "--epochs", "4", "--batch-size", "66", "--strategy", "ps",
+            "--ps-roll-call-s", "3", *mode, "--run-dir", str(tmp_path / "r")]
+    tasks = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=cli_env(SCALETRAIN_CLUSTER=json.dumps({"cluster": cluster,
+                                                                         "task": {"type": role, "index": index}})))
+             for role, index in (("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0))]
+    try:
+        wait_for(lambda: (tmp_path / "r" / "metrics.jsonl").is_file() and metrics(tmp_path / "r"), 120, "epoch 1")
+        os.kill(tasks[2].pid, signal.SIGKILL)
+        outputs = [task.communicate(timeout=180)[0] for task in tasks]
+    finally:
+        for task in tasks:
+            task.kill()
+    assert [task.returncode for task in tasks] == [0, 0, -signal.SIGKILL, 0], outputs
+    assert "worker rank(s) 2 lost; training goes on with 2 worker(s)" in outputs[0]
+    logs = metrics(tmp_path / "r")
+    assert [m["epoch"] for m in logs] == [1, 2, 3, 4] and logs[0]["ps_workers"] == 3
+    assert logs[-1]["ps_workers"] == 2 and logs[-1]["ps_workers_lost"] == 1
+    assert logs[-1]["samples"] == 2 * 19 * 22 and logs[-1]["optimizer_steps"] == 4 * 19   # two workers' shares
+    assert logs[-1]["val_accuracy"] > logs[0]["val_accuracy"]
+    assert summary(tmp_path / "r")["epochs_run"] == 4
+    if "--checkpoint-every" in mode:
+        assert committed_steps(tmp_path / "r" / "checkpoints")[-1] == 4 * 19

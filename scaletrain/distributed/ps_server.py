@@ -160,6 +160,9 @@ class Server:
                 if more == 0:                   # the survivors regroup with the servers
                     servers = list(range(self.workers, dist.get_world_size()))
                     self.group = dist.new_group(sorted(active) + servers, use_local_synchronization=True)
+                    # The workers then make their own group; a group of this server alone keeps its
+                    # count of groups equal to theirs (torch names the next group by that count).
+                    dist.new_group([dist.get_rank()], use_local_synchronization=True)
             elif kind in (GRADIENT, SYNC_GRADIENT):
                 over = max(over, entered)
                 if epoch in cut:                # the epoch ended without this worker: not applied

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.distributed.ps_membership import default_store, roll_call
+from scaletrain.distributed.ps_membership import Heartbeat, roll_call, store_client
 from scaletrain.distributed.ps_server import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, LOST, PULL,
                                               SAVE, SYNC_GRADIENT, Server)
 from scaletrain.distributed.strategies.base import register_strategy
@@ -103,6 +103,8 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.lost: list[int] = []
         self.everyone_group = None      # the live workers and the servers, once one is lost (else the default)
         self.roll_calls = 0
+        self.heartbeat: Heartbeat | None = None
+        self.store = None
         self.stats = ExchangeStats()
 
     # -- roles
@@ -209,8 +211,14 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         device = super().setup(device_request if self.rank < self.workers else "cpu")
         if self.device.type != "cpu":
             raise ConfigError("--strategy ps runs on the CPU with gloo for now; pass --device cpu")
-        # Every process creates every group, in the same order.
+        # Every process creates every group, in the same order. A server then makes a group of its
+        # own: a process holds the groups it is a member of, and torch names a group created later
+        # by its ranks and that count (the survivors' groups after a lost worker must match).
         self.workers_group = dist.new_group(list(range(self.workers)))
+        if not self.trains:
+            dist.new_group([self.rank], use_local_synchronization=True)
+        if self.trains and self.tolerates_loss:
+            self._start_heartbeat()
         return device
 
     def server_rank(self, k: int) -> int:
@@ -290,6 +298,8 @@ class ParameterServerStrategy(ProcessGroupStrategy):
             dist.send(message, dst=self.server_rank(k))
 
     def teardown(self, clean: bool = True) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if clean and self.trains and self.shards:
             self._tell_servers(DONE)
         if self.everyone_group is not None and self.owns_group and dist.is_initialized():
@@ -306,32 +316,31 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         if self.live:
             self._tell_servers(IDLE)
 
-    def _among_workers(self, collective, tensor: torch.Tensor | None = None):
-        """Runs `collective(group)` over the live workers. Where workers may be lost, a failure
-        (gloo: a peer's connection closed) is followed by a roll call; if a worker is gone, the
-        survivors regroup and run the collective again on the input as it was."""
+    def _among_workers(self, collective):
+        """Runs `collective(group)` over the live workers; where workers may be lost, after a roll
+        call that drops any dead one first (ps_membership.py)."""
         self._meet()
-        before = tensor.clone() if tensor is not None and self.tolerates_loss else None
-        try:
-            return collective(self.workers_group)
-        except RuntimeError:
-            if not self.tolerates_loss or not self._regroup():
-                raise
-        if before is not None:
-            tensor.copy_(before)
+        if self.tolerates_loss and self.live:
+            self._roll_call()
         return collective(self.workers_group)
 
-    def _regroup(self) -> bool:
-        """Takes a roll call; with a worker missing, drops it (the servers too) and returns True."""
+    def _start_heartbeat(self) -> None:
+        prefix = f"scaletrain/ps/{self.env.restart_count}"
+        self.store = store_client(self.config.init_timeout_s)
+        self.heartbeat = Heartbeat(prefix, self.rank, self.config.init_timeout_s)
+        self._prefix = prefix
+
+    def _roll_call(self) -> None:
+        """Drops the workers that have died since the last roll call (the servers too)."""
         self.roll_calls += 1
-        present = roll_call(default_store(), self.roll_calls, self.rank, self.members, chief=0,
-                            wait_s=self.config.ps_roll_call_s)
+        present = roll_call(self.store, self._prefix, self.roll_calls, self.rank, self.members, chief=0,
+                            silent_s=self.config.ps_roll_call_s)
         if self.rank not in present:
-            raise UserError(f"worker rank {self.rank} missed the roll call after a failed collective and was "
-                            "dropped from the job; the others go on")
+            raise UserError(f"worker rank {self.rank} went silent for more than --ps-roll-call-s "
+                            f"{self.config.ps_roll_call_s:g} s and was dropped from the job; the others go on")
         lost = [w for w in self.members if w not in present]
         if not lost:
-            return False
+            return
         self.members, self.lost = present, self.lost + lost
         servers = [self.server_rank(k) for k in range(self.config.num_ps)]
         if self.is_chief:
@@ -339,16 +348,17 @@ class ParameterServerStrategy(ProcessGroupStrategy):
                 self._tell_servers(LOST, about=(float(w), float(len(lost) - 1 - i)))
             print(f"scaletrain: worker rank(s) {', '.join(map(str, lost))} lost; training goes on with "
                   f"{len(present)} worker(s)", flush=True)
-        self.workers_group = dist.new_group(present, use_local_synchronization=True)
+        # In this order on the servers too (ps_server.py): torch names a group by its ranks and by
+        # how many groups the process already holds, so every member must hold as many.
         self.everyone_group = dist.new_group(present + servers, use_local_synchronization=True)
-        return True
+        self.workers_group = dist.new_group(present, use_local_synchronization=True)
 
     def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._among_workers(lambda g: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=g), tensor)
+        self._among_workers(lambda g: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=g))
         return tensor
 
     def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._among_workers(lambda g: dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=g), tensor)
+        self._among_workers(lambda g: dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=g))
         return tensor
 
     def broadcast_object(self, obj):
