@@ -36,6 +36,8 @@ def setups(delay: float) -> dict[str, list[str]]:
         "ps sync, worker 1 slow": ["--strategy", "ps", "--nproc", "4", *slow],
         "ps sync + 1 backup, worker 1 slow": ["--strategy", "ps", "--nproc", "4", "--backup-workers", "1", *slow],
         "ps async, worker 1 slow": ["--strategy", "ps", "--nproc", "4", "--ps-mode", "async", *slow],
+        "ps async + 1 backup, worker 1 slow": ["--strategy", "ps", "--nproc", "4", "--ps-mode", "async",
+                                               "--backup-workers", "1", *slow],
     }
 
 
