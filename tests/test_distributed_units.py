@@ -47,6 +47,7 @@ def test_cluster_spec_maps_to_rank_world_size_and_rendezvous():
     (_spec({"worker": ["a:1"]}, {"type": "chief", "index": 0}), "task.type 'chief' that is not"),
     (_spec({"worker": ["a:1"], "bogus": ["p:2"]}, {"type": "worker", "index": 0}), "task type(s) ['bogus']"),
     (_spec({"ps": ["p:2"]}, {"type": "ps", "index": 0}), "lists only ps tasks"),
+    (_spec({"worker": ["a:1"], "ps": ["p:2"]}, {"type": "ps", "index": 1}), "cluster.ps has 1 task(s)"),
     (_spec({"worker": ["nohost"]}, {"type": "worker", "index": 0}), "'nohost' that is not host:port"),
     (_spec({"worker": []}, {"type": "worker", "index": 0}), "lists no tasks"),
 ])

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from tests.processes import (DIGITS_MLP, children, cli_env, committed_steps, kill_group, kill_slowed_run_after_checkpoint,
+from tests.processes import (DIGITS_MLP, children, cli_env, committed_steps, kill_group,
                              metrics, run, start, summary, wait_for)
 import torch.distributed.checkpoint as dcp
 
@@ -83,29 +83,26 @@ def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tm
     have finished their 19 steps; worker 1's single push of the epoch arrives after that and is
     dropped, and the rest of its share is never trained. The epoch lasts one of worker 1's steps
     (the epoch's end waits for the step it is in), not its 19 (9.5 s)."""
-    result = run(["train", *DIGITS_MLP, "--batch-size", "66", "--epochs", "2", "--nproc", "4", "--strategy", "ps",
+    result = run(["train", *DIGITS_MLP, "--batch-size", "66", "--epochs", "1", "--nproc", "4", "--strategy", "ps",
                   "--ps-mode", mode, "--backup-workers", "1", "--ps-worker-delay-s", "0.5",
                   "--run-dir", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stderr
     logs = metrics(tmp_path / "r")
-    assert [m["optimizer_steps"] for m in logs] == [19, 38]        # positions agree: 19 steps an epoch
+    assert [m["optimizer_steps"] for m in logs] == [19]            # positions agree: 19 steps an epoch
     for m in logs:
         assert m["epoch_train_time_s"] < 2 * 0.5
         assert (m["ps_pushes"], m["ps_dropped"]) == (2 * 19 + 1, 1)
         assert m["samples"] == (2 * 19 + 1) * 22                   # what was trained, worker 1's one batch included
 
 
-def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_kill_or_a_dead_server(tmp_path):
+def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_dead_server(tmp_path):
     """The servers write the parameters and AdamW's state into the run's DCP checkpoint: a run
-    SIGKILLed after a checkpoint and resumed, and a run whose parameter server is SIGKILLed and
-    restarted by torchrun (--max-restarts), both end bitwise where the uninterrupted run ends."""
+    whose parameter server is SIGKILLed after a checkpoint and restarted by torchrun
+    (--max-restarts) resumes from it and ends bitwise where the uninterrupted run ends."""
     args = lambda name: ["train", *COMMON, "--nproc", "3", "--strategy", "ps", "--checkpoint-every", "5",
                          "--run-dir", str(tmp_path / name)]
     full = run(args("full"), tmp_path)
     assert full.returncode == 0, full.stderr
-    kill_slowed_run_after_checkpoint(args("cut"), tmp_path, tmp_path / "cut", step=15, delay_s=0.02)
-    resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto", "--nproc", "3"], tmp_path)
-    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr
     slow = [a if a != "mlp" else "faulty_models:slow_mlp" for a in args("restarted")]
     proc = start([*slow, "--model-option", "delay_s=0.02", "--max-restarts", "1"], tmp_path, tmp_path / "log")
     try:
@@ -117,12 +114,12 @@ def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_kill_o
     finally:
         kill_group(proc)
     assert summary(tmp_path / "restarted")["restarts"] == 1
+    assert summary(tmp_path / "restarted")["resumed_from"] is not None
     keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "optimizer_steps")
-    for name in ("cut", "restarted"):
-        assert [[m[k] for k in keys] for m in metrics(tmp_path / "full")] == \
-               [[m[k] for k in keys] for m in metrics(tmp_path / name)], name
-        a, b = _weights(tmp_path / "full"), _weights(tmp_path / name)
-        assert all(torch.equal(a[k], b[k]) for k in a), name
+    assert [[m[k] for k in keys] for m in metrics(tmp_path / "full")] == \
+           [[m[k] for k in keys] for m in metrics(tmp_path / "restarted")]
+    a, b = _weights(tmp_path / "full"), _weights(tmp_path / "restarted")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_dead_server_ends_the_job_with_one_line(tmp_path):
@@ -205,7 +202,7 @@ def test_a_killed_worker_does_not_stop_training(tmp_path, mode):
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"],
                "ps": [f"127.0.0.1:{ports[3]}"]}
     args = [sys.executable, "-m", "scaletrain", "train", *DIGITS_MLP, "--model", "faulty_models:slow_mlp",
-            "--model-option", "delay_s=0.01", "--epochs", "4", "--batch-size", "66", "--strategy", "ps",
+            "--model-option", "delay_s=0.01", "--epochs", "3", "--batch-size", "66", "--strategy", "ps",
             "--ps-roll-call-s", "3", *mode, "--run-dir", str(tmp_path / "r")]
     tasks = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=cli_env(SCALETRAIN_CLUSTER=json.dumps({"cluster": cluster,
@@ -221,10 +218,10 @@ def test_a_killed_worker_does_not_stop_training(tmp_path, mode):
     assert [task.returncode for task in tasks] == [0, 0, -signal.SIGKILL, 0], outputs
     assert "worker rank(s) 2 lost; training goes on with 2 worker(s)" in outputs[0]
     logs = metrics(tmp_path / "r")
-    assert [m["epoch"] for m in logs] == [1, 2, 3, 4] and logs[0]["ps_workers"] == 3
+    assert [m["epoch"] for m in logs] == [1, 2, 3] and logs[0]["ps_workers"] == 3
     assert logs[-1]["ps_workers"] == 2 and logs[-1]["ps_workers_lost"] == 1
-    assert logs[-1]["samples"] == 2 * 19 * 22 and logs[-1]["optimizer_steps"] == 4 * 19   # two workers' shares
+    assert logs[-1]["samples"] == 2 * 19 * 22 and logs[-1]["optimizer_steps"] == 3 * 19   # two workers' shares
     assert logs[-1]["val_accuracy"] > logs[0]["val_accuracy"]
-    assert summary(tmp_path / "r")["epochs_run"] == 4
+    assert summary(tmp_path / "r")["epochs_run"] == 3
     if "--checkpoint-every" in mode:
-        assert committed_steps(tmp_path / "r" / "checkpoints")[-1] == 4 * 19
+        assert committed_steps(tmp_path / "r" / "checkpoints")[-1] == 3 * 19
