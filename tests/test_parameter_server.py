@@ -1,4 +1,4 @@
-"""Parameter-server training over real torchrun processes and gloo (issue 13, in progress)."""
+"""Parameter-server training over real torchrun processes and gloo (issue 13)."""
 
 from __future__ import annotations
 

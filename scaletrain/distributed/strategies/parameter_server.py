@@ -1,6 +1,6 @@
-"""Parameter-server training (seed 002), on c10d point-to-point messages over gloo; in progress
-(issue 13). TensorFlow's ParameterServerStrategy, SyncReplicasOptimizer and
-DropStaleGradientOptimizer are the references.
+"""Parameter-server training (seed 002), on c10d point-to-point messages over gloo.
+TensorFlow's ParameterServerStrategy, SyncReplicasOptimizer and DropStaleGradientOptimizer are the
+references; docs/distributed.md describes the modes, checkpoints and faults.
 
 Processes 0 .. W-1 are workers (0 is the chief: it logs, evaluates and writes the run); processes
 W .. W+K-1 are parameter servers. The servers hold the parameters and the optimizer state, each
@@ -16,6 +16,11 @@ server's current parameters back.
     async         a server applies each gradient as it arrives and answers its sender; staleness
                   = updates applied since the sender's parameters; --max-staleness drops older
                   ones, --stale-lr divides the LR by 1 + staleness
+    backups       (either mode) an epoch ends once all but B workers have finished their share
+
+Every epoch ends with a pull of the servers' parameters. Checkpoints go through the run's DCP
+checkpointer with the servers joining. In async and backup modes a dead worker is dropped after
+a roll call (ps_membership.py) and the others go on.
 
 Why c10d point-to-point and not torch.distributed.rpc: it is the same process group, launcher
 (torchrun) and backends as every other strategy, gloo's receive-from-any-source is exactly the
