@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+from unittest import mock
 
 import pytest
 
 from tests.processes import DIGITS_MLP, committed_steps, metrics, run, start, summary, wait_for
 from scaletrain.distributed.cluster import parse_cluster_spec
-from scaletrain.evaluation.sidecar import read_evaluations
+from scaletrain.evaluation.sidecar import SidecarEvaluator, read_evaluations
+from scaletrain.tracking.store import RunStore
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -58,6 +60,12 @@ def test_the_cluster_evaluator_task_evaluates_the_run_and_bad_specs_are_one_line
     trained = run(["train", *DIGITS_MLP, "--epochs", "2", "--batch-size", "64", "--checkpoint-every", "10",
                    "--no-eval-each-epoch", "--run-dir", str(run_dir)], tmp_path)
     assert trained.returncode == 0, trained.stderr
+    # An evaluator killed while it records its first result leaves that step undone in both places.
+    with SidecarEvaluator(run_dir, store=str(tmp_path / "scaletrain-runs" / "runs.db")) as killed:
+        with mock.patch.object(RunStore, "log_evaluation", side_effect=SystemExit("killed")), \
+                pytest.raises(SystemExit):
+            killed.watch(once=True)
+    assert _evaluations(run_dir) == []
     spec = json.dumps({"cluster": {"worker": ["127.0.0.1:29777"], "evaluator": ["127.0.0.1:29778"]},
                        "task": {"type": "evaluator", "index": 0}})
     assert parse_cluster_spec(spec).is_evaluator and parse_cluster_spec(spec).rank == -1
@@ -65,6 +73,8 @@ def test_the_cluster_evaluator_task_evaluates_the_run_and_bad_specs_are_one_line
     assert evaluator.returncode == 0, evaluator.stderr
     assert [e["step"] for e in _evaluations(run_dir)] == committed_steps(run_dir / "checkpoints")
     assert all(e["val_accuracy"] > 0.8 for e in _evaluations(run_dir)[-1:])
+    shown = run(["runs", "show", summary(run_dir)["run_id"], "--json"], tmp_path)
+    assert [e["step"] for e in json.loads(shown.stdout)["evaluations"]] == committed_steps(run_dir / "checkpoints")
     no_dir = run(["train", *DIGITS_MLP], tmp_path, SCALETRAIN_CLUSTER=spec)
     assert no_dir.returncode == 2 and "needs --run-dir" in no_dir.stderr and "Traceback" not in no_dir.stderr
     missing = run(["evaluate", "--watch", str(tmp_path / "none")], tmp_path)

@@ -102,6 +102,14 @@ class SidecarEvaluator:
                           eval_time_s=time.perf_counter() - started)
 
     def record(self, result: Evaluation) -> None:
+        # The store first, the results file last: its line is what marks the step done for a
+        # restarted evaluator, so a kill between the two leaves the step undone, and evaluating it
+        # again replaces the store's row (keyed by run and step) instead of leaving the store without it.
+        if self.store_path and self.folder.run_id:
+            with RunStore(self.store_path) as store:
+                if store.exists(self.folder.run_id):
+                    store.log_evaluation(self.folder.run_id, result.step, result.epoch,
+                                         {**result.metrics, "eval_time_s": result.eval_time_s})
         file = self.folder.path / EVALUATIONS
         text = file.read_text() if file.is_file() else ""
         with open(file, "a") as out:
@@ -110,11 +118,6 @@ class SidecarEvaluator:
             out.write(result.to_json() + "\n")
             out.flush()
             os.fsync(out.fileno())
-        if self.store_path and self.folder.run_id:
-            with RunStore(self.store_path) as store:
-                if store.exists(self.folder.run_id):
-                    store.log_evaluation(self.folder.run_id, result.step, result.epoch,
-                                         {**result.metrics, "eval_time_s": result.eval_time_s})
         self.done.add(result.step)
 
     def _evaluate_pending(self) -> int:
