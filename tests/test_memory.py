@@ -201,6 +201,33 @@ def test_max_batch_fills_the_device_and_one_more_does_not_fit():
     assert planner.plan("fsdp", 4, 8).max_per_device_batch_size >= best
 
 
+class _Curve(Planner):
+    """A planner whose traced activations are a given function of the batch, counting its traces."""
+
+    def __init__(self, curve):
+        self.curve, self.traced_batches = curve, set()
+
+    def activation_bytes(self, per_device_batch: int) -> int:
+        self.traced_batches.add(per_device_batch)
+        return self.curve(per_device_batch)
+
+
+@pytest.mark.parametrize("curve,max_traces", [
+    # A ViT-1.3B's shape: the weights' casts set the peak at small batches, the activations at large.
+    # (Bisection needs 18, 21, 26 and 21 traces for these four.)
+    (lambda b: 5_000_000_000 + 8_000_000 * b if b < 40 else 2_500_000_000 + 66_000_000 * b, 8),
+    (lambda b: max(3_000 + 10 * b, 100 * b, 400 * b - 90_000), 12),
+    (lambda b: 7 * b * b + 50, 32),                                  # convex, not piecewise linear
+    (lambda b: 1_000 + 512 * -(-(37 * b) // 512), 20),               # allocator blocks: not convex
+], ids=["two-lines", "three-lines", "quadratic", "rounded"])
+def test_max_batch_search_equals_brute_force_in_few_traces(curve, max_traces):
+    for budget in (curve(1) - 1, curve(1), *(curve(b) + d for b in (3, 97, 763, 5_000) for d in (-1, 0, 1))):
+        search = _Curve(curve)
+        found = search.max_per_device_batch(budget)
+        assert found == next(b for b in range(1, 10_000) if curve(b) > budget) - 1, budget
+        assert len(search.traced_batches) <= max_traces, (budget, sorted(search.traced_batches))
+
+
 def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):
     result = run(["plan-memory", "--model", "vit-1.3b", "--data", "synthetic", "--shape", "3,224,224",
                   "--num-classes", "1000", "--batch-size", "64", "--precision", "bf16-mixed", "--devices", "8",
