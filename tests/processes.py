@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -27,6 +29,25 @@ def cli_env(**extra) -> dict:
 def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
                           cwd=cwd, env=cli_env(**env), timeout=timeout)
+
+
+def run_here(args, cwd) -> subprocess.CompletedProcess:
+    """The CLI's own main() in this process, for commands that only read and print (the run
+    store's `runs` commands, plans, argument errors): the code `run` reaches, without the 2 s of
+    starting Python and torch. Anything that trains or launches keeps `run` (process-wide state,
+    real exits). An uncaught exception propagates and fails the test, as a traceback would."""
+    from scaletrain.cli.main import main
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as exc:   # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def start(args, cwd, log: Path, **env) -> subprocess.Popen:

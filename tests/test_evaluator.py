@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from tests.processes import DIGITS_MLP, committed_steps, metrics, run, start, summary, wait_for
+from tests.processes import DIGITS_MLP, committed_steps, metrics, run, run_here, start, summary, wait_for
 from scaletrain.distributed.cluster import parse_cluster_spec
 from scaletrain.evaluation.sidecar import SidecarEvaluator, read_evaluations
 from scaletrain.tracking.store import RunStore
@@ -51,7 +51,7 @@ def test_sidecar_equals_in_loop_evaluation_survives_a_kill_and_stops_with_the_ru
         assert e["epoch"] == m["epoch"]
         assert e["val_loss"] == pytest.approx(m["val_loss"], rel=1e-6)
         assert e["val_accuracy"] == m["val_accuracy"]
-    shown = run(["runs", "show", summary(run_dir)["run_id"], "--json"], tmp_path)
+    shown = run_here(["runs", "show", summary(run_dir)["run_id"], "--json"], tmp_path)
     assert [e["step"] for e in json.loads(shown.stdout)["evaluations"]] == [20, 40, 60, 80]
 
 
@@ -73,11 +73,11 @@ def test_the_cluster_evaluator_task_evaluates_the_run_and_bad_specs_are_one_line
     assert evaluator.returncode == 0, evaluator.stderr
     assert [e["step"] for e in _evaluations(run_dir)] == committed_steps(run_dir / "checkpoints")
     assert all(e["val_accuracy"] > 0.8 for e in _evaluations(run_dir)[-1:])
-    shown = run(["runs", "show", summary(run_dir)["run_id"], "--json"], tmp_path)
+    shown = run_here(["runs", "show", summary(run_dir)["run_id"], "--json"], tmp_path)
     assert [e["step"] for e in json.loads(shown.stdout)["evaluations"]] == committed_steps(run_dir / "checkpoints")
     no_dir = run(["train", *DIGITS_MLP], tmp_path, SCALETRAIN_CLUSTER=spec)
     assert no_dir.returncode == 2 and "needs --run-dir" in no_dir.stderr and "Traceback" not in no_dir.stderr
-    missing = run(["evaluate", "--watch", str(tmp_path / "none")], tmp_path)
+    missing = run_here(["evaluate", "--watch", str(tmp_path / "none")], tmp_path)
     assert missing.returncode == 2 and "holds no run" in missing.stderr
-    no_poll = run(["evaluate", "--watch", str(run_dir), "--poll-s", "0"], tmp_path)
+    no_poll = run_here(["evaluate", "--watch", str(run_dir), "--poll-s", "0"], tmp_path)
     assert no_poll.returncode == 2 and "--poll-s must be positive" in no_poll.stderr

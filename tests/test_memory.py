@@ -21,7 +21,7 @@ from scaletrain.models import build_model
 from scaletrain.models.convnets import WideResNet
 from scaletrain.precision.alignment import alignment_warnings, nearest_multiple
 from scaletrain.training import Trainer
-from tests.processes import run
+from tests.processes import run, run_here
 
 TINY_VIT = dict(dim=32, depth=4, heads=2)
 
@@ -244,7 +244,7 @@ def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):
     assert ddp["param_bytes"] == 4 * ddp["params"]          # float32 master weights, replicated
     assert fsdp["optimizer_bytes"] < ddp["optimizer_bytes"] / 7
     assert fsdp["max_batch_size"] > ddp["max_batch_size"]
-    table = run(["plan-memory", "--model", "vit", "--model-option", "dim=36", "--model-option", "depth=2",
+    table = run_here(["plan-memory", "--model", "vit", "--model-option", "dim=36", "--model-option", "depth=2",
                  "--model-option", "heads=2", "--data", "synthetic", "--shape", "3,8,8", "--batch-size", "12",
                  "--precision", "fp32,bf16-mixed", "--strategy", "ddp,fsdp", "--devices", "2"], tmp_path)
     assert table.returncode == 0, table.stderr
@@ -260,7 +260,7 @@ def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):
     (["--precision", "fp8"], "unknown precision 'fp8'"),
 ])
 def test_plan_memory_bad_inputs_are_one_line_errors(tmp_path, args, message):
-    result = run(["plan-memory", "--model", "mlp", "--data", "digits", *args], tmp_path)
+    result = run_here(["plan-memory", "--model", "mlp", "--data", "digits", *args], tmp_path)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

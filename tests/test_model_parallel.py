@@ -17,7 +17,7 @@ from scaletrain.config import TrainConfig, from_mapping
 from scaletrain.distributed.partition import balanced_starts, stage_layers
 from scaletrain.errors import ConfigError
 from scaletrain.models import build_model
-from tests.processes import PLUGINS, assert_a_raising_rank_ends_the_job, cli_env, metrics, run
+from tests.processes import PLUGINS, assert_a_raising_rank_ends_the_job, cli_env, metrics, run, run_here
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -204,6 +204,6 @@ def test_plan_memory_lays_out_each_stage(tmp_path):
                "--microbatches", "8", "--json"], tmp_path, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert [s["in_flight"] for s in json.loads(cli.stdout)] == [2, 1]
-    bad = run(["plan-memory", *GPT, "--strategy", "pipeline", "--stages", "2", "--schedule", "interleaved-1f1b"],
-              tmp_path, timeout=120)
+    bad = run_here(["plan-memory", *GPT, "--strategy", "pipeline", "--stages", "2", "--schedule", "interleaved-1f1b"],
+                   tmp_path)
     assert bad.returncode == 2 and "plan-memory lays out the gpipe and 1f1b schedules" in bad.stderr

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from scaletrain.tracking import RunStore, Sample
-from tests.processes import DIGITS_MLP, run
+from tests.processes import DIGITS_MLP, run, run_here
 
 
 def test_round_trip(tmp_path):
@@ -138,7 +138,7 @@ def _store_with_known_runs(path):
 
 def test_compare_lines_up_known_runs(tmp_path):
     _store_with_known_runs(tmp_path / "runs.db").close()
-    out = run(["runs", "compare", "aaaa", "bbbb2222", "--store", str(tmp_path / "runs.db")], tmp_path)
+    out = run_here(["runs", "compare", "aaaa", "bbbb2222", "--store", str(tmp_path / "runs.db")], tmp_path)
     assert out.returncode == 0, out.stderr
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
             for line in out.stdout.splitlines() if line.count("│") == 4}
@@ -149,7 +149,7 @@ def test_compare_lines_up_known_runs(tmp_path):
     assert rows["best acc"] == ["0.9312", "0.8811"]
     assert rows["images/sec"] == ["15,000", "41,000"]
     assert rows["peak memory"] == ["3.00 GiB", "2.00 GiB"]
-    as_json = json.loads(run(["runs", "compare", "aaaa", "bbbb", "--json", "--store", str(tmp_path / "runs.db")],
+    as_json = json.loads(run_here(["runs", "compare", "aaaa", "bbbb", "--json", "--store", str(tmp_path / "runs.db")],
                              tmp_path).stdout)
     assert [r["images/sec"] for r in as_json] == [15000.0, 41000.0]
     assert [r["time to target"] for r in as_json] == [10.25, None]
@@ -170,7 +170,7 @@ def test_bad_run_ids_and_stores_give_one_line(tmp_path):
     (tmp_path / "corrupt.db").write_bytes(b"this is not a database" * 100)
     cases.append((["runs", "list", "--store", str(tmp_path / "corrupt.db")], "not a readable SQLite database"))
     for args, message in cases:
-        out = run(args, tmp_path)
+        out = run_here(args, tmp_path)
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert message in out.stderr and "Traceback" not in out.stderr
         assert len(out.stderr.strip().splitlines()) == 1

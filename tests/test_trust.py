@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from scaletrain.tracking import RunStore
-from tests.processes import DIGITS_MLP, cli_env, run, start
+from tests.processes import DIGITS_MLP, cli_env, run, run_here, start
 
 EPOCHS2 = DIGITS_MLP + ["--epochs", "2", "--no-record"]
 
@@ -302,11 +302,11 @@ def test_user_text_is_never_markup_and_every_accepted_id_shows(tmp_path):
     for run_id, group in (("a.b-1", "[/]"), ("Z9", "[bold]x")):
         result = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-id", run_id, "--group", group], cwd=tmp_path)
         assert result.returncode == 0, result.stderr
-        shown = run(["runs", "show", run_id], cwd=tmp_path)
+        shown = run_here(["runs", "show", run_id], cwd=tmp_path)
         assert shown.returncode == 0 and f"group {group}" in shown.stdout, shown.stderr
-    listing = run(["runs", "list"], cwd=tmp_path)
+    listing = run_here(["runs", "list"], cwd=tmp_path)
     assert listing.returncode == 0 and "[/]" in listing.stdout and "[bold]x" in listing.stdout, listing.stderr
-    assert run(["runs", "compare", "a.b-1", "Z9"], cwd=tmp_path).returncode == 0
+    assert run_here(["runs", "compare", "a.b-1", "Z9"], cwd=tmp_path).returncode == 0
     piped = subprocess.run(f"{sys.executable} -m scaletrain runs show a.b-1 --json | head -1", shell=True,
                            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert piped.stdout == "{\n" and piped.stderr == ""

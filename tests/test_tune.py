@@ -13,7 +13,7 @@ import time
 import pytest
 
 from scaletrain.cli.main import main
-from tests.processes import DIGITS_MLP, descendants, run, start
+from tests.processes import DIGITS_MLP, descendants, run, run_here, start
 
 optuna = pytest.importorskip("optuna")
 
@@ -93,7 +93,7 @@ def test_tune_reaches_95_percent_on_digits_and_resumes_after_a_kill(tmp_path):
     import json
     assert json.loads((tmp_path / "again" / "summary.json").read_text())["best_val_accuracy"] >= 0.95
     # Every trial is a run in the store.
-    listing = run(["runs", "list", "--group", "tune-space", "--json"], tmp_path)
+    listing = run_here(["runs", "list", "--group", "tune-space", "--json"], tmp_path)
     run_ids = {r["run"] for r in json.loads(listing.stdout)}
     assert {t.user_attrs["run_id"] for t in study.get_trials() if t.number in after} <= run_ids
 
