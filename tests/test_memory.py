@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from scaletrain.errors import ConfigError
 from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.memory.batch_finder import accumulation_for, find_batch_size, recommended
+from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.model_state import ParamInfo, model_state
 from scaletrain.memory.planner import PlanRequest, Planner
 from scaletrain.memory.tracker import LiveBytes, storage_key
@@ -226,6 +227,17 @@ def test_max_batch_search_equals_brute_force_in_few_traces(curve, max_traces):
         found = search.max_per_device_batch(budget)
         assert found == next(b for b in range(1, 10_000) if curve(b) > budget) - 1, budget
         assert len(search.traced_batches) <= max_traces, (budget, sorted(search.traced_batches))
+
+
+@pytest.mark.parametrize("costs_known", [True, False], ids=["cpu-peaks", "gpu-oom-without-peak"])
+def test_the_bracket_search_is_exact_with_or_without_the_failures_costs(costs_known):
+    """The batch-size finder's case: a failed GPU trial has no peak, so that step bisects; a start
+    that already fails leaves 0 as the lower end."""
+    curve = lambda b: 3_000_000 + 40_000 * b + (9_000 * b if b > 300 else 0)
+    for budget, low, high in ((curve(300), 256, 512), (curve(777), 512, 1024), (curve(5) - 1, 0, 8)):
+        probe = lambda n: (curve(n) <= budget, curve(n) if curve(n) <= budget or costs_known else None)
+        expected = next(b for b in range(1, 2000) if curve(b) > budget) - 1
+        assert largest_fitting(low, high, budget, probe) == expected
 
 
 def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):

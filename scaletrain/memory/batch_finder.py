@@ -1,5 +1,6 @@
 """The batch-size finder: the largest per-device batch that runs real training steps without
-running out of memory, found by doubling and then binary search.
+running out of memory, found by doubling and then narrowing the bracket (memory/bracket.py:
+along the measured peaks' chord under --memory-limit, by bisection where a trial has no peak).
 
 Every trial runs `steps` real optimizer steps of the trainer's own step (same precision, strategy,
 compilation, activation checkpointing) on real samples; the model, optimizer, counters and RNG
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from scaletrain.errors import ConfigError
+from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.tracker import LiveBytes
 from scaletrain.optim import build_schedule
 from scaletrain.training.snapshot import TrainingSnapshot
@@ -107,12 +109,8 @@ class BatchSizeFinder:
             if bad is None and good < max_batch:
                 bad = max_batch + 1 if self._trial(max_batch, snapshot).fits else max_batch
                 good = max_batch if bad > max_batch else good
-            while bad is not None and bad - good > 1:   # binary search between the two
-                mid = (good + bad) // 2
-                if self._trial(mid, snapshot).fits:
-                    good = mid
-                else:
-                    bad = mid
+            if bad is not None:
+                good = largest_fitting(good, bad, self.memory_limit, lambda n: self._known_trial(n, snapshot))
         finally:
             snapshot.restore()
             self._release()
@@ -153,6 +151,11 @@ class BatchSizeFinder:
         finally:
             loss = output = None
             t.model.zero_grad(set_to_none=True)
+
+    def _known_trial(self, size: int, snapshot: TrainingSnapshot) -> tuple[bool, int | None]:
+        """(fits, peak bytes) of a batch, from its trial if it already ran."""
+        trial = self.trials.get(size) or self._trial(size, snapshot)
+        return trial.fits, trial.peak_bytes
 
     def _trial(self, size: int, snapshot: TrainingSnapshot) -> Trial:
         trial = self._run_trial(size, snapshot)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 from scaletrain.errors import ConfigError
 from scaletrain.memory.activations import build_fake_model, trace_step
+from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.model_state import PLAN_STRATEGIES, ParamInfo, model_state
 from scaletrain.precision import get_policy
 from scaletrain.tasks import TASKS
@@ -133,15 +134,10 @@ class Planner:
             max_per_device_batch_size=max_per_device)
 
     def max_per_device_batch(self, budget: float) -> int:
-        """Largest per-device batch whose traced activations fit `budget` bytes.
-
-        The peak is the largest of a few lines in the batch (one per moment of the step: at small
-        batches the weights' casts and gradients set it, at large ones the activations), so it is
-        increasing and convex. Two small traces give a first guess that overshoots; the bracket is
-        then narrowed along the chord between its ends, which lies on or above the curve, so the
-        chord's crossing of the budget fits and is exact once both ends lie on the last line; the
-        Illinois variant of regula falsi keeps curved stretches from stalling it. A 1.3B ViT
-        takes 5 traces per budget where bisection took 13-16 (tests: test_max_batch_search_*)."""
+        """Largest per-device batch whose traced activations fit `budget` bytes. Two small traces
+        give a first guess, which on the usual convex curve overshoots; memory/bracket.py narrows
+        the bracket from there. A 1.3B ViT takes 5 traces per budget where bisection took 13-16
+        (tests: test_max_batch_search_*)."""
         if budget <= 0 or self.activation_bytes(1) > budget:
             return 0
         a1, a2 = self.activation_bytes(1), self.activation_bytes(2)
@@ -160,25 +156,10 @@ class Planner:
                     high = nxt
         else:
             high = guess
-        kept = 0   # steps in a row that kept `high`
-        while high is not None and high - low > 1:
-            over_low = self.activation_bytes(low) - budget
-            # Illinois: a `high` kept twice counts half as much again each time, so the chord
-            # cannot creep up to it from one side on a curved stretch.
-            over_high = (self.activation_bytes(high) - budget) / 2 ** max(0, kept - 1)
-            probe = low + int(-over_low * (high - low) // max(over_high - over_low, 1))
-            probe = min(max(probe, low + 1), high - 1)
-            if self.activation_bytes(probe) <= budget:
-                low, kept = probe, kept + 1
-                # The chord's crossing is usually the answer: one more trace confirms it.
-                if low + 1 < high:
-                    if self.activation_bytes(low + 1) > budget:
-                        high = low + 1
-                    else:
-                        low += 1
-            else:
-                high, kept = probe, 0
-        return low
+        if high is None:
+            return low
+        return largest_fitting(low, high, budget,
+                               lambda n: (self.activation_bytes(n) <= budget, self.activation_bytes(n)))
 
 
 def plan_memory(req: PlanRequest) -> MemoryPlan:
