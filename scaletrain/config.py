@@ -158,6 +158,11 @@ class PrecisionConfig:
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 
 
+# The fields only --strategy ps reads: any of them off its default without it is an error.
+PS_FIELDS = ("num_ps", "ps_mode", "backup_workers", "max_staleness", "stale_lr", "sync_warmup_epochs",
+             "ps_roll_call_s", "ps_worker_delay_s")
+
+
 @dataclass(kw_only=True, slots=True)
 class DistributedConfig:
     strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single, ddp, zero1, "
@@ -203,6 +208,12 @@ class DistributedConfig:
     ps_worker_delay_s: float = _f(0.0, "testing and benchmarks: worker 1 sleeps this long before each push (a slow "
                                   "worker on purpose)", ge=0)
 
+    @property
+    def ps_survives_lost_workers(self) -> bool:
+        """--strategy ps: async and backup modes never wait for a given worker, so they go on
+        without a dead one (the strategy's workers and its servers both ask)."""
+        return self.ps_mode == "async" or self.backup_workers > 0
+
     def replicas_of(self, processes: int) -> int:
         """Model replicas (data-parallel ranks) among `processes` processes."""
         if self.strategy == "ps":
@@ -238,11 +249,8 @@ class DistributedConfig:
                         f"(where stages 2..{n} begin)")
         if self.strategy == "tensor" and self.tensor_parallel < 2:
             return "--strategy tensor needs --tensor-parallel 2 or more"
-        ps_flags = {"--num-ps": self.num_ps != 1, "--ps-mode": self.ps_mode != "sync",
-                    "--backup-workers": self.backup_workers > 0, "--max-staleness": self.max_staleness is not None,
-                    "--stale-lr": self.stale_lr, "--sync-warmup-epochs": self.sync_warmup_epochs > 0,
-                    "--ps-roll-call-s": self.ps_roll_call_s != 5.0, "--ps-worker-delay-s": self.ps_worker_delay_s > 0}
-        given = [flag for flag, on in ps_flags.items() if on]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        given = [f"--{name.replace('_', '-')}" for name in PS_FIELDS if getattr(self, name) != defaults[name]]
         if self.strategy != "ps" and given:
             return f"{given[0]} needs --strategy ps"
         if self.ps_mode == "sync" and (self.max_staleness is not None or self.stale_lr or self.sync_warmup_epochs):

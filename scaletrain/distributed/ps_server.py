@@ -73,16 +73,12 @@ class Server:
         self.version += 1
         self.applied += 1
 
-    @property
-    def tolerates_loss(self) -> bool:
-        return self.config.ps_mode == "async" or self.config.backup_workers > 0
-
     def _reply(self, worker: int, staleness: float, epoch_over: bool = False) -> None:
         header = torch.tensor([float(self.version), float(epoch_over), 0.0, staleness, 0.0])
         try:
             dist.send(torch.cat([header] + [p.detach().reshape(-1) for p in self.params]), dst=worker)
         except RuntimeError:
-            if not self.tolerates_loss:
+            if not self.config.ps_survives_lost_workers:
                 raise
             # That worker is dead (gloo: its connection closed). The others go on; the chief tells
             # us who is gone once the workers' roll call has settled it (LOST).
@@ -90,13 +86,14 @@ class Server:
     def _receive_any(self, message: torch.Tensor) -> int:
         """The next message from any worker. Where workers may die, a connection reset by a dead
         one is skipped: gloo goes on receiving from the others."""
-        for failures in range(1000):
+        failures = 0
+        while True:
             try:
                 return dist.recv(message)
             except RuntimeError:
-                if not self.tolerates_loss or failures == 999:
+                failures += 1
+                if not self.config.ps_survives_lost_workers or failures >= 1000:
                     raise
-        raise AssertionError("unreachable")
 
     # -- checkpoints: the servers write and read their shard beside the workers' state
     def state_dict(self) -> dict:

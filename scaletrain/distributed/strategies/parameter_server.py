@@ -126,11 +126,6 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         return len(self.members)
 
     @property
-    def tolerates_loss(self) -> bool:
-        """Async and backup modes never wait for a given worker, so they go on without a dead one."""
-        return self.config.ps_mode == "async" or self.config.backup_workers > 0
-
-    @property
     def checkpoint_group(self):
         return self.everyone_group
 
@@ -138,7 +133,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         """Where a worker may die, the chief evaluates the whole split (every worker holds the
         servers' parameters after the epoch's pull, so the result is the same): no range can go
         missing with a dead worker. Sync mode splits it as DDP does."""
-        if not self.tolerates_loss:
+        if not self.config.ps_survives_lost_workers:
             return super().evaluation_range(samples)
         return (0, samples) if self.is_chief else (samples, samples)
 
@@ -175,7 +170,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
 
     @property
     def cuts_epochs(self) -> bool:
-        return self.tolerates_loss
+        return self.config.ps_survives_lost_workers
 
     def epoch_cut(self) -> bool:
         return self.cut
@@ -222,7 +217,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.workers_group = dist.new_group(list(range(self.workers)))
         if not self.trains:
             dist.new_group([self.rank], use_local_synchronization=True)
-        if self.trains and self.tolerates_loss:
+        if self.trains and self.config.ps_survives_lost_workers:
             self._start_heartbeat()
         return device
 
@@ -325,7 +320,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         """Runs `collective(group)` over the live workers; where workers may be lost, after a roll
         call that drops any dead one first (ps_membership.py)."""
         self._meet()
-        if self.tolerates_loss and self.live:
+        if self.config.ps_survives_lost_workers and self.live:
             self._roll_call()
         return collective(self.workers_group)
 
