@@ -214,16 +214,6 @@ class DistributedConfig:
         without a dead one (the strategy's workers and its servers both ask)."""
         return self.ps_mode == "async" or self.backup_workers > 0
 
-    def replicas_of(self, processes: int) -> int:
-        """Model replicas (data-parallel ranks) among `processes` processes."""
-        if self.strategy == "ps":
-            return processes - self.num_ps
-        return processes // self.model_parallel()
-
-    def model_parallel(self) -> int:
-        """Processes one model replica spans (stages x tensor-parallel degree)."""
-        return self.stages * self.tensor_parallel
-
     def pipeline_stages(self) -> int:
         """The pieces the model is cut into: the stages, times each process's share under interleaving."""
         return self.stages * (self.virtual_stages if self.schedule == "interleaved-1f1b" else 1)

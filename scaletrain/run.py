@@ -21,6 +21,7 @@ from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig, from_mapping, to_mapping
 from scaletrain.data import load_dataset
 from scaletrain.distributed import DistEnv, build_strategy, dist_env
+from scaletrain.distributed.capabilities import Serving
 from scaletrain.errors import UserError
 from scaletrain.lifecycle import Run, RunFolder, RunPlan, make_checkpointer, open_run, plan_run, run_name
 from scaletrain.optim.schedules import replica_lr_scale
@@ -40,7 +41,8 @@ def run_training(cfg: TrainConfig, console: Console | None = None,
     strategy = build_strategy(cfg.distributed, env)
     try:
         strategy.setup(cfg.device)
-        if not strategy.trains:   # a parameter server: it serves the workers until they are done
+        if strategy.layout.serves:   # a parameter server: it serves the workers until they are done
+            assert isinstance(strategy, Serving), f"strategy {strategy.name} lays out servers but cannot serve"
             strategy.serve(cfg.optim)
             strategy.teardown()
             return None, None
@@ -133,9 +135,10 @@ def _fit(cfg: TrainConfig, env: DistEnv, console: Console, trainer: Trainer, dat
         console.print(f"layout: {strategy.describe()}", soft_wrap=True)
     for advice in trainer.alignment_advice:
         console.print(f"note: {advice}", soft_wrap=True)
-    scale = replica_lr_scale(cfg.optim.lr_scaling, strategy.replicas)
+    replicas = strategy.layout.replicas
+    scale = replica_lr_scale(cfg.optim.lr_scaling, replicas)
     if scale != 1.0:
-        console.print(f"lr: {cfg.optim.lr:g} x {scale:g} ({cfg.optim.lr_scaling} scaling for {strategy.replicas} "
+        console.print(f"lr: {cfg.optim.lr:g} x {scale:g} ({cfg.optim.lr_scaling} scaling for {replicas} "
                       f"replicas) = {cfg.optim.lr * scale:g}, reached after {cfg.optim.lr_scaling_warmup_epochs:g} "
                       "epoch(s) of warm-up", soft_wrap=True)
     if env.restart_count:

@@ -102,7 +102,7 @@ def _bad_inputs(tmp_path):
          "'distributed.grad_compression' must be one of none, bf16, fp16"),
         (["--model", "mlp", "--data", "digits", "--nproc", "0"], "'distributed.nproc' must be >= 1"),
         (["--model", "mlp", "--data", "digits", "--nproc", "2", "--strategy", "single"],
-         "--strategy single cannot run on --nproc 2 processes"),
+         "--strategy single cannot run on 2 processes"),
         (["--model", "no_such_module:build", "--data", "digits"], "cannot import module 'no_such_module'"),
         # Values out of range: each declared beside its field (config.py), all caught the same way.
         (digits + ["--clip-grad-norm", "-1"], "'optim.clip_grad_norm' must be > 0"),

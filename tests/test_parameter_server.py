@@ -18,7 +18,7 @@ from tests.processes import (DIGITS_MLP, children, cli_env, committed_steps, kil
 import torch.distributed.checkpoint as dcp
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
-from scaletrain.distributed.strategies.parameter_server import balance
+from scaletrain.distributed.strategies.ps.strategy import balance
 from scaletrain.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(300)
@@ -190,7 +190,7 @@ def test_a_cluster_spec_with_a_ps_task_trains_like_nproc(tmp_path):
     assert [m["optimizer_steps"] for m in metrics(tmp_path / "r")] == [20, 40]
     wrong = run(["train", *COMMON, "--strategy", "ddp", "--run-dir", str(tmp_path / "w")], tmp_path,
                 SCALETRAIN_CLUSTER=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
-    assert wrong.returncode == 2 and "lists 1 ps task(s); train with --strategy ps --num-ps 1" in wrong.stderr
+    assert wrong.returncode == 2 and "lists 1 ps task(s); train with parameter servers (--strategy ps --num-ps 1)" in wrong.stderr
 
 
 @pytest.mark.parametrize("mode", [["--ps-mode", "async"], ["--backup-workers", "1", "--checkpoint-every", "25"]],

@@ -21,6 +21,7 @@ import torch.distributed.checkpoint as dcp
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
 from scaletrain.checkpoint.store import CheckpointStore
+from scaletrain.distributed.capabilities import CheckpointJoining
 from scaletrain.errors import ConfigError, UserError
 
 
@@ -64,11 +65,13 @@ class Checkpointer:
             (path / "COMMITTED").unlink(missing_ok=True)
             shutil.rmtree(path)
         strategy.barrier()
-        strategy.join_checkpoint(path, loading=False)
+        state, group = trainer.state_dict(), None
+        if isinstance(strategy, CheckpointJoining):   # processes that do not train write their part too
+            strategy.join_checkpoint(path, loading=False)
+            state, group = strategy.state_to_save(state), strategy.checkpoint_group
         with _single_process_quiet():
             # Returns once every rank's part and the metadata are written.
-            dcp.save(strategy.state_to_save(trainer.state_dict()), checkpoint_id=str(path),
-                     process_group=strategy.checkpoint_group)
+            dcp.save(state, checkpoint_id=str(path), process_group=group)
         if strategy.is_chief:
             self.store.commit(path, position)
             self.store.prune()
@@ -128,10 +131,13 @@ class Checkpointer:
         except UnsafeCheckpoint as exc:
             raise UserError(f"checkpoint {path} was refused: {exc}; it was not written by scaletrain's DCP "
                             "checkpointer, so nothing in it was run") from None
-        trainer.strategy.join_checkpoint(path, loading=True)
+        group = None
+        if isinstance(trainer.strategy, CheckpointJoining):
+            trainer.strategy.join_checkpoint(path, loading=True)
+            group = trainer.strategy.checkpoint_group
         with _single_process_quiet():
             dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
-                     process_group=trainer.strategy.checkpoint_group)
+                     process_group=group)
         values = trainer.load_state_dict(state, saved_world, saved_replicas)
         self.last_saved_step = values["global_step"]
         self.last_saved_position = (values["epoch"], values["epoch_step"])

@@ -142,6 +142,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.distributed import dist_env
     from scaletrain.distributed.cluster import cluster_from_env, cluster_problem
     from scaletrain.distributed.launch import inside_worker, launch_from_config
+    from scaletrain.distributed.strategies.registry import strategy_class
     from scaletrain.experiments.pruning import trial_pruning_from_env
     from scaletrain.lifecycle import plan_run, resume_config, resume_source
     from scaletrain.run import run_training
@@ -154,7 +155,11 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
                               "(on a file system both can see)")
         from scaletrain.cli.evaluate import watch_run
         return watch_run(cfg.run_dir, device=cfg.device if cfg.device != "auto" else None)
-    problem = cluster_problem(spec, cfg.distributed)
+    if spec is not None:
+        servers = strategy_class(cfg.distributed, spec.world_size).degrees(cfg.distributed).servers
+        problem = cluster_problem(spec, servers, cfg.distributed.nproc)
+    else:
+        problem = None
     if problem:
         raise ConfigError(problem)
     env = dist_env()

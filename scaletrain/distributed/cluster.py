@@ -109,17 +109,16 @@ def parse_cluster_spec(text: str) -> ClusterSpec:
     return ClusterSpec(addresses=tuple(addresses), rank=offsets[role] + index, role=role, servers=servers)
 
 
-def cluster_problem(spec: ClusterSpec | None, distributed) -> str | None:
-    """A cluster's ps tasks and the configuration must agree (one line, with the fix)."""
-    if spec is None or spec.is_evaluator:
+def cluster_problem(spec: ClusterSpec | None, servers: int, nproc: int) -> str | None:
+    """A cluster's ps tasks and the layout's servers (`Layout.servers` of the configuration) must
+    agree (one line, with the fix)."""
+    if spec is None or spec.is_evaluator or spec.servers == servers and not (servers and nproc != 1):
         return None
-    if spec.servers and distributed.strategy != "ps":
-        return (f"{ENV_VAR} lists {spec.servers} ps task(s); train with --strategy ps --num-ps {spec.servers}, or "
-                "drop the ps tasks")
-    if spec.servers and (distributed.num_ps != spec.servers or distributed.nproc != 1):
-        return (f"{ENV_VAR} lists {spec.servers} ps task(s): run every task with --strategy ps --num-ps "
-                f"{spec.servers} --nproc 1 (got --num-ps {distributed.num_ps} --nproc {distributed.nproc})")
-    return None
+    if not servers:
+        return (f"{ENV_VAR} lists {spec.servers} ps task(s); train with parameter servers (--strategy ps --num-ps "
+                f"{spec.servers}), or drop the ps tasks")
+    return (f"{ENV_VAR} lists {spec.servers} ps task(s): run every task with --strategy ps --num-ps "
+            f"{spec.servers} --nproc 1 (the configuration lays out {servers} server(s) on --nproc {nproc})")
 
 
 def cluster_from_env(environ=os.environ) -> ClusterSpec | None:

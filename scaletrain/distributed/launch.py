@@ -61,28 +61,17 @@ def launch_from_config(cfg, argv: list[str], run_dir: str, run_id: str) -> int:
     """Checks what every worker would check, then launches. `argv`: the user's `train` arguments;
     `run_dir` and `run_id`: the run the caller planned, which every worker and every restart shares."""
     from scaletrain.distributed.batching import plan_batch
+    from scaletrain.distributed.strategies.registry import build_layout
     spec = cluster_from_env()
-    processes = cfg.distributed.nproc * (spec.world_size if spec else 1)
-    if cfg.distributed.strategy == "ps" and processes <= cfg.distributed.num_ps:
-        raise ConfigError(f"--strategy ps with --num-ps {cfg.distributed.num_ps} needs more processes than servers: "
-                          f"--nproc {processes} leaves no worker; use --nproc {cfg.distributed.num_ps + 1} or more")
-    if processes % cfg.distributed.model_parallel():
-        raise ConfigError(f"{processes} processes do not divide into replicas of {cfg.distributed.stages} stage(s) x "
-                          f"{cfg.distributed.tensor_parallel} tensor-parallel process(es); start a multiple of "
-                          f"{cfg.distributed.model_parallel()}")
-    replicas = cfg.distributed.replicas_of(processes)
-    if cfg.distributed.strategy == "single":
-        raise ConfigError(f"--strategy single cannot run on --nproc {cfg.distributed.nproc} processes; "
-                          "use --strategy ddp (or auto)")
-    plan_batch(cfg.batch_size, cfg.per_replica_batch_size, replicas, cfg.optim.grad_accum_steps,
+    # The layout every worker will build, checked here first: its errors are one line, before any worker starts.
+    layout = build_layout(cfg.distributed, cfg.distributed.nproc * (spec.world_size if spec else 1))
+    plan_batch(cfg.batch_size, cfg.per_replica_batch_size, layout.replicas, cfg.optim.grad_accum_steps,
                cfg.accumulate_to_global)
     if cfg.distributed.max_restarts > 0 and cfg.checkpoint.every <= 0:
         print("scaletrain: note: --max-restarts without --checkpoint-every: a restarted group starts over",
               file=sys.stderr)
     worker_argv = argv + ["--run-dir", run_dir, "--run-id", run_id]
-    servers_from = processes - cfg.distributed.num_ps if cfg.distributed.strategy == "ps" else processes
-    return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv,
-                  role=lambda rank: f"parameter server (rank {rank})" if rank >= servers_from else f"worker rank {rank}")
+    return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv, role=layout.role)
 
 
 def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], command: str = "train",

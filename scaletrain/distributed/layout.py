@@ -1,53 +1,111 @@
-"""How a strategy lays the model state out over devices, in bytes: what the memory planner sums.
+"""The parallel layout: one frozen value that owns how the job's processes are laid out.
 
-Each strategy states its own layout (`Strategy.model_state`), next to the code that creates it,
-so the planner has no strategy list or formulas of its own.
+    world = workers + servers,   workers = replicas x stages x tensor   (a row-major dp x pp x tp mesh)
+
+A strategy states what it asks of the processes (`Strategy.degrees`: pipeline stages, the
+tensor-parallel degree, parameter servers), and `Layout.build` turns that into the layout of a
+job of `world` processes and checks every rule about process counts, once, here: the launcher
+(before any worker starts), the strategies, the trainer, the loaders, the counters and the
+checkpoints all read the same value instead of recomputing it. (torchtitan's `ParallelDims`
+is the model: one value holds the degrees and validates the combination.)
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from scaletrain.distributed.sharding import eval_range
+from scaletrain.errors import ConfigError
+
 
 @dataclass(frozen=True, slots=True)
-class ParamInfo:
-    shape: tuple[int, ...]
-    unit: int            # index of the FSDP unit (repeated block) holding it; -1: the root
+class Degrees:
+    """What a strategy asks of the processes; the rest of them are data-parallel replicas."""
+    stages: int = 1               # pipeline stages one replica spans
+    tensor: int = 1               # processes each stage's blocks are split over
+    servers: int = 0              # processes that serve parameters (the last ranks) and do not train
+    chief_evaluates: bool = False  # the chief evaluates whole splits (a worker may die: no range goes missing)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    strategy: str
+    world: int                    # processes in the job
+    rank: int                     # this process
+    stages: int = 1
+    tensor: int = 1
+    servers: int = 0
+    chief_evaluates: bool = False
+
+    @classmethod
+    def build(cls, strategy_cls, config, world: int, rank: int = 0) -> "Layout":
+        """The layout of `world` processes under the strategy class `strategy_cls` and its
+        DistributedConfig `config`; raises ConfigError (one line, with the fix) for a count the
+        strategy cannot use."""
+        d = strategy_cls.degrees(config)
+        layout = cls(strategy_cls.name, world, rank, d.stages, d.tensor, d.servers, d.chief_evaluates)
+        if d.servers and world <= d.servers:
+            raise ConfigError(f"--strategy {layout.strategy} with {d.servers} server(s) needs more processes than "
+                              f"servers: {world} process(es) leave no worker; start {d.servers + 1} or more (--nproc)")
+        if layout.workers % layout.span:
+            raise ConfigError(f"{layout.workers} processes do not divide into replicas of {d.stages} stage(s) x "
+                              f"{d.tensor} tensor-parallel process(es); start a multiple of {layout.span}")
+        problem = strategy_cls.layout_problem(layout, config)
+        if problem:
+            raise ConfigError(problem)
+        return layout
+
+    # -- counts
+    @property
+    def workers(self) -> int:
+        """Processes that train (all but the servers)."""
+        return self.world - self.servers
 
     @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
+    def span(self) -> int:
+        """Processes one model replica spans (stages x tensor-parallel degree)."""
+        return self.stages * self.tensor
 
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas: batches, evaluation ranges and LR scaling divide over these."""
+        return self.workers // self.span
 
-@dataclass(frozen=True, slots=True)
-class StateBytes:
-    """What one parameter element costs, for a layout to multiply."""
-    storage: int          # bytes per stored parameter (and gradient) element
-    compute: int          # bytes per element of a gathered copy in the compute dtype
-    optimizer_slots: int  # parameter-sized optimizer state tensors (AdamW 2, SGD with momentum 1)
-    step_bytes: int       # per updated parameter tensor (AdamW's float32 step count)
+    # -- where this process sits
+    @property
+    def serves(self) -> bool:
+        """Whether this process serves (a parameter server) instead of training."""
+        return self.rank >= self.workers
 
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
 
-@dataclass(slots=True)
-class ModelState:
-    params: int                 # parameter count (all of the model, not per device)
-    param_bytes: int            # resident parameter bytes per device
-    grad_bytes: int
-    optimizer_bytes: int
-    gathered_param_bytes: int   # parameters all-gathered during the step (zero2, fsdp)
+    @property
+    def replica_rank(self) -> int:
+        return self.rank // self.span if not self.serves else 0
 
+    @property
+    def stage_rank(self) -> int:
+        return (self.rank // self.tensor) % self.stages
 
-def shard_numel(shape: tuple[int, ...], devices: int) -> int:
-    """Elements of FSDP2's largest (rank 0) shard of a tensor: ceil(d0 / N) rows."""
-    if not shape:
-        return 1
-    return math.ceil(shape[0] / devices) * math.prod(shape[1:])
+    @property
+    def tensor_rank(self) -> int:
+        return self.rank % self.tensor
 
+    @property
+    def records(self) -> bool:
+        """Whether this process's counters and evaluation outputs count: one process per replica
+        (its last stage, tensor-parallel rank 0), so sums over all processes count every sample once."""
+        return not self.serves and self.stage_rank == self.stages - 1 and self.tensor_rank == 0
 
-def replicated_state(params: list[ParamInfo], owned: list[int], b: StateBytes) -> ModelState:
-    """Parameters and gradients on every device; optimizer state for the `owned` parameters."""
-    total = sum(p.numel for p in params)
-    owned_numel = sum(params[i].numel for i in owned)
-    return ModelState(total, total * b.storage, total * b.storage,
-                      owned_numel * b.storage * b.optimizer_slots + len(owned) * b.step_bytes, 0)
+    def evaluation_range(self, samples: int) -> tuple[int, int]:
+        """The [start, end) of an evaluation split this process evaluates (the sums are then
+        all-reduced): each replica one contiguous range, or the chief the whole split."""
+        if self.chief_evaluates:
+            return (0, samples) if self.is_chief else (samples, samples)
+        return eval_range(samples, self.replica_rank, self.replicas)
+
+    def role(self, rank: int) -> str:
+        """How errors name process `rank`."""
+        return f"parameter server (rank {rank})" if rank >= self.workers else f"worker rank {rank}"

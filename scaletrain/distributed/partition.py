@@ -1,5 +1,9 @@
-"""Cutting a model into pipeline stages: contiguous runs of its layers (models/blocks.py's
-`pipeline_layers`), balanced by parameter count or cut where the user names.
+"""Dividing a model's tensors or layers over processes.
+
+`partition_by_size`: whole tensors over ranks, balanced by size (ZeRO-1's optimizer-state owners,
+the parameter servers' shards). `stage_layers`: a model cut into pipeline stages, contiguous runs
+of its layers (models/blocks.py's `pipeline_layers`), balanced by parameter count or cut where the
+user names.
 
 Balancing is the linear-partition problem: split a sequence of sizes into k contiguous groups so
 the largest group is as small as possible (the slowest stage sets a pipeline's pace). Exact by
@@ -14,6 +18,19 @@ from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import has_repeated_blocks, pipeline_layers
 
 Layer = tuple[str, nn.Module]
+
+
+def partition_by_size(sizes: list[int], parts: int) -> list[int]:
+    """The owner (0 .. parts-1) of each item, given by size: largest first, each to the part with
+    the least so far (ties: the lowest). Deterministic, so every rank (and the memory planner)
+    computes the same owners; it is torch's ZeroRedundancyOptimizer's greedy partition."""
+    loads = [0] * parts
+    owners = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        part = min(range(parts), key=lambda r: loads[r])
+        owners[i] = part
+        loads[part] += sizes[i]
+    return owners
 
 
 def balanced_starts(sizes: list[int], parts: int) -> list[int]:

@@ -15,7 +15,7 @@ parameters during the step.
 from __future__ import annotations
 
 from scaletrain.distributed import STRATEGIES, plannable_strategies
-from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, shard_numel
+from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, shard_numel
 from scaletrain.errors import ConfigError
 
 __all__ = ["PLAN_STRATEGIES", "ModelState", "ParamInfo", "model_state", "optimizer_slots", "shard_numel"]

@@ -184,7 +184,7 @@ def predict_parameter_server(step_time_s: float, per_worker_batch: int, tensor_b
     The busiest server's link is the bottleneck seed 002 describes: it carries W times its shard,
     so sharding over K servers divides it until one worker's own link, or the largest tensor (a
     server holds whole tensors), limits it. u: the optimizer step's seconds per byte of a shard."""
-    from scaletrain.distributed.strategies.parameter_server import balance
+    from scaletrain.distributed.strategies.ps.strategy import balance
     shards = balance(list(tensor_bytes), servers)
     largest = max(sum(tensor_bytes[i] for i in shard) for shard in shards)
     server_link = workers * largest / link.bus_bandwidth

@@ -40,25 +40,27 @@ class DeviceCounters:
         the same on every process, so they are divided back by the count of processes summed over.
 
         `ran`: the steps this process ran, when an epoch may end before every replica has run them
-        all (`Strategy.cuts_epochs`): each step's loss is then averaged over the replicas that ran
-        it, and `replica_steps` counts them."""
-        totals = torch.stack([self.metric_sum, self.skipped.double(), self.applied_steps.double()])
+        all (`EpochControl.cuts_epochs`): each step's loss is then averaged over the replicas that ran
+        it, and `replica_steps` counts them. The processes summed over count themselves (a one each),
+        so a job that lost a worker divides by the processes still there."""
+        one = torch.ones((), dtype=torch.float64, device=self.metric_sum.device)
+        totals = torch.stack([self.metric_sum, self.skipped.double(), self.applied_steps.double(), one])
         values = torch.cat([self.step_losses[:steps_done].to(torch.float64), totals])
         replica_steps = float(steps_done)
         if ran is not None:
-            recorded = float(strategy.records_metrics if strategy is not None else True)
+            recorded = float(strategy.layout.records if strategy is not None else True)
             ran_mask = (torch.arange(steps_done, device=values.device) < ran).to(torch.float64) * recorded
             values = torch.cat([values, ran_mask])
         if strategy is not None and strategy.world_size > 1:
             strategy.all_reduce_sum_(values)
             if ran is None:
-                values[:steps_done] /= strategy.replicas
-                replica_steps *= strategy.replicas
+                values[:steps_done] /= strategy.layout.replicas
+                replica_steps *= strategy.layout.replicas
             else:
-                runners = values[steps_done + 3:]
+                runners = values[steps_done + 4:]
                 values[:steps_done] /= runners.clamp(min=1)
                 replica_steps = float(runners.sum())
-            values[steps_done + 1:steps_done + 3] /= strategy.collective_size
+            values[steps_done + 1:steps_done + 3] /= values[steps_done + 3]
         values = values[:steps_done + 3].tolist()
         losses, (metric_sum, skipped, applied) = values[:steps_done], values[steps_done:]
         return {"losses": losses, "metric_sum": metric_sum, "skipped": int(skipped), "applied_steps": int(applied),

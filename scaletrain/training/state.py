@@ -78,7 +78,7 @@ def trainer_state(trainer) -> dict:
 
 
 def _same_layout(trainer, saved_world: int, saved_replicas: int) -> bool:
-    return (saved_world, saved_replicas) == (trainer.strategy.world_size, trainer.strategy.replicas)
+    return (saved_world, saved_replicas) == (trainer.layout.world, trainer.layout.replicas)
 
 
 def load_template(trainer, saved_world: int, saved_replicas: int) -> dict:
@@ -123,7 +123,7 @@ def load_trainer_state(trainer, state: dict, saved_world: int, saved_replicas: i
     if not _same_layout(trainer, saved_world, saved_replicas):
         live = {k: v for k, v in trainer.counters.tensors().items() if k not in RUN_COUNTERS}
         saved = [state[f"rank{k}"]["epoch_counters"] for k in range(saved_world)] if rank == 0 else []
-        merge_epoch_counters(live, saved, saved_replicas, trainer.strategy.replicas)
+        merge_epoch_counters(live, saved, saved_replicas, trainer.layout.replicas)
     return values
 
 

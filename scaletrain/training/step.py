@@ -64,7 +64,7 @@ class TrainStep:
         """Adds one micro-batch's loss (one of `parts` equal shares of the step; default: the
         accumulation steps) and training metric to the device counters. Processes whose outputs
         another one already counts (tensor-parallel peers) record nothing."""
-        if not self.strategy.records_metrics:
+        if not self.strategy.layout.records:
             return
         c, k = self.counters, parts or self.grad_accum_steps
         step_loss = loss.detach() / k if k > 1 else loss.detach()
@@ -94,9 +94,10 @@ class TrainStep:
         if local:
             torch._foreach_mul_(local, coef)
 
-    def update(self, found_inf: torch.Tensor | None, clipped: bool = False) -> None:
+    def update(self, found_inf: torch.Tensor | None, clipped: bool = False, apply=None) -> None:
         """Clips (unless the strategy did), sets the step's LR, steps the optimizer (skipped on the
-        device when `found_inf` is 1), advances the counters and clears the gradients."""
+        device when `found_inf` is 1), advances the counters and clears the gradients. `apply`: what
+        applies the gradients instead of `optimizer.step()` (a parameter server's push and pull)."""
         c = self.counters
         if not clipped:
             self.clip_()
@@ -108,7 +109,7 @@ class TrainStep:
             # and state untouched when found_inf is 1.
             self.optimizer.grad_scale = None
             self.optimizer.found_inf = found_inf
-        self.optimizer.step()
+        (apply or self.optimizer.step)()
         with torch.no_grad():
             if found_inf is not None:
                 self.scaler.update()

@@ -24,8 +24,9 @@ from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig
 from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
 from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
+from scaletrain.distributed.capabilities import epoch_control
 from scaletrain.errors import ConfigError, NonFiniteLossError
-from scaletrain.optim import LRSchedule, build_optimizer, build_schedule, current_lr
+from scaletrain.optim import LRSchedule, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
 from scaletrain.tasks import Task, build_task
@@ -55,7 +56,10 @@ class Trainer:
         # None: the data set's own task, chosen when fit() or evaluate() first sees the data.
         self.task = task
         self.device = strategy.device
-        self.batch = plan_batch(cfg.batch_size, cfg.per_replica_batch_size, strategy.replicas,
+        self.layout = strategy.layout
+        # What only some strategies do at an epoch's edges (a no-op object for the others).
+        self.epochs = epoch_control(strategy)
+        self.batch = plan_batch(cfg.batch_size, cfg.per_replica_batch_size, self.layout.replicas,
                                 cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
         self.policy = get_policy(cfg.precision.policy)
         self.policy.configure_backend()
@@ -70,9 +74,7 @@ class Trainer:
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)
                            and self.device.type == "cuda" and strategy.supports_cuda_graphs)
-        self.optimizer = strategy.wrap_optimizer(build_optimizer(
-            cfg.optim, self.model, self.device, capturable=self.use_graphs,
-            params=strategy.optimizer_parameters(self.model)))
+        self.optimizer = strategy.make_optimizer(cfg.optim, self.model, self.device, capturable=self.use_graphs)
         init_optimizer_state(self.optimizer)
         self.scaler = (DynamicLossScaler(self.device, cfg.precision.init_scale,
                                          growth_interval=cfg.precision.growth_interval)
@@ -133,13 +135,13 @@ class Trainer:
                         saved_replicas: int | None = None) -> dict:
         """Applies a state (filled from `load_template`); returns its plain values."""
         if saved_world_size is None:   # saved by this very layout
-            saved_world_size, saved_replicas = self.strategy.world_size, self.strategy.replicas
+            saved_world_size, saved_replicas = self.layout.world, self.layout.replicas
         return load_trainer_state(self, state, saved_world_size, saved_replicas or saved_world_size)
 
     def position(self) -> dict:
         """Where training stands, and what a checkpoint must agree on to resume here."""
         return {"global_step": self.global_step, "epoch": self.epoch, "epoch_step": self.epoch_step,
-                "world_size": self.strategy.world_size, "replicas": self.strategy.replicas,
+                "world_size": self.layout.world, "replicas": self.layout.replicas,
                 "global_batch": self.batch.global_batch,
                 "steps_per_epoch": self.steps_per_epoch}
 
@@ -153,12 +155,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
     def _loader(self, split, train: bool):
-        cfg, data, s = self.config, self.config.data, self.strategy
+        cfg, data, layout = self.config, self.config.data, self.layout
         if train:
-            batch, shard = self.batch.per_replica, dict(rank=s.replica_rank, world_size=s.replicas)
+            batch, shard = self.batch.per_replica, dict(rank=layout.replica_rank, world_size=layout.replicas)
         else:
             # Each replica evaluates one contiguous range; the sums are all-reduced afterwards.
-            start, end = s.evaluation_range(len(split))
+            start, end = layout.evaluation_range(len(split))
             split = split if (start, end) == (0, len(split)) else ArraySplit(split.x[start:end], split.y[start:end])
             batch, shard = data.val_batch_size or self.batch.per_replica, {}
         if not isinstance(split, ArraySplit):   # a ShardedSplit: streamed from disk, never whole in memory
@@ -187,7 +189,7 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"global batch {self.batch.global_batch} is larger than the {len(dataset.train)} "
                               "training samples; use a smaller --batch-size")
-        schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs, replicas=self.strategy.replicas)
+        schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs, replicas=self.layout.replicas)
         self.counters.resize(self.steps_per_epoch)  # also empties the per-step loss slots
         # A second fit() starts a fresh schedule after the optimizer steps already taken.
         first_step = int(self.counters.applied_steps)
@@ -206,7 +208,7 @@ class Trainer:
                 break
             self.epoch = epoch
             train_loader.set_epoch(epoch, start_step)
-            self.strategy.begin_epoch(epoch)
+            self.epochs.begin_epoch(epoch)
             self.callbacks.call("on_epoch_begin", self, epoch)
             logs = self._train_epoch(train_loader, epoch, start_step)
             start_step = 0
@@ -274,7 +276,7 @@ class Trainer:
             batch_logs = {"epoch_step": epoch_step}
             if epoch_step >= next_log:  # a log step: the only reads inside the epoch
                 next_log += cfg.log_every
-                ran = epoch_step if self.strategy.cuts_epochs else None
+                ran = epoch_step if self.epochs.cuts_epochs else None
                 losses = c.read(epoch_step, self.strategy, ran=ran)["losses"]
                 self._check_finite(losses, first_global_step)
                 batch_logs["loss"] = sum(losses[-cfg.log_every:]) / len(losses[-cfg.log_every:])
@@ -284,16 +286,16 @@ class Trainer:
                 self.checkpointer.save(self)
                 self.checkpoint_time_s += time.perf_counter() - paused_at
                 self.clock.resume()
-            if self.strategy.epoch_cut():
+            if self.epochs.epoch_cut():
                 break   # the others have finished the epoch (backup workers): the rest of this share is dropped
-        self.strategy.end_epoch()
+        self.epochs.end_epoch()
         # The epoch's training ends when every replica has finished its steps, so the reads below (a
         # collective) are inside the clock: a replica that finished first (a parameter server's fast
         # worker, which never waits inside a step) counts its wait for the others.
-        if self.strategy.cuts_epochs:
+        if self.epochs.cuts_epochs:
             ran, epoch_step = epoch_step, self._agree_on_epoch_end(epoch_step, first_global_step)
             values = c.read(epoch_step, self.strategy, ran=ran)
-            samples = round(values["replica_steps"] * self.batch.global_batch / self.strategy.replicas)
+            samples = round(values["replica_steps"] * self.batch.global_batch / self.layout.replicas)
         else:
             values = c.read(epoch_step, self.strategy)
             samples = epoch_step * self.batch.global_batch
@@ -307,7 +309,7 @@ class Trainer:
             "samples": samples,
             "epoch_train_time_s": epoch_time,
             "data_wait_s": data_wait,
-            **self.strategy.epoch_metrics(),
+            **self.epochs.epoch_metrics(),
             "cumulative_train_time_s": self.clock.total,
             "checkpoint_time_s": self.checkpoint_time_s,
             "skipped_steps": values["skipped"],
@@ -350,7 +352,7 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         sums = torch.zeros(self.task.n_sums, dtype=torch.float64, device=self.device)
-        counts = self.strategy.records_metrics   # each replica's outputs are counted by one process
+        counts = self.layout.records   # each replica's outputs are counted by one process
         for output, y in self.strategy.evaluate(islice(loader, max_batches), self._eval_forward, self._pad_input):
             if counts:
                 sums += self.task.eval_sums(output, y)

@@ -28,7 +28,7 @@ with build_run(cfg) as built:
     x, y = next(iter(trainer._loader(dataset.train, train=True)))
     trainer.counters.reset_epoch()
     trainer.strategy.forward_backward(trainer.train_step, x, y)
-    if trainer.strategy.replicas > 1:
+    if trainer.layout.replicas > 1:
         trainer.strategy._average_over_replicas(trainer.train_step.params)
     grads = {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
              for name, p in trainer.model.named_parameters() if p.grad is not None}

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from scaletrain.distributed.env import DistEnv
-from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, replicated_state
-from scaletrain.distributed.sharding import eval_range
+from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
+from scaletrain.distributed.layout import Degrees, Layout
+from scaletrain.optim import build_optimizer
 from scaletrain.registry import registrar
 
 STRATEGIES: dict[str, type["Strategy"]] = {}
@@ -29,6 +30,8 @@ register_strategy = registrar(STRATEGIES, "--strategy")
 
 
 class Strategy(ABC):
+    """The core every strategy has. What only some can do (serve, cut epochs, bring other
+    processes into a checkpoint) is a capability (distributed/capabilities.py), not a member here."""
     name = "base"
     # Whether the whole training step (collectives included) may be captured in one CUDA graph.
     supports_cuda_graphs = True
@@ -43,69 +46,36 @@ class Strategy(ABC):
     plannable = True
     zero_stage = 0
 
-    def __init__(self, config, env: DistEnv):
+    def __init__(self, config, env: DistEnv, layout: Layout | None = None):
         self.config = config     # the DistributedConfig
         self.env = env
+        self.layout = layout or Layout.build(type(self), config, env.world_size, env.rank)
         self.device = torch.device("cpu")
 
-    # -- where this process sits
+    # -- what it asks of the processes (read by Layout.build)
+    @classmethod
+    def degrees(cls, config) -> Degrees:
+        """Pipeline stages, tensor-parallel degree and servers this strategy asks for under
+        `config`; every other process is a data-parallel replica."""
+        return Degrees()
+
+    @classmethod
+    def layout_problem(cls, layout: Layout, config) -> str | None:
+        """A rule of this strategy's about process counts that `layout` breaks (one line, with the fix)."""
+        return None
+
+    # -- where this process sits (the layout owns it; these read it)
     @property
     def rank(self) -> int:
-        return self.env.rank
+        return self.layout.rank
 
     @property
     def world_size(self) -> int:
-        return self.env.world_size
-
-    @property
-    def collective_size(self) -> int:
-        """Processes taking part in the trainer's collectives (all but parameter servers)."""
-        return self.env.world_size
+        return self.layout.world
 
     @property
     def is_chief(self) -> bool:
-        return self.env.rank == 0
-
-    # Model parallelism spreads one replica over several processes; data (batches, evaluation
-    # ranges, LR scaling) is divided over replicas, not processes.
-    @property
-    def replicas(self) -> int:
-        return self.env.world_size
-
-    @property
-    def replica_rank(self) -> int:
-        return self.env.rank
-
-    @property
-    def records_metrics(self) -> bool:
-        """Whether this process's counters and evaluation outputs count: one process per replica
-        holds a replica's outputs (under a pipeline, its last stage), so sums over all processes
-        count every sample once."""
-        return True
-
-    @property
-    def cuts_epochs(self) -> bool:
-        """Whether an epoch may end for a replica before it has run all its steps (parameter
-        servers with backup workers do not wait for the slowest). The trainer then agrees on the
-        epoch's step count at its end, and averages each step's loss over the replicas that ran it."""
-        return False
-
-    def epoch_cut(self) -> bool:
-        """Whether this process's epoch was just ended early (see `cuts_epochs`); host state only."""
-        return False
-
-    def end_epoch(self) -> None:
-        """Called on every training process when its epoch's steps end (run out or cut), before
-        the epoch's metrics are gathered."""
-
-    def begin_epoch(self, epoch: int) -> None:
-        """Called on every training process before each epoch's steps (a parameter server's
-        sync warm-up ends at an epoch)."""
-
-    def epoch_metrics(self) -> dict[str, float]:
-        """The strategy's own figures for the epoch just trained, added to its metrics (called on
-        every rank at each epoch's end)."""
-        return {}
+        return self.layout.is_chief
 
     def describe(self) -> str | None:
         """How the model is laid out over processes, for the run's log (None: nothing to add)."""
@@ -149,43 +119,12 @@ class Strategy(ABC):
             self.all_reduce_max_(found_inf)
         step.update(found_inf)
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """The optimizer the training step drives (parameter servers replace it with a push/pull)."""
-        return optimizer
-
-    @property
-    def trains(self) -> bool:
-        """Whether this process runs the training loop (a parameter server serves instead)."""
-        return True
-
-    def serve(self, optim_config) -> dict:
-        """The life of a process that does not train (see `trains`)."""
-        raise NotImplementedError(f"strategy {self.name} has no serving processes")
-
-    def evaluation_range(self, samples: int) -> tuple[int, int]:
-        """The [start, end) of an evaluation split this process evaluates (the sums are then
-        all-reduced): by default each replica one contiguous range."""
-        return eval_range(samples, self.replica_rank, self.replicas)
-
-    # -- checkpoints
-    @property
-    def checkpoint_group(self):
-        """The process group DCP saves and loads over (None: the default group, every process)."""
-        return None
-
-    def join_checkpoint(self, path, loading: bool) -> None:
-        """Called on every training process right before the checkpointer's DCP save or load of
-        `path` (a collective on the default group): processes that hold state but do not train
-        (parameter servers) are brought in here."""
-
-    def state_to_save(self, state: dict) -> dict:
-        """What this process writes of the trainer's state (`training/state.py`); the default is
-        all of it (DCP writes replicated tensors once)."""
-        return state
-
-    def optimizer_parameters(self, model: nn.Module) -> list[nn.Parameter]:
-        """The parameters this rank's optimizer updates (and holds state for)."""
-        return [p for p in model.parameters() if p.requires_grad]
+    def make_optimizer(self, optim_config, model: nn.Module, device: torch.device,
+                       capturable: bool = False) -> torch.optim.Optimizer:
+        """The optimizer this process steps: by default over all of the model's trainable
+        parameters (ZeRO-1 takes its partition; parameter servers keep the state elsewhere)."""
+        return build_optimizer(optim_config, model, device, capturable=capturable,
+                               params=[p for p in model.parameters() if p.requires_grad])
 
     # -- evaluation
     def evaluate(self, batches: Iterable[tuple[torch.Tensor, Any]], forward: Callable[[torch.Tensor], torch.Tensor],

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, shard_numel
+from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, shard_numel
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.errors import ConfigError

@@ -32,6 +32,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from scaletrain.distributed.layout import Degrees
 from scaletrain.distributed.partition import describe_stages, stage_layers
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
@@ -83,43 +84,32 @@ class ModelParallelStrategy(ProcessGroupStrategy):
     forward_communicates = True    # activations flow between stages; tensor-parallel forwards all-reduce
     plannable = False
 
-    def __init__(self, config, env):
-        super().__init__(config, env)
-        self.pp, self.tp = config.stages, config.tensor_parallel
+    def __init__(self, config, env, layout=None):
+        super().__init__(config, env, layout)
+        self.pp, self.tp = self.layout.stages, self.layout.tensor
         self.microbatches = config.microbatch_count() if self.pp > 1 else 1
-        self.stage_rank = self.tp_rank = self.replica = 0
+        self.stage_rank, self.tp_rank, self.replica = self.layout.stage_rank, self.layout.tensor_rank, \
+            self.layout.replica_rank
+        self.replicas = self.layout.replicas
         self.stages: list = []
-        self.holds_last_stage = True
-        self.layout = ""
+        self.holds_last_stage = self.layout.records or self.tp_rank != 0 and self.stage_rank == self.pp - 1
+        self.stage_names = ""
         self._step = None
 
-    # -- where this process sits
-    @property
-    def replicas(self) -> int:
-        return self.world_size // (self.pp * self.tp)
-
-    @property
-    def replica_rank(self) -> int:
-        return self.replica
-
-    @property
-    def records_metrics(self) -> bool:
-        return self.holds_last_stage and self.tp_rank == 0
+    @classmethod
+    def degrees(cls, config) -> Degrees:
+        return Degrees(stages=config.stages, tensor=config.tensor_parallel)
 
     def setup(self, device_request: str) -> torch.device:
         device = super().setup(device_request)
-        if self.world_size % (self.pp * self.tp):
-            raise ConfigError(f"{self.world_size} processes do not divide into replicas of {self.pp} stage(s) x "
-                              f"{self.tp} tensor-parallel process(es); start a multiple of {self.pp * self.tp}")
+        # Row-major, as the layout counts: `Layout.stage_rank` etc. are this mesh's local ranks.
         self.mesh = init_device_mesh(device.type, (self.replicas, self.pp, self.tp), mesh_dim_names=("dp", "pp", "tp"))
-        self.replica = self.mesh.get_local_rank("dp")
-        self.stage_rank = self.mesh.get_local_rank("pp")
-        self.tp_rank = self.mesh.get_local_rank("tp")
         return device
 
     def describe(self) -> str:
         return (f"{self.replicas} replica(s) x {self.pp} stage(s) x {self.tp} tensor-parallel"
-                + (f", {self.config.schedule} over {self.microbatches} micro-batches; {self.layout}" if self.pp > 1 else ""))
+                + (f", {self.config.schedule} over {self.microbatches} micro-batches; {self.stage_names}"
+                   if self.pp > 1 else ""))
 
     # -- the model
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
@@ -138,7 +128,7 @@ class ModelParallelStrategy(ProcessGroupStrategy):
         from torch.distributed.pipelining import PipelineStage
         n_stages = self.config.pipeline_stages()
         groups = stage_layers(model, n_stages, self.config.split_points)
-        self.layout = describe_stages(groups)
+        self.stage_names = describe_stages(groups)
         local = [i for i in range(n_stages) if i % self.pp == self.stage_rank]
         owned = {name for i in local for name, _ in groups[i]}
         for name, _ in (layer for group in groups for layer in group):

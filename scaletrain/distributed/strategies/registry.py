@@ -1,16 +1,23 @@
 """Strategies by name. `auto` is ddp when the job has several processes, single otherwise.
 
-Each strategy registers itself with `@register_strategy` (base.py); importing the modules here is
-what fills STRATEGIES, so a new strategy file is added to the import list below.
+Each strategy registers itself with `@register_strategy` (base.py). Every module of this
+package (and of its sub-packages) is imported here, so a new strategy is one new file: nothing
+else lists it.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
+import scaletrain.distributed.strategies as _package
 from scaletrain.distributed.env import DistEnv, dist_env
-from scaletrain.distributed.strategies import (ddp, fsdp, model_parallel, parameter_server, single,  # noqa: F401
-                                                zero1)  # (they register)
+from scaletrain.distributed.layout import Layout
 from scaletrain.distributed.strategies.base import STRATEGIES, Strategy
 from scaletrain.errors import ConfigError
+
+for _module in pkgutil.walk_packages(_package.__path__, f"{_package.__name__}."):
+    importlib.import_module(_module.name)     # each strategy file registers itself
 
 
 def plannable_strategies() -> tuple[str, ...]:
@@ -19,12 +26,23 @@ def plannable_strategies() -> tuple[str, ...]:
                         key=lambda name: STRATEGIES[name].zero_stage))
 
 
+def strategy_class(config, world: int) -> type[Strategy]:
+    """The class the DistributedConfig `config` names for a job of `world` processes."""
+    name = config.strategy
+    if name == "auto":
+        name = "ddp" if world > 1 else "single"
+    if name not in STRATEGIES:
+        raise ConfigError(f"unknown strategy '{name}'; choose one of: auto, {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def build_layout(config, world: int, rank: int = 0) -> Layout:
+    """The layout of `world` processes under `config` (checked: raises ConfigError)."""
+    return Layout.build(strategy_class(config, world), config, world, rank)
+
+
 def build_strategy(config, env: DistEnv | None = None) -> Strategy:
     """An un-set-up strategy for the DistributedConfig `config`; call `.setup(device)` next."""
     env = env or dist_env()
-    name = config.strategy
-    if name == "auto":
-        name = "ddp" if env.world_size > 1 else "single"
-    if name not in STRATEGIES:
-        raise ConfigError(f"unknown strategy '{name}'; choose one of: auto, {', '.join(STRATEGIES)}")
-    return STRATEGIES[name](config, env)
+    cls = strategy_class(config, env.world_size)
+    return cls(config, env, Layout.build(cls, config, env.world_size, env.rank))

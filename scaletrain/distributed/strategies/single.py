@@ -24,10 +24,13 @@ def resolve_device(name: str) -> torch.device:
 class SingleDevice(Strategy):
     plannable = False   # plan one device as ddp with --devices 1
 
+    @classmethod
+    def layout_problem(cls, layout, config) -> str | None:
+        if layout.world > 1:
+            return f"--strategy single cannot run on {layout.world} processes; use --strategy ddp (or auto)"
+        return None
+
     def setup(self, device_request: str) -> torch.device:
-        if self.env.world_size > 1:
-            raise ConfigError(f"strategy 'single' was asked for but this job has {self.env.world_size} processes; "
-                              "use --strategy ddp (or auto)")
         self.device = resolve_device(device_request)
         return self.device
 

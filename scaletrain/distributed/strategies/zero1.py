@@ -16,22 +16,11 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from scaletrain.distributed.layout import ModelState, ParamInfo, StateBytes, replicated_state
+from scaletrain.distributed.partition import partition_by_size
+from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.ddp import DDPStrategy
-
-
-def partition_parameters(sizes: list[int], world_size: int) -> list[int]:
-    """Owner rank of each parameter (given by element count): largest first, each to the rank
-    with the fewest elements so far (ties: the lowest rank). Deterministic, so every rank (and
-    the memory planner) computes the same owners."""
-    loads = [0] * world_size
-    owners = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        rank = min(range(world_size), key=lambda r: loads[r])
-        owners[i] = rank
-        loads[rank] += sizes[i]
-    return owners
+from scaletrain.optim import build_optimizer
 
 
 @register_strategy("zero1")
@@ -40,12 +29,12 @@ class Zero1Strategy(DDPStrategy):
 
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         params = [p for p in model.parameters() if p.requires_grad]
-        owners = partition_parameters([p.numel() for p in params], self.world_size)
+        owners = partition_by_size([p.numel() for p in params], self.world_size)
         self.owned_by = [[p for p, o in zip(params, owners) if o == r] for r in range(self.world_size)]
         return super().wrap(model, compile_fn)
 
-    def optimizer_parameters(self, model: nn.Module) -> list[nn.Parameter]:
-        return self.owned_by[self.rank]
+    def make_optimizer(self, optim_config, model, device, capturable=False):
+        return build_optimizer(optim_config, model, device, capturable=capturable, params=self.owned_by[self.rank])
 
     def optimizer_step(self, step) -> None:
         super().optimizer_step(step)   # each rank updates the parameters it owns
@@ -53,7 +42,7 @@ class Zero1Strategy(DDPStrategy):
 
     @classmethod
     def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes) -> ModelState:
-        owners = partition_parameters([p.numel for p in params], devices)
+        owners = partition_by_size([p.numel for p in params], devices)
         loads = [sum(params[i].numel for i in range(len(params)) if owners[i] == r) for r in range(devices)]
         busiest = max(range(devices), key=lambda r: (loads[r], -r))
         return replicated_state(params, [i for i in range(len(params)) if owners[i] == busiest], b)

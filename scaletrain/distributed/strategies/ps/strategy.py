@@ -20,7 +20,10 @@ server's current parameters back.
 
 Every epoch ends with a pull of the servers' parameters. Checkpoints go through the run's DCP
 checkpointer with the servers joining. In async and backup modes a dead worker is dropped after
-a roll call (ps_membership.py) and the others go on.
+a roll call (membership.py) and the others go on.
+
+The push is an explicit part of the strategy's step (`optimizer_step`): the worker's optimizer
+only carries the LR the training step's schedule writes; the servers hold the real optimizer.
 
 Why c10d point-to-point and not torch.distributed.rpc: it is the same process group, launcher
 (torchrun) and backends as every other strategy, gloo's receive-from-any-source is exactly the
@@ -37,12 +40,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.distributed.ps_membership import Heartbeat, roll_call, store_client
-from scaletrain.distributed.ps_server import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, LOST, PULL,
-                                              SAVE, SYNC_GRADIENT, Server)
+from scaletrain.distributed.layout import Degrees
+from scaletrain.distributed.partition import partition_by_size
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
+from scaletrain.distributed.strategies.ps.membership import Heartbeat, roll_call, store_client
+from scaletrain.distributed.strategies.ps.protocol import (DONE, EPOCH_END, GRADIENT, HEADER, LOAD, LOST, PULL, SAVE,
+                                                           SYNC_GRADIENT, IDLE, read_reply, request)
+from scaletrain.distributed.strategies.ps.server import Server
 from scaletrain.errors import ConfigError, UserError
+from scaletrain.optim import build_optimizer
 
 
 
@@ -51,13 +58,8 @@ def balance(sizes: list[int], servers: int) -> list[list[int]]:
     if servers > len(sizes):
         raise ConfigError(f"--num-ps {servers} is more than the model's {len(sizes)} parameter tensors (a server "
                           f"holds whole tensors); use --num-ps {len(sizes)} or fewer")
-    shards: list[list[int]] = [[] for _ in range(servers)]
-    load = [0] * servers
-    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        k = min(range(servers), key=lambda k: load[k])
-        shards[k].append(i)
-        load[k] += sizes[i]
-    return [sorted(s) for s in shards]
+    owners = partition_by_size(sizes, servers)
+    return [[i for i, owner in enumerate(owners) if owner == k] for k in range(servers)]
 
 
 @dataclass(slots=True)
@@ -72,33 +74,30 @@ class ExchangeStats:
 STALENESS_BUCKETS = 16   # the staleness histogram's last bucket holds this many updates late or more
 
 
-class PushPullOptimizer(torch.optim.Optimizer):
-    """The worker's optimizer: a step sends the gradients to the servers and takes their
-    parameters back. It holds no state (the servers do); its LR tensor is the one the training
-    step's schedule writes."""
+class ServedOptimizer(torch.optim.Optimizer):
+    """A worker's optimizer: it holds no state (the servers hold it) and is never stepped; its LR
+    tensor is the one the training step's schedule writes, which each push carries."""
 
-    def __init__(self, param_groups: list[dict], strategy: "ParameterServerStrategy"):
+    def __init__(self, param_groups: list[dict]):
         super().__init__(param_groups, {})
-        self.strategy = strategy
 
-    @torch.no_grad()
     def step(self, closure=None):
-        self.strategy.exchange(float(self.param_groups[0]["lr"]))
+        raise RuntimeError("a parameter-server worker's update is its push (ParameterServerStrategy.optimizer_step)")
 
 
 @register_strategy("ps")
 class ParameterServerStrategy(ProcessGroupStrategy):
     plannable = False
 
-    def __init__(self, config, env):
-        super().__init__(config, env)
-        self.workers = env.world_size - config.num_ps
+    def __init__(self, config, env, layout=None):
+        super().__init__(config, env, layout)
+        self.workers = self.layout.workers
         self.workers_group = None
         self.params: list[nn.Parameter] = []
         self.names: list[str] = []
         self.shards: list[list[int]] = []
         self.version = 0
-        self.meetings = 0       # meetings entered (ps_server.py): collectives of the workers, checkpoints
+        self.meetings = 0       # meetings entered (server.py): collectives of the workers, checkpoints
         self.live = False       # off during the untimed warm-up: no update may reach the servers
         self.gradient_kind = GRADIENT
         self.epoch = 0
@@ -112,30 +111,23 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.store = None
         self.stats = ExchangeStats()
 
-    # -- roles
-    @property
-    def trains(self) -> bool:
-        return self.rank < self.workers
+    # -- the layout: the last num_ps processes serve. Where a worker may die, the chief evaluates
+    # whole splits (every worker holds the servers' parameters after the epoch's pull, so the result
+    # is the same): no range can go missing with a dead worker. Sync mode splits them as DDP does.
+    @classmethod
+    def degrees(cls, config) -> Degrees:
+        return Degrees(servers=config.num_ps, chief_evaluates=config.ps_survives_lost_workers)
 
-    @property
-    def replicas(self) -> int:
-        return self.workers
-
-    @property
-    def collective_size(self) -> int:
-        return len(self.members)
+    @classmethod
+    def layout_problem(cls, layout, config) -> str | None:
+        if config.backup_workers >= layout.workers:
+            return (f"--backup-workers {config.backup_workers} leaves no gradient to apply with {layout.workers} "
+                    f"worker(s); use at most {layout.workers - 1}")
+        return None
 
     @property
     def checkpoint_group(self):
         return self.everyone_group
-
-    def evaluation_range(self, samples: int) -> tuple[int, int]:
-        """Where a worker may die, the chief evaluates the whole split (every worker holds the
-        servers' parameters after the epoch's pull, so the result is the same): no range can go
-        missing with a dead worker. Sync mode splits it as DDP does."""
-        if not self.config.ps_survives_lost_workers:
-            return super().evaluation_range(samples)
-        return (0, samples) if self.is_chief else (samples, samples)
 
     def describe(self) -> str:
         backups = f", {self.config.backup_workers} backup" if self.config.backup_workers else ""
@@ -190,34 +182,26 @@ class ParameterServerStrategy(ProcessGroupStrategy):
 
     def _pull(self) -> None:
         for k, shard in enumerate(self.shards):
-            message = torch.zeros(HEADER + sum(self.params[i].numel() for i in shard))
-            message[0] = PULL
-            dist.send(message, dst=self.server_rank(k))
+            dist.send(request(PULL, sum(self.params[i].numel() for i in shard)), dst=self.server_rank(k))
         replies = []
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
             dist.recv(reply, src=self.server_rank(k))
             replies.append(reply)
         self._copy_parameters(replies)
-        self.version = int(replies[0][0])
+        self.version = read_reply(replies[0]).version
 
     def setup(self, device_request: str) -> torch.device:
-        if self.workers < 1:
-            raise ConfigError(f"--strategy ps needs more processes than servers (--num-ps {self.config.num_ps}): "
-                              f"{self.world_size} leave no worker; start {self.config.num_ps + 1} or more (--nproc)")
-        if self.config.backup_workers >= self.workers:
-            raise ConfigError(f"--backup-workers {self.config.backup_workers} leaves no gradient to apply with "
-                              f"{self.workers} worker(s); use at most {self.workers - 1}")
-        device = super().setup(device_request if self.rank < self.workers else "cpu")
+        device = super().setup(device_request if not self.layout.serves else "cpu")
         if self.device.type != "cpu":
             raise ConfigError("--strategy ps runs on the CPU with gloo for now; pass --device cpu")
         # Every process creates every group, in the same order. A server then makes a group of its
         # own: a process holds the groups it is a member of, and torch names a group created later
         # by its ranks and that count (the survivors' groups after a lost worker must match).
         self.workers_group = dist.new_group(list(range(self.workers)))
-        if not self.trains:
+        if self.layout.serves:
             dist.new_group([self.rank], use_local_synchronization=True)
-        if self.trains and self.config.ps_survives_lost_workers:
+        elif self.config.ps_survives_lost_workers:
             self._start_heartbeat()
         return device
 
@@ -237,8 +221,13 @@ class ParameterServerStrategy(ProcessGroupStrategy):
                 dist.send(self._flat(shard, grads=False), dst=self.server_rank(k))
         return compile_fn(model), compile_fn(model)
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        return PushPullOptimizer(optimizer.param_groups, self)
+    def make_optimizer(self, optim_config, model, device, capturable=False):
+        return ServedOptimizer(build_optimizer(optim_config, model, device).param_groups)
+
+    def optimizer_step(self, step) -> None:
+        """The update is an exchange with the servers: push this worker's gradient with the step's
+        LR, take their parameters back (the step's counters and LR lookup run as for any update)."""
+        step.update(None, apply=lambda: self.exchange(float(step.optimizer.param_groups[0]["lr"])))
 
     def after_first_step(self) -> None:
         super().after_first_step()
@@ -257,8 +246,9 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         started = time.perf_counter()
         sends, replies = [], []
         for k, shard in enumerate(self.shards):
-            header = torch.tensor([self.gradient_kind, self.version, lr, self.meetings, self.epoch])
-            sends.append(dist.isend(torch.cat([header, self._flat(shard, grads=True)]), dst=self.server_rank(k)))
+            message = request(self.gradient_kind, self._flat(shard, grads=True), version=self.version, lr=lr,
+                              meetings=self.meetings, epoch=self.epoch)
+            sends.append(dist.isend(message, dst=self.server_rank(k)))
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
             dist.recv(reply, src=self.server_rank(k))
@@ -280,27 +270,26 @@ class ParameterServerStrategy(ProcessGroupStrategy):
     def _adopt(self, replies: list[torch.Tensor]) -> None:
         self.stats.pushes += 1
         self._copy_parameters(replies)
-        first = replies[0]
-        self.version = int(first[0])
-        self.cut = self.cut or any(bool(reply[1]) for reply in replies)
-        if first[3] == DROPPED:
+        first = read_reply(replies[0])
+        self.version = first.version
+        self.cut = self.cut or any(read_reply(reply).epoch_over for reply in replies)
+        if first.dropped:
             self.stats.dropped += 1
         else:
-            self.stats.staleness.append(int(first[3]))
+            self.stats.staleness.append(int(first.staleness))
 
     def _tell_servers(self, kind: float, about: tuple[float, float] = (0.0, 0.0)) -> None:
         if kind not in (DONE, EPOCH_END, LOST):
             self.meetings += 1
         for k, shard in enumerate(self.shards):
-            message = torch.zeros(HEADER + sum(self.params[i].numel() for i in shard))
-            message[0], message[3], message[4] = kind, self.meetings, self.epoch
-            message[1], message[2] = about
+            message = request(kind, sum(self.params[i].numel() for i in shard), version=about[0], lr=about[1],
+                              meetings=self.meetings, epoch=self.epoch)
             dist.send(message, dst=self.server_rank(k))
 
     def teardown(self, clean: bool = True) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
-        if clean and self.trains and self.shards:
+        if clean and not self.layout.serves and self.shards:
             self._tell_servers(DONE)
         if self.everyone_group is not None and self.owns_group and dist.is_initialized():
             if clean:     # the default group holds a dead worker: drain over the live processes only
@@ -318,7 +307,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
 
     def _among_workers(self, collective):
         """Runs `collective(group)` over the live workers; where workers may be lost, after a roll
-        call that drops any dead one first (ps_membership.py)."""
+        call that drops any dead one first (membership.py)."""
         self._meet()
         if self.config.ps_survives_lost_workers and self.live:
             self._roll_call()
@@ -348,7 +337,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
                 self._tell_servers(LOST, about=(float(w), float(len(lost) - 1 - i)))
             print(f"scaletrain: worker rank(s) {', '.join(map(str, lost))} lost; training goes on with "
                   f"{len(present)} worker(s)", flush=True)
-        # In this order on the servers too (ps_server.py): torch names a group by its ranks and by
+        # In this order on the servers too (server.py): torch names a group by its ranks and by
         # how many groups the process already holds, so every member must hold as many.
         self.everyone_group = dist.new_group(present + servers, use_local_synchronization=True)
         self.workers_group = dist.new_group(present, use_local_synchronization=True)

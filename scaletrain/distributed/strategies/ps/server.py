@@ -1,11 +1,5 @@
 """One parameter server: a shard of the parameters and its optimizer state, and the loop that
-applies the workers' gradients (strategies/parameter_server.py describes the protocol).
-
-A worker's message is a header and a flat tensor of the server's shard size:
-
-    [kind, parameter version, lr, meetings, epoch]   meetings: how many meetings the worker has entered
-
-and a server's reply is [version, epoch over, 0, staleness (or DROPPED), 0] and its parameters.
+applies the workers' gradients (strategy.py describes the modes, protocol.py the messages).
 
 A *meeting* is a point every worker reaches at the same step: a collective of the workers (the
 epoch's metrics, evaluation) or a checkpoint. Before one a worker tells every server, so a sync
@@ -27,11 +21,8 @@ from torch import nn
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 
-HEADER = 5
-GRADIENT, DONE, IDLE, SAVE, LOAD, EPOCH_END, PULL = 1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 8.0
-LOST = 9.0     # from the chief: [LOST, the lost worker's rank, how many more follow]
-SYNC_GRADIENT = 6.0    # a gradient of an async run's sync warm-up (--sync-warmup-epochs)
-DROPPED = -1.0     # the staleness slot of a reply whose gradient was not applied
+from scaletrain.distributed.strategies.ps.protocol import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOST,
+                                                           PULL, SAVE, SYNC_GRADIENT, read_request, reply)
 
 
 class Server:
@@ -74,9 +65,8 @@ class Server:
         self.applied += 1
 
     def _reply(self, worker: int, staleness: float, epoch_over: bool = False) -> None:
-        header = torch.tensor([float(self.version), float(epoch_over), 0.0, staleness, 0.0])
         try:
-            dist.send(torch.cat([header] + [p.detach().reshape(-1) for p in self.params]), dst=worker)
+            dist.send(reply(self.version, staleness, epoch_over, self.params), dst=worker)
         except RuntimeError:
             if not self.config.ps_survives_lost_workers:
                 raise
@@ -141,14 +131,14 @@ class Server:
         backups = self.config.backup_workers
         while active:
             worker = self._receive_any(message)
-            kind, version, lr = float(message[0]), int(message[1]), float(message[2])
-            entered, epoch = int(message[3]), int(message[4])
+            r = read_request(message)
+            kind, version, lr, entered, epoch = r.kind, r.version, r.lr, r.meetings, r.epoch
             if kind == DONE:
                 active.discard(worker)
             elif kind == PULL:                  # the current parameters, nothing applied
                 self._reply(worker, 0.0)
             elif kind == LOST:                  # a worker died: stop counting on it
-                gone, more = int(message[1]), int(message[2])
+                gone, more = r.lost
                 active.discard(gone)
                 if pending.pop(gone, None) is not None:
                     self.dropped += 1

@@ -1,0 +1,78 @@
+"""What only some strategies can do, as small protocols asked for at the one call site that needs
+them (Lightning Fabric's `_BackwardSyncControl` and `_Sharded` are the model). The core `Strategy`
+(strategies/base.py) holds what every strategy does; a strategy that can do more implements one
+of these, and the caller asks with `isinstance` (or takes the no-op default below).
+
+    capability         implemented by   asked for by
+    Serving            ps               run.py: a process the layout marks `serves` serves instead of training
+    EpochControl       ps               training/trainer.py: each epoch's begin and end, early cuts, own figures
+    CheckpointJoining  ps               checkpoint/checkpointer.py: who writes what, over which group
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Serving(Protocol):
+    def serve(self, optim_config) -> dict:
+        """The whole life of a process that serves rather than trains (`Layout.serves`)."""
+
+
+@runtime_checkable
+class EpochControl(Protocol):
+    """A strategy whose epochs have their own beginning and end (a parameter server's sync warm-up,
+    backup workers that end an epoch before the slowest finished) and figures of their own."""
+
+    # Whether an epoch may end for a replica before it has run all its steps: the trainer then
+    # agrees on the epoch's step count and averages each step's loss over the replicas that ran it.
+    cuts_epochs: bool
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Before each epoch's steps, on every training process."""
+
+    def epoch_cut(self) -> bool:
+        """Whether this process's epoch was just ended early; host state only."""
+
+    def end_epoch(self) -> None:
+        """When this process's epoch's steps end (run out or cut), before its metrics are gathered."""
+
+    def epoch_metrics(self) -> dict:
+        """The strategy's own figures for the epoch just trained (a collective: every rank calls it)."""
+
+
+class NoEpochControl:
+    """The default: every replica runs every step of every epoch."""
+    cuts_epochs = False
+
+    def begin_epoch(self, epoch: int) -> None:
+        pass
+
+    def epoch_cut(self) -> bool:
+        return False
+
+    def end_epoch(self) -> None:
+        pass
+
+    def epoch_metrics(self) -> dict:
+        return {}
+
+
+def epoch_control(strategy) -> EpochControl:
+    return strategy if isinstance(strategy, EpochControl) else NoEpochControl()
+
+
+@runtime_checkable
+class CheckpointJoining(Protocol):
+    """A strategy whose checkpoint involves processes that do not train (parameter servers)."""
+
+    @property
+    def checkpoint_group(self):
+        """The process group DCP saves and loads over (None: the default group)."""
+
+    def join_checkpoint(self, path, loading: bool) -> None:
+        """Right before the checkpointer's DCP save or load of `path`, on every training process."""
+
+    def state_to_save(self, state: dict) -> dict:
+        """What this process writes of the trainer's state (training/state.py)."""
