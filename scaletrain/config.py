@@ -62,21 +62,44 @@ class Check:
         return " and ".join(parts)
 
 
-def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, pattern=None, rule="") -> Any:
-    """A config field: its default, a one-line doc (also the CLI help) and the values it admits."""
-    check = Check(ge=ge, gt=gt, le=le, lt=lt, choices=tuple(choices) if choices is not None else None,
-                  pattern=pattern, rule=rule)
-    meta = {"doc": doc, "check": check}
+class Choices:
+    """A choice list filled by the registry that implements it (strategies register their names
+    here as they are defined), so the config and the registry cannot drift apart."""
+
+    def __init__(self, *fixed: str):
+        self._names: list[str] = list(fixed)
+
+    def add(self, name: str) -> None:
+        if name not in self._names:
+            self._names.append(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self):
+        return iter(tuple(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, pattern=None, rule="",
+       resumable: bool = False) -> Any:
+    """A config field: its default, a one-line doc (also the CLI help), the values it admits, and
+    whether a resume may change it (`resumable`: it changes how the run goes on, not what it is)."""
+    if choices is not None and not isinstance(choices, Choices):
+        choices = tuple(choices)
+    check = Check(ge=ge, gt=gt, le=le, lt=lt, choices=choices, pattern=pattern, rule=rule)
+    meta = {"doc": doc, "check": check, "resumable": resumable}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
 # Choices owned by the config; the registries that implement them are checked against these in
-# tests (tests/test_config.py), so a new precision or strategy is added here and there together.
+# tests (tests/test_config.py). Strategies fill theirs as they register (a new strategy is one file).
 PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
-STRATEGIES = ("auto", "single", "ddp", "zero1", "zero2", "fsdp", "pipeline", "tensor", "ps")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+STRATEGIES = Choices("auto")
 DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus",
              "shards")
 # The command-line flags whose name is not simply the field's last name (the config owns its
@@ -106,9 +129,9 @@ class DataConfig:
                    choices=DATA_SETS)
     data_dir: str | None = _f(None, "folder (or .npz file) holding the data set's files; for shards, the shard folder "
                               "or a pattern of training shards like 'DIR/train-{0000..0063}.tar'")
-    download: bool = _f(False, "download missing MNIST/Fashion-MNIST files (checksum-verified)")
+    download: bool = _f(False, "download missing MNIST/Fashion-MNIST files (checksum-verified)", resumable=True)
     placement: str = _f("auto", "auto, device (whole set on the device) or stream (DataLoader)",
-                        choices=("auto", "device", "stream"))
+                        choices=("auto", "device", "stream"), resumable=True)
     augment: list[str] = _f([], "on-device augmentations: shift, flip", choices=("shift", "flip"))
     shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation", ge=0)
     num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic, friedman1)", ge=2)
@@ -120,9 +143,9 @@ class DataConfig:
                              "evaluated once, at the end", gt=0, lt=1)
     shape: list[int] = _f([3, 32, 32], "sample shape for the synthetic data set", ge=1)
     num_classes: int = _f(10, "number of classes for the synthetic data set", ge=2)
-    val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1)
-    num_workers: int = _f(0, "DataLoader worker processes for the streaming path and for shards", ge=0)
-    prefetch: int = _f(2, "shards: batches each worker reads ahead, and batches copied ahead to the device", ge=1)
+    val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1, resumable=True)
+    num_workers: int = _f(0, "DataLoader worker processes for the streaming path and for shards", ge=0, resumable=True)
+    prefetch: int = _f(2, "shards: batches each worker reads ahead, and batches copied ahead to the device", ge=1, resumable=True)
     shuffle_buffer: int = _f(1000, "shards: samples held in each worker's shuffle buffer (1: shard order only)", ge=1)
 
 
@@ -158,121 +181,98 @@ class PrecisionConfig:
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 
 
-# The fields only --strategy ps reads: any of them off its default without it is an error.
-PS_FIELDS = ("num_ps", "ps_mode", "backup_workers", "max_staleness", "stale_lr", "sync_warmup_epochs",
-             "ps_roll_call_s", "ps_worker_delay_s")
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A typed table of options a strategy owns (`[distributed.<name>]`), defined in its file and
+    registered with `register_table`. `owners`: the strategies that read it; a value off its
+    default under another strategy is an error. A table may define `problem(cfg) -> str | None`
+    for its own rules tying fields together, checked when one of its owners is chosen."""
+    cls: type
+    owners: tuple[str, ...]
 
 
 @dataclass(kw_only=True, slots=True)
 class DistributedConfig:
-    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), single, ddp, zero1, "
-                       "zero2, fsdp, pipeline (--stages), tensor (--tensor-parallel) or ps (parameter servers, --num-ps)",
-                       choices=STRATEGIES)
-    nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent", ge=1)
-    max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure", ge=0)
+    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), or a strategy: single, "
+                       "ddp, zero1, zero2, fsdp, hsdp, pipeline (--stages), tensor (--tensor-parallel), ps (parameter "
+                       "servers, --num-ps); `scaletrain list` shows them all", choices=STRATEGIES, resumable=True)
+    nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent", ge=1, resumable=True)
+    max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure", ge=0,
+                           resumable=True)
     backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo",
-                  choices=("auto", "nccl", "gloo"))
+                  choices=("auto", "nccl", "gloo"), resumable=True)
     grad_compression: str = _f("none", "all-reduce gradients in 16 bits: none, bf16 or fp16 (a DDP comm hook)",
                            choices=("none", "bf16", "fp16"))
     sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm on CUDA, an all-reduce batch norm on CPU)")
-    bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0)
-    init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)", gt=0)
-    step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast", gt=0)
-    # Model parallelism: processes = replicas x stages x tensor_parallel (a dp x pp x tp mesh).
-    stages: int = _f(1, "pipeline stages per replica (--strategy pipeline)", ge=1)
-    microbatches: int | None = _f(None, "micro-batches per step flowing through the pipeline (default: 2 x stages)", ge=1)
-    schedule: str = _f("1f1b", "pipeline schedule: gpipe, 1f1b or interleaved-1f1b", choices=PIPELINE_SCHEDULES)
-    virtual_stages: int = _f(2, "interleaved-1f1b: stages each process holds (the model is cut into stages x this)", ge=1)
-    split_points: list[str] = _f([], "layer names where the 2nd, 3rd, ... stage begins, e.g. blocks.2 (default: "
-                                     "balanced by parameter count)")
-    tensor_parallel: int = _f(1, "processes each transformer block's attention and MLP are split over (column-/row-wise)",
-                              ge=1)
+    bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0, resumable=True)
+    init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)", gt=0,
+                               resumable=True)
+    step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast", gt=0,
+                               resumable=True)
+    # The strategies' own tables ([distributed.ps], [distributed.pipeline], ...), by name.
+    tables: dict = field(default_factory=lambda: {n: t.cls() for n, t in DistributedConfig.TABLES.items()},
+                         repr=False, metadata={"tables": True})
+    TABLES: typing.ClassVar[dict[str, Table]] = {}
 
-    # Parameter servers: processes = workers + num_ps; the servers hold the parameters and the
-    # optimizer state, sharded over them; the workers compute gradients.
-    num_ps: int = _f(1, "--strategy ps: parameter-server processes (the parameters are sharded over them by size)",
-                     ge=1)
-    ps_mode: str = _f("sync", "--strategy ps: sync (every step waits for the workers' gradients) or async (each "
-                      "gradient is applied as it arrives)", choices=("sync", "async"))
-    backup_workers: int = _f(0, "--strategy ps: an epoch ends once all but B workers have finished their share (the "
-                             "rest of the others' is dropped); in sync mode each step also applies the first "
-                             "workers - B gradients and drops the late ones. Nothing waits for the slowest B", ge=0)
-    max_staleness: int | None = _f(None, "--ps-mode async: drop gradients computed on parameters more than this many "
-                                   "updates old", ge=0)
-    stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness")
-    sync_warmup_epochs: int = _f(0, "--ps-mode async: train the first N epochs in sync mode (a warm-up on one "
-                                 "consistent model before gradients can be stale)", ge=0)
-    ps_roll_call_s: float = _f(5.0, "--strategy ps, async or backups: after a failed collective of the workers, how "
-                               "long the survivors wait for each other at the roll call before going on without "
-                               "the missing", gt=0)
-    ps_worker_delay_s: float = _f(0.0, "testing and benchmarks: worker 1 sleeps this long before each push (a slow "
-                                  "worker on purpose)", ge=0)
+    def __getattr__(self, name: str):
+        # Only reached for names that are not fields: a registered table, made on first use.
+        table = DistributedConfig.TABLES.get(name)
+        if table is None:
+            raise AttributeError(f"DistributedConfig has no field or table '{name}'")
+        return self.tables.setdefault(name, table.cls())
 
-    @property
-    def ps_survives_lost_workers(self) -> bool:
-        """--strategy ps: async and backup modes never wait for a given worker, so they go on
-        without a dead one (the strategy's workers and its servers both ask)."""
-        return self.ps_mode == "async" or self.backup_workers > 0
 
-    def pipeline_stages(self) -> int:
-        """The pieces the model is cut into: the stages, times each process's share under interleaving."""
-        return self.stages * (self.virtual_stages if self.schedule == "interleaved-1f1b" else 1)
+def register_table(name: str, cls: type, owners: tuple[str, ...]) -> type:
+    """Adds the option table `cls` as `[distributed.<name>]` (flags: its fields' names), read by the
+    strategies `owners`. Strategy files call this as they are imported (all are, by scaletrain's
+    package import), so configs, flags and checks see every table."""
+    DistributedConfig.TABLES[name] = Table(cls, tuple(owners))
+    return cls
 
-    def microbatch_count(self) -> int:
-        return self.microbatches if self.microbatches is not None else 2 * self.stages
 
-    def problem(self) -> str | None:
-        """The rules tying the model-parallel fields together (one line, with the fix)."""
-        if self.strategy != "pipeline" and (self.stages > 1 or self.split_points):
-            return "--stages and --split-points need --strategy pipeline"
-        if self.strategy not in ("pipeline", "tensor") and self.tensor_parallel > 1:
-            return "--tensor-parallel needs --strategy tensor (or pipeline, to combine both)"
-        if self.strategy == "pipeline":
-            if self.stages < 2:
-                return "--strategy pipeline needs --stages 2 or more"
-            if self.microbatch_count() < self.stages:
-                return (f"--microbatches {self.microbatch_count()} is fewer than --stages {self.stages}: stages would "
-                        f"idle and 1F1B cannot fill the pipeline; use --microbatches {self.stages} or more")
-            if self.split_points and len(self.split_points) != self.pipeline_stages() - 1:
-                n = self.pipeline_stages()
-                return (f"--split-points names {len(self.split_points)} layer(s); {n} pipeline stages need {n - 1} "
-                        f"(where stages 2..{n} begin)")
-        if self.strategy == "tensor" and self.tensor_parallel < 2:
-            return "--strategy tensor needs --tensor-parallel 2 or more"
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        given = [f"--{name.replace('_', '-')}" for name in PS_FIELDS if getattr(self, name) != defaults[name]]
-        if self.strategy != "ps" and given:
-            return f"{given[0]} needs --strategy ps"
-        if self.ps_mode == "sync" and (self.max_staleness is not None or self.stale_lr or self.sync_warmup_epochs):
-            return ("--max-staleness, --stale-lr and --sync-warmup-epochs apply to --ps-mode async (sync gradients "
-                    "are never stale)")
-        return None
+def _tables(obj: Any) -> dict[str, Table]:
+    return getattr(type(obj), "TABLES", {}) if not isinstance(obj, type) else getattr(obj, "TABLES", {})
+
+
+def _table_problem(distributed: DistributedConfig, cfg: "TrainConfig") -> str | None:
+    """A table's value set under a strategy that does not read it, or a table's own rule broken."""
+    for name, table in DistributedConfig.TABLES.items():
+        options, default = getattr(distributed, name), table.cls()
+        if distributed.strategy not in table.owners:
+            for f in dataclasses.fields(options):
+                if getattr(options, f.name) != getattr(default, f.name):
+                    return f"--{f.name.replace('_', '-')} needs --strategy {' or '.join(table.owners)}"
+        elif hasattr(options, "problem"):
+            problem = options.problem(cfg)
+            if problem:
+                return problem
+    return None
 
 
 @dataclass(kw_only=True, slots=True)
 class MemoryConfig:
-    activation_checkpointing: bool = _f(False, "keep only each repeated block's input and recompute its activations in the backward pass")
-    block_classes: list[str] = _f([], "class names of the model's repeated blocks for activation checkpointing and fsdp (default: found automatically)")
+    activation_checkpointing: bool = _f(False, "keep only each repeated block's input and recompute its activations in the backward pass", resumable=True)
+    block_classes: list[str] = _f([], "class names of the model's repeated blocks for activation checkpointing and fsdp (default: found automatically)", resumable=True)
 
 
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
-    every: int = _f(0, "save a checkpoint every N optimizer steps (0: only at the end when a folder is set)", ge=0)
-    dir: str | None = _f(None, "checkpoint folder (default: <run folder>/checkpoints)")
-    keep: int = _f(3, "keep the newest K complete checkpoints", ge=1)
-    resume: str | None = _f(None, "'auto' (newest complete checkpoint of the run folder) or a checkpoint folder")
+    every: int = _f(0, "save a checkpoint every N optimizer steps (0: only at the end when a folder is set)", ge=0, resumable=True)
+    dir: str | None = _f(None, "checkpoint folder (default: <run folder>/checkpoints)", resumable=True)
+    keep: int = _f(3, "keep the newest K complete checkpoints", ge=1, resumable=True)
+    resume: str | None = _f(None, "'auto' (newest complete checkpoint of the run folder) or a checkpoint folder", resumable=True)
 
 
 @dataclass(kw_only=True, slots=True)
 class TrackingConfig:
     store: str = _f("scaletrain-runs/runs.db", "run store: the SQLite file every run is recorded in")
-    record: bool = _f(True, "record this run in the run store (config, environment, metrics, system samples)")
+    record: bool = _f(True, "record this run in the run store (config, environment, metrics, system samples)", resumable=True)
     run_id: str | None = _f(None, "id of this run in the store (default: a new one; a resumed run folder keeps its id)",
-                           pattern=RUN_ID_PATTERN, rule=RUN_ID_RULE)
+                           pattern=RUN_ID_PATTERN, rule=RUN_ID_RULE, resumable=True)
     group: str | None = _f(None, "label grouping runs in the store, e.g. a sweep or a study")
     sample_interval_s: float = _f(1.0, "seconds between system samples (RSS and CPU; GPU memory and utilisation via NVML)",
-                                  gt=0)
-    tensorboard: bool = _f(False, "also write TensorBoard event files into <run folder>/tensorboard")
+                                  gt=0, resumable=True)
+    tensorboard: bool = _f(False, "also write TensorBoard event files into <run folder>/tensorboard", resumable=True)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -285,37 +285,37 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "checkpoints and resume"})
     memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"doc": "activation checkpointing"})
     tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata={"doc": "the run store"})
-    epochs: int = _f(10, "maximum number of epochs", ge=1)
+    epochs: int = _f(10, "maximum number of epochs", ge=1, resumable=True)
     batch_size: int = _f(128, "global batch: samples per optimizer step over all replicas", ge=1)
     per_replica_batch_size: int | None = _f(None, "fix the per-replica batch instead (global = replicas x this)", ge=1)
     accumulate_to_global: bool = _f(False, "with both batch sizes fixed, make up the global batch by gradient accumulation")
     seed: int = _f(0, "seed for weights, data order and augmentation", ge=0)
     device: str = _f("auto", "auto, cpu, cuda or cuda:N", pattern=r"auto|cpu|cuda(:[0-9]+)?",
-                     rule="auto, cpu, cuda or cuda:N")
-    steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1)
-    compile: bool = _f(False, "apply torch.compile to the model")
-    compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES)
-    cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)")
+                     rule="auto, cpu, cuda or cuda:N", resumable=True)
+    steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1, resumable=True)
+    compile: bool = _f(False, "apply torch.compile to the model", resumable=True)
+    compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES, resumable=True)
+    cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)", resumable=True)
     task: str = _f("auto", "what is learned and how it is scored: auto (the data set's), classification, regression "
                    "or language-model", choices=TASKS)
     target: float | None = _f(None, "stop once the validation metric --target-metric reaches this for `patience` "
                               "epochs (at or above it; at or below for loss, perplexity and mae)",
-                              rule="any finite number (its range depends on the metric: checked below)")
+                              rule="any finite number (its range depends on the metric: checked below)", resumable=True)
     target_metric: str = _f("auto", "the validation metric --target refers to: auto (the task's: accuracy, r2, "
                             "perplexity) or another the task reports, e.g. loss",
-                            choices=("auto", "accuracy", "loss", "perplexity", "r2", "mae"))
-    patience: int = _f(1, "epochs at the target before stopping", ge=1)
-    early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss", ge=1)
+                            choices=("auto", "accuracy", "loss", "perplexity", "r2", "mae"), resumable=True)
+    patience: int = _f(1, "epochs at the target before stopping", ge=1, resumable=True)
+    early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss", ge=1, resumable=True)
     eval_each_epoch: bool = _f(True, "evaluate on the validation split after every epoch, and on the test split once "
-                               "at the end (off: training only, e.g. to time steps)")
-    log_every: int = _f(50, "read the running loss back from the device every N steps", ge=1)
-    run_dir: str | None = _f(None, "folder for this run's metrics, summary and model (default: ./scaletrain-runs/<name>)")
+                               "at the end (off: training only, e.g. to time steps)", resumable=True)
+    log_every: int = _f(50, "read the running loss back from the device every N steps", ge=1, resumable=True)
+    run_dir: str | None = _f(None, "folder for this run's metrics, summary and model (default: ./scaletrain-runs/<name>)", resumable=True)
     metrics_format: str = _f("jsonl", "per-epoch metrics log format: jsonl or csv", choices=("jsonl", "csv"))
-    summary_json: str | None = _f(None, "also write the run summary as JSON to this path")
-    progress: bool = _f(True, "show a progress bar when attached to a terminal")
-    save_model: bool = _f(True, "save the final model's state dict as model.pt in the run folder")
+    summary_json: str | None = _f(None, "also write the run summary as JSON to this path", resumable=True)
+    progress: bool = _f(True, "show a progress bar when attached to a terminal", resumable=True)
+    save_model: bool = _f(True, "save the final model's state dict as model.pt in the run folder", resumable=True)
     overwrite: bool = _f(False, "start a new run in a --run-dir that already holds one, deleting that folder's files "
-                         "(the old run stays in the run store under its own id)")
+                         "(the old run stays in the run store under its own id)", resumable=True)
 
     def validate(self) -> None:
         """Checks every field against the values it admits (declared beside it), then the few
@@ -327,30 +327,44 @@ class TrainConfig:
         if self.target is not None and self.target_metric in ("accuracy", "r2") and not self.target <= 1:
             raise ConfigError(f"config key 'target' must be at most 1 for {self.target_metric} (got {self.target!r}); "
                               "give a fraction, e.g. 0.95")
-        problem = self.distributed.problem()
+        problem = _table_problem(self.distributed, self)
         if problem:
             raise ConfigError(problem)
-        if self.distributed.strategy == "ps":
-            # Not yet built for parameter servers (the servers step the optimizer; the workers never see a whole update).
-            unsupported = {"--clip-grad-norm": self.optim.clip_grad_norm, "--compile": self.compile,
-                           "--precision fp16-mixed": self.precision.policy == "fp16-mixed",
-                           "--grad-accum-steps": self.optim.grad_accum_steps > 1}
-            given = [flag for flag, on in unsupported.items() if on]
-            if given:
-                raise ConfigError(f"--strategy ps does not support {given[0]} yet; drop it, or use --strategy ddp")
         if self.checkpoint.resume not in (None, "auto") and not Path(self.checkpoint.resume).is_dir():
             raise ConfigError(f"--resume {self.checkpoint.resume}: no such checkpoint folder; pass 'auto' or the "
                               "folder of a complete checkpoint (one holding a COMMITTED file)")
 
 
 def _checked_fields(obj: Any, prefix: str = ""):
-    """(dotted key, Check, value) for every leaf field."""
+    """(dotted key, Check, value) for every leaf field, the strategies' tables included."""
     for f in dataclasses.fields(obj):
+        if f.metadata.get("tables"):
+            for name in _tables(obj):
+                yield from _checked_fields(getattr(obj, name), f"{prefix}{name}.")
+            continue
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             yield from _checked_fields(value, f"{prefix}{f.name}.")
         else:
             yield f"{prefix}{f.name}", f.metadata.get("check", Check()), value
+
+
+def _leaf_fields(cls: type, prefix: str = ""):
+    """(dotted key, dataclasses.Field, type) of every leaf field of a config class, tables included."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("tables"):
+            for name, table in _tables(cls).items():
+                yield from _leaf_fields(table.cls, f"{prefix}{name}.")
+        elif dataclasses.is_dataclass(hints[f.name]):
+            yield from _leaf_fields(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, hints[f.name]
+
+
+def resumable_keys(cls: type | None = None) -> frozenset[str]:
+    """The dotted keys a resume may change (declared on each field with `resumable=True`)."""
+    return frozenset(key for key, f, _ in _leaf_fields(cls or TrainConfig) if f.metadata.get("resumable"))
 
 
 def get_path(obj: Any, dotted: str) -> Any:
@@ -368,15 +382,7 @@ def set_path(obj: Any, dotted: str, value: Any) -> None:
 
 def field_docs(cls: type, prefix: str = "") -> dict[str, tuple[Any, str]]:
     """Maps each dotted leaf key of a config class to (type, doc)."""
-    hints = typing.get_type_hints(cls)
-    out: dict[str, tuple[Any, str]] = {}
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.update(field_docs(tp, f"{prefix}{f.name}."))
-        else:
-            out[f"{prefix}{f.name}"] = (tp, f.metadata.get("doc", ""))
-    return out
+    return {key: (tp, f.metadata.get("doc", "")) for key, f, tp in _leaf_fields(cls, prefix)}
 
 
 def _type_name(tp: Any) -> str:
@@ -442,12 +448,14 @@ def from_mapping(cls: type, data: dict, prefix: str = "", base: Any = None) -> A
     if cls is TrainConfig:
         data = _renamed(data)
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    tables = _tables(cls)
+    names = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("tables")}
+    data = _into_tables(data, tables, names)
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        if key not in names:
-            raise ConfigError(f"unknown config key '{dotted}'; valid keys here: {', '.join(sorted(names))}")
-        tp = hints[key]
+        if key not in names and key not in tables:
+            raise ConfigError(f"unknown config key '{dotted}'; valid keys here: {', '.join(sorted(names | set(tables)))}")
+        tp = tables[key].cls if key in tables else hints[key]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(f"config key '{dotted}' must be a table ([{dotted}])")
@@ -457,10 +465,33 @@ def from_mapping(cls: type, data: dict, prefix: str = "", base: Any = None) -> A
     return obj
 
 
+def _into_tables(data: dict, tables: dict[str, Table], names: set[str]) -> dict:
+    """Keys written before a strategy owned its table (`distributed.num_ps`, saved run configs and
+    old TOML files) move into the one table that has a field of that name."""
+    moved = {k: v for k, v in data.items() if k not in names and k not in tables}
+    if not moved:
+        return data
+    out = {k: v for k, v in data.items() if k not in moved}
+    for key, value in moved.items():
+        owner = [name for name, t in tables.items() if key in {f.name for f in dataclasses.fields(t.cls)}]
+        if len(owner) != 1:
+            out[key] = value          # unknown: from_mapping names it
+            continue
+        table = out.setdefault(owner[0], {})
+        if not isinstance(table, dict) or key in table:
+            raise ConfigError(f"config key '{key}' is set both flat and in [distributed.{owner[0]}]; keep the table's")
+        out[owner[0]] = {**table, key: value}
+    return out
+
+
 def to_mapping(obj: Any) -> dict:
     """The config as plain nested dicts (for TOML/JSON), None values dropped (TOML has no null)."""
     out = {}
     for f in dataclasses.fields(obj):
+        if f.metadata.get("tables"):
+            for name in sorted(_tables(obj)):
+                out[name] = to_mapping(getattr(obj, name))
+            continue
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             out[f.name] = to_mapping(value)

@@ -102,7 +102,7 @@ def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
 def _plan_pipeline(cfg, args: argparse.Namespace) -> int:
     """A row per stage of one replica (memory/pipeline_plan.py)."""
     from scaletrain.memory.pipeline_plan import plan_pipeline
-    d = cfg.distributed
+    d = cfg.distributed.pipeline
     devices = args.devices if args.devices > 1 else d.stages
     shape, classes, task = sample_shape(cfg.data)
     req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,

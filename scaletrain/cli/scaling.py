@@ -94,11 +94,11 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _pipeline_prediction(cfg, args, console, m, step_time: float, source: str, intra: str) -> int:
     """One replica of a --stages P pipeline at micro-batch counts from P up (planning/scaling.py)."""
-    stages = cfg.distributed.stages
+    stages = cfg.distributed.pipeline.stages
     if not m.boundary_bytes:
         raise ConfigError(f"{cfg.model.name} is not a sequence of layers, so no pipeline can cut it; "
                           "see docs/model-parallel.md")
-    counts = sorted({stages * k for k in (1, 2, 4, 8)} | {cfg.distributed.microbatch_count()})
+    counts = sorted({stages * k for k in (1, 2, 4, 8)} | {cfg.distributed.pipeline.microbatch_count()})
     link = get_interconnect(intra)
     points = [predict_pipeline(step_time, stages, mb, m.boundary_bytes, link) for mb in counts]
     if args.json:

@@ -8,8 +8,8 @@ continues exactly the run it names with the configuration that run was started w
 from scaletrain.lifecycle.folder import RunFolder
 from scaletrain.lifecycle.lock import FolderLock, RunFolderBusy
 from scaletrain.lifecycle.paths import check_new_output_dir, check_writable_dir, check_writable_file
-from scaletrain.lifecycle.resume import MUTABLE_ON_RESUME, locked_differences, resume_config
+from scaletrain.lifecycle.resume import locked_differences, resume_config
 from scaletrain.lifecycle.run import RUNS_ROOT, Run, RunPlan, checkpoint_store, make_checkpointer, open_run, plan_run, resume_source, run_name
 
-__all__ = ["MUTABLE_ON_RESUME", "RUNS_ROOT", "checkpoint_store", "make_checkpointer", "resume_source", "run_name", "FolderLock", "Run", "RunFolder", "RunFolderBusy", "RunPlan", "check_new_output_dir", "check_writable_dir",
+__all__ = ["RUNS_ROOT", "checkpoint_store", "make_checkpointer", "resume_source", "run_name", "FolderLock", "Run", "RunFolder", "RunFolderBusy", "RunPlan", "check_new_output_dir", "check_writable_dir",
            "check_writable_file", "locked_differences", "open_run", "plan_run", "resume_config"]

@@ -8,31 +8,19 @@ of model, data, optimizer, precision or batch plan is an error naming the keys.
 
 from __future__ import annotations
 
-from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, to_mapping
+from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, resumable_keys, to_mapping
 from scaletrain.errors import ConfigError
 
-MUTABLE_ON_RESUME = frozenset({
-    # how long and when to stop
-    "epochs", "patience", "target", "target_metric", "early_stopping_patience", "eval_each_epoch",
-    # how it runs (numerically equivalent)
-    "device", "compile", "compile_mode", "cuda_graphs", "steps_per_execution",
-    "memory.activation_checkpointing", "memory.block_classes",
-    "data.num_workers", "data.prefetch", "data.val_batch_size", "data.placement", "data.download",
-    "distributed.strategy", "distributed.nproc", "distributed.max_restarts", "distributed.backend",
-    "distributed.bucket_cap_mb", "distributed.init_timeout_s", "distributed.step_timeout_s",
-    # what it writes and shows
-    "log_every", "progress", "summary_json", "save_model", "run_dir", "overwrite",
-    "checkpoint.every", "checkpoint.keep", "checkpoint.resume", "checkpoint.dir",
-    "tracking.sample_interval_s", "tracking.tensorboard", "tracking.record",
-    "tracking.run_id",   # the folder's id wins; plan_run refuses a --run-id that names another
-})
+# Which keys may change is declared on each field (`resumable=True` in config.py): how long it
+# trains and when it stops, how it runs (numerically equivalent), what it writes and shows.
+# `tracking.run_id` is one: the folder's id wins, and plan_run refuses a --run-id naming another.
 
 
 def locked_differences(saved: TrainConfig, given: TrainConfig) -> dict[str, tuple]:
     """{dotted key: (saved value, given value)} for every key that differs and may not change."""
     a, b = flatten_mapping(to_mapping(saved)), flatten_mapping(to_mapping(given))
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-            if k not in MUTABLE_ON_RESUME and a.get(k) != b.get(k)}
+    mutable = resumable_keys()
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in mutable and a.get(k) != b.get(k)}
 
 
 def describe_differences(diffs: dict[str, tuple]) -> str:

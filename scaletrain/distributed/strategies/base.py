@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from scaletrain.config import STRATEGIES as STRATEGY_CHOICES
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
 from scaletrain.distributed.layout import Degrees, Layout
@@ -26,7 +27,13 @@ from scaletrain.registry import registrar
 STRATEGIES: dict[str, type["Strategy"]] = {}
 
 
-register_strategy = registrar(STRATEGIES, "--strategy")
+_register = registrar(STRATEGIES, "--strategy")
+
+
+def register_strategy(name: str):
+    """Class decorator: makes a strategy available as `--strategy NAME` (and a config choice)."""
+    STRATEGY_CHOICES.add(name)
+    return _register(name)
 
 
 class Strategy(ABC):

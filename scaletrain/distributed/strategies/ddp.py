@@ -20,8 +20,8 @@ from scaletrain.distributed.sync_batchnorm import convert_to_global_batchnorm
 @register_strategy("ddp")
 class DDPStrategy(ProcessGroupStrategy):
 
-    def __init__(self, config, env):
-        super().__init__(config, env)
+    def __init__(self, config, env, layout=None):
+        super().__init__(config, env, layout)
         self.ddp: DistributedDataParallel | None = None
 
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):

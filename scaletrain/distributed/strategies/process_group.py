@@ -27,8 +27,8 @@ class ProcessGroupStrategy(Strategy):
     # verified here; the step runs eagerly (or compiled) under every multi-process strategy.
     supports_cuda_graphs = False
 
-    def __init__(self, config, env):
-        super().__init__(config, env)
+    def __init__(self, config, env, layout=None):
+        super().__init__(config, env, layout)
         self.owns_group = False
 
     def setup(self, device_request: str) -> torch.device:

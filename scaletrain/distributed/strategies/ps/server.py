@@ -26,9 +26,10 @@ from scaletrain.distributed.strategies.ps.protocol import (DONE, DROPPED, EPOCH_
 
 
 class Server:
-    def __init__(self, config, optim_config, names: list[str], shapes: list[tuple[int, ...]], workers: int):
+    def __init__(self, options, optim_config, names: list[str], shapes: list[tuple[int, ...]], workers: int):
+        """`options`: the run's [distributed.ps] table (options.py)."""
         from scaletrain.optim import build_optimizer
-        self.config, self.workers, self.names = config, workers, names
+        self.options, self.workers, self.names = options, workers, names
         self.params = [nn.Parameter(torch.zeros(shape)) for shape in shapes]
         self.size = sum(p.numel() for p in self.params)
         self.optimizer = build_optimizer(optim_config, None, torch.device("cpu"), params=self.params)
@@ -68,7 +69,7 @@ class Server:
         try:
             dist.send(reply(self.version, staleness, epoch_over, self.params), dst=worker)
         except RuntimeError:
-            if not self.config.ps_survives_lost_workers:
+            if not self.options.survives_lost_workers:
                 raise
             # That worker is dead (gloo: its connection closed). The others go on; the chief tells
             # us who is gone once the workers' roll call has settled it (LOST).
@@ -82,7 +83,7 @@ class Server:
                 return dist.recv(message)
             except RuntimeError:
                 failures += 1
-                if not self.config.ps_survives_lost_workers or failures >= 1000:
+                if not self.options.survives_lost_workers or failures >= 1000:
                     raise
 
     # -- checkpoints: the servers write and read their shard beside the workers' state
@@ -128,7 +129,7 @@ class Server:
         pending: dict[int, tuple[torch.Tensor, float, int]] = {}   # this sync step's gradients, by worker
         finished: dict[int, set[int]] = {}      # epoch -> workers that have ended it
         cut: set[int] = set()                   # epochs ended for everyone (backup workers)
-        backups = self.config.backup_workers
+        backups = self.options.backup_workers
         while active:
             worker = self._receive_any(message)
             r = read_request(message)
@@ -156,7 +157,7 @@ class Server:
                     self.dropped += 1
                     self._reply(worker, DROPPED, epoch_over=True)
                 else:
-                    mode = "sync" if kind == SYNC_GRADIENT else self.config.ps_mode
+                    mode = "sync" if kind == SYNC_GRADIENT else self.options.ps_mode
                     self._receive(mode, worker, version, lr, epoch, message, pending)
             elif kind == EPOCH_END:
                 done = finished.setdefault(epoch, set())
@@ -196,12 +197,12 @@ class Server:
                  pending: dict) -> None:
         if mode == "async":
             staleness = self.version - version
-            if self.config.max_staleness is not None and staleness > self.config.max_staleness:
+            if self.options.max_staleness is not None and staleness > self.options.max_staleness:
                 self.dropped += 1
                 self._reply(worker, DROPPED)
                 return
             self.staleness.append(staleness)
-            self._apply(message[HEADER:], lr / (1 + staleness) if self.config.stale_lr else lr)
+            self._apply(message[HEADER:], lr / (1 + staleness) if self.options.stale_lr else lr)
             self._reply(worker, float(staleness))
         elif version < self.version:      # sync: computed on an older version, a late gradient
             self.dropped += 1

@@ -92,6 +92,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
     def __init__(self, config, env, layout=None):
         super().__init__(config, env, layout)
         self.workers = self.layout.workers
+        self.options = config.ps
         self.workers_group = None
         self.params: list[nn.Parameter] = []
         self.names: list[str] = []
@@ -116,12 +117,12 @@ class ParameterServerStrategy(ProcessGroupStrategy):
     # is the same): no range can go missing with a dead worker. Sync mode splits them as DDP does.
     @classmethod
     def degrees(cls, config) -> Degrees:
-        return Degrees(servers=config.num_ps, chief_evaluates=config.ps_survives_lost_workers)
+        return Degrees(servers=config.ps.num_ps, chief_evaluates=config.ps.survives_lost_workers)
 
     @classmethod
     def layout_problem(cls, layout, config) -> str | None:
-        if config.backup_workers >= layout.workers:
-            return (f"--backup-workers {config.backup_workers} leaves no gradient to apply with {layout.workers} "
+        if config.ps.backup_workers >= layout.workers:
+            return (f"--backup-workers {config.ps.backup_workers} leaves no gradient to apply with {layout.workers} "
                     f"worker(s); use at most {layout.workers - 1}")
         return None
 
@@ -130,8 +131,8 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         return self.everyone_group
 
     def describe(self) -> str:
-        backups = f", {self.config.backup_workers} backup" if self.config.backup_workers else ""
-        return f"{self.workers} worker(s) + {self.config.num_ps} parameter server(s), {self.config.ps_mode}{backups}"
+        backups = f", {self.options.backup_workers} backup" if self.options.backup_workers else ""
+        return f"{self.workers} worker(s) + {self.options.num_ps} parameter server(s), {self.options.ps_mode}{backups}"
 
     def epoch_metrics(self) -> dict[str, float | list[int]]:
         """Over all workers, this epoch: pushes, gradients dropped (late or too stale), the mean
@@ -156,13 +157,13 @@ class ParameterServerStrategy(ProcessGroupStrategy):
                 "ps_workers": len(self.members), "ps_workers_lost": len(self.lost)}
 
     def begin_epoch(self, epoch: int) -> None:
-        warming_up = epoch < self.config.sync_warmup_epochs
+        warming_up = epoch < self.options.sync_warmup_epochs
         self.gradient_kind = SYNC_GRADIENT if warming_up else GRADIENT
         self.epoch = epoch
 
     @property
     def cuts_epochs(self) -> bool:
-        return self.config.ps_survives_lost_workers
+        return self.options.survives_lost_workers
 
     def epoch_cut(self) -> bool:
         return self.cut
@@ -175,7 +176,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.cut = False
         if not self.live:
             return
-        if self.config.backup_workers:
+        if self.options.backup_workers:
             self._tell_servers(EPOCH_END)
         self.barrier()
         self._pull()
@@ -201,7 +202,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self.workers_group = dist.new_group(list(range(self.workers)))
         if self.layout.serves:
             dist.new_group([self.rank], use_local_synchronization=True)
-        elif self.config.ps_survives_lost_workers:
+        elif self.options.survives_lost_workers:
             self._start_heartbeat()
         return device
 
@@ -212,7 +213,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.names, self.params = [name for name, _ in named], [p for _, p in named]
-        self.shards = balance([p.numel() for p in self.params], self.config.num_ps)
+        self.shards = balance([p.numel() for p in self.params], self.options.num_ps)
         # The servers learn the layout and the chief's initial values (every worker's are equal).
         layout = [self.names, [tuple(p.shape) for p in self.params], self.shards]
         dist.broadcast_object_list(layout, src=0)
@@ -241,8 +242,8 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         """One push of this worker's gradient to every server and one pull of its parameters."""
         if not self.live:
             return
-        if self.config.ps_worker_delay_s and self.rank == 1:
-            time.sleep(self.config.ps_worker_delay_s)
+        if self.options.ps_worker_delay_s and self.rank == 1:
+            time.sleep(self.options.ps_worker_delay_s)
         started = time.perf_counter()
         sends, replies = [], []
         for k, shard in enumerate(self.shards):
@@ -309,7 +310,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         """Runs `collective(group)` over the live workers; where workers may be lost, after a roll
         call that drops any dead one first (membership.py)."""
         self._meet()
-        if self.config.ps_survives_lost_workers and self.live:
+        if self.options.survives_lost_workers and self.live:
             self._roll_call()
         return collective(self.workers_group)
 
@@ -323,15 +324,15 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         """Drops the workers that have died since the last roll call (the servers too)."""
         self.roll_calls += 1
         present = roll_call(self.store, self._prefix, self.roll_calls, self.rank, self.members, chief=0,
-                            silent_s=self.config.ps_roll_call_s)
+                            silent_s=self.options.ps_roll_call_s)
         if self.rank not in present:
             raise UserError(f"worker rank {self.rank} went silent for more than --ps-roll-call-s "
-                            f"{self.config.ps_roll_call_s:g} s and was dropped from the job; the others go on")
+                            f"{self.options.ps_roll_call_s:g} s and was dropped from the job; the others go on")
         lost = [w for w in self.members if w not in present]
         if not lost:
             return
         self.members, self.lost = present, self.lost + lost
-        servers = [self.server_rank(k) for k in range(self.config.num_ps)]
+        servers = [self.server_rank(k) for k in range(self.options.num_ps)]
         if self.is_chief:
             for i, w in enumerate(lost):     # the servers stop counting on it, then regroup with us
                 self._tell_servers(LOST, about=(float(w), float(len(lost) - 1 - i)))
@@ -380,7 +381,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         dist.broadcast_object_list(layout, src=0)
         names, shapes, shards = layout
         mine = shards[self.rank - self.workers]
-        server = Server(self.config, optim_config, [names[i] for i in mine], [shapes[i] for i in mine], self.workers)
+        server = Server(self.options, optim_config, [names[i] for i in mine], [shapes[i] for i in mine], self.workers)
         dist.recv(server.flat_params(), src=0)
         server.load_initial()
         counts = server.run()
