@@ -64,7 +64,8 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
                           num_classes=classes, task=task, batch_size=cfg.batch_size, precision=precision,
                           devices=args.devices, activation_checkpointing=cfg.memory.activation_checkpointing,
                           block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
-                          momentum=cfg.optim.momentum, device_memory=memory, headroom=args.headroom)
+                          momentum=cfg.optim.momentum, device_memory=memory, headroom=args.headroom,
+                          distributed=cfg.distributed)
         planner = Planner(req)
         plans += [planner.plan(s, args.devices, cfg.batch_size) for s in strategies]
         if not args.json:

@@ -33,8 +33,9 @@ def optimizer_slots(optimizer: str, momentum: float) -> int:
 
 
 def model_state(params: list[ParamInfo], strategy: str, devices: int, storage_bytes: int, compute_bytes: int,
-                optimizer: str = "adamw", momentum: float = 0.9) -> ModelState:
-    """Per-device model-state bytes; the device that holds the most is the one reported."""
+                optimizer: str = "adamw", momentum: float = 0.9, distributed=None) -> ModelState:
+    """Per-device model-state bytes; the device that holds the most is the one reported.
+    `distributed`: the DistributedConfig whose strategy options apply (None: their defaults)."""
     if strategy not in PLAN_STRATEGIES:
         raise ConfigError(f"unknown strategy '{strategy}'; choose one of: {', '.join(PLAN_STRATEGIES)}")
     if devices < 1:
@@ -42,4 +43,4 @@ def model_state(params: list[ParamInfo], strategy: str, devices: int, storage_by
     sizes = StateBytes(storage=storage_bytes, compute=compute_bytes,
                        optimizer_slots=optimizer_slots(optimizer, momentum),
                        step_bytes=4 if optimizer == "adamw" else 0)
-    return STRATEGIES[strategy].model_state(params, devices, sizes)
+    return STRATEGIES[strategy].model_state(params, devices, sizes, distributed)

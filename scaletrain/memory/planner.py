@@ -13,7 +13,8 @@ freed between steps it overstates the peak by at most the gradient bytes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 
 from scaletrain.errors import ConfigError
@@ -46,6 +47,7 @@ class PlanRequest:
     momentum: float = 0.9
     device_memory: int | None = None     # bytes
     headroom: float = 0.05               # of device memory: allocator fragmentation, CUDA context
+    distributed: Any = None              # the DistributedConfig: strategies' own options (e.g. hsdp's shard size)
 
 
 @dataclass(slots=True)
@@ -110,10 +112,10 @@ class Planner:
 
     def plan(self, strategy: str, devices: int, batch_size: int) -> MemoryPlan:
         req = self.req
-        probe = PlanRequest(**{**asdict(req), "strategy": strategy, "devices": devices, "batch_size": batch_size})
+        probe = replace(req, strategy=strategy, devices=devices, batch_size=batch_size)
         _validate(probe)
         state = model_state(self.params, strategy, devices, self.policy.param_dtype.itemsize,
-                            self.compute_dtype.itemsize, req.optimizer, req.momentum)
+                            self.compute_dtype.itemsize, req.optimizer, req.momentum, req.distributed)
         fixed = (state.param_bytes + state.grad_bytes + state.optimizer_bytes + state.gathered_param_bytes
                  + CUBLAS_WORKSPACE_BYTES)
         per_device = batch_size // devices

@@ -157,9 +157,10 @@ class Strategy(ABC):
 
     # -- the memory planner's view
     @classmethod
-    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes) -> ModelState:
-        """Per-device bytes of parameters, gradients and optimizer state (the busiest device).
-        Default: everything replicated."""
+    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes, config=None) -> ModelState:
+        """Per-device bytes of parameters, gradients and optimizer state (the busiest device) on
+        `devices` devices, under the DistributedConfig `config` (its strategy's options; None: the
+        defaults). Default: everything replicated."""
         return replicated_state(params, list(range(len(params))), b)
 
     # -- collectives (no-ops on one process)

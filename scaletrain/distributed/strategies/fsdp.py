@@ -37,6 +37,15 @@ class FSDPStrategy(ProcessGroupStrategy):
     reshard_after_forward = True
     zero_stage = 3
 
+    def __init__(self, config, env, layout=None):
+        super().__init__(config, env, layout)
+        self.mesh = None    # the device mesh FSDP shards over (None: every rank; a 2-D mesh replicates across groups)
+
+    @classmethod
+    def shard_group(cls, config, devices: int) -> int:
+        """How many of `devices` one parameter is sharded over (the planner's view)."""
+        return devices
+
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         if self.config.sync_batchnorm:
             raise ConfigError(f"--sync-batchnorm is not supported with --strategy {self.name}; use --strategy ddp")
@@ -52,11 +61,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         # (--fp32-modules) are their own units with a float32 policy.
         for module in model.modules():
             if getattr(module, "_scaletrain_float32", False) and module is not model:
-                fully_shard(module, mp_policy=fp32, reshard_after_forward=self.reshard_after_forward)
+                fully_shard(module, mesh=self.mesh, mp_policy=fp32, reshard_after_forward=self.reshard_after_forward)
         for block in blocks:
-            fully_shard(block, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         # The root's parameters are needed again first thing in the backward: keep them gathered.
-        fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+        fully_shard(model, mesh=self.mesh, mp_policy=mp, reshard_after_forward=False)
         forward = compile_fn(model)
         self.model = model
         return forward, forward
@@ -72,7 +81,8 @@ class FSDPStrategy(ProcessGroupStrategy):
                 module.reshard()
 
     @classmethod
-    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes) -> ModelState:
+    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes, config=None) -> ModelState:
+        devices = cls.shard_group(config, devices)
         total = sum(p.numel for p in params)
         shard = sum(shard_numel(p.shape, devices) for p in params)
         if not cls.reshard_after_forward:

@@ -41,7 +41,7 @@ class Zero1Strategy(DDPStrategy):
         self._broadcast_owned()
 
     @classmethod
-    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes) -> ModelState:
+    def model_state(cls, params: list[ParamInfo], devices: int, b: StateBytes, config=None) -> ModelState:
         owners = partition_by_size([p.numel for p in params], devices)
         loads = [sum(params[i].numel for i in range(len(params)) if owners[i] == r) for r in range(devices)]
         busiest = max(range(devices), key=lambda r: (loads[r], -r))
