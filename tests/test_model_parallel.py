@@ -113,7 +113,8 @@ def test_a_model_with_no_repeated_blocks_and_no_split_points_is_a_clear_error():
      "--microbatches 2 is fewer than --stages 4: stages would idle and 1F1B cannot fill the pipeline; use "
      "--microbatches 4 or more"),
     ({"strategy": "pipeline", "stages": 1}, "--strategy pipeline needs --stages 2 or more"),
-    ({"strategy": "ddp", "stages": 2}, "--stages and --split-points need --strategy pipeline"),
+    ({"strategy": "ddp", "stages": 2}, "--stages needs --strategy pipeline"),
+    ({"strategy": "ddp", "split_points": ["blocks.1"]}, "--split-points needs --strategy pipeline"),
     ({"strategy": "ddp", "tensor_parallel": 2}, "--tensor-parallel needs --strategy tensor"),
     ({"strategy": "pipeline", "stages": 2, "split_points": ["blocks.1", "blocks.2"]},
      "--split-points names 2 layer(s); 2 pipeline stages need 1"),

@@ -9,7 +9,7 @@ import sys
 import torch
 from torch.distributed.tensor import DTensor
 
-from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from scaletrain.config import DataConfig, DistributedConfig, ModelConfig, OptimConfig, TrainConfig, from_mapping
 from scaletrain.training import build_run
 
 settings, out = json.loads(sys.argv[1]), sys.argv[2]
@@ -17,8 +17,7 @@ cfg = TrainConfig(model=ModelConfig(name="gpt", options={"dim": 32, "depth": 4, 
                   data=DataConfig(name="char-corpus", seq_len=16, train_subset=256),
                   optim=OptimConfig(lr=3e-3, clip_grad_norm=0.5), epochs=2, batch_size=32, progress=False,
                   device="cpu")
-for key, value in settings.items():
-    setattr(cfg.distributed, key, value)
+cfg.distributed = from_mapping(DistributedConfig, settings)   # flat keys, as a TOML file may give them
 with build_run(cfg) as built:
     trainer, dataset = built.trainer, built.dataset
     trainer.fit(dataset)
