@@ -2,7 +2,6 @@
 
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, PrecisionConfig, TrainConfig
 from scaletrain.training import Trainer
-
-__version__ = "0.1.0"
+from scaletrain.version import __version__
 
 __all__ = ["DataConfig", "ModelConfig", "OptimConfig", "PrecisionConfig", "TrainConfig", "Trainer"]

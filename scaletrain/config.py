@@ -193,9 +193,9 @@ class Table:
 
 @dataclass(kw_only=True, slots=True)
 class DistributedConfig:
-    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), or a strategy: single, "
-                       "ddp, zero1, zero2, fsdp, hsdp, pipeline (--stages), tensor (--tensor-parallel), ps (parameter "
-                       "servers, --num-ps); `scaletrain list` shows them all", choices=STRATEGIES, resumable=True)
+    strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), or any strategy "
+                       "`scaletrain list` shows: ddp, zero1, fsdp, pipeline (--stages), tensor (--tensor-parallel), "
+                       "ps (parameter servers, --num-ps), ...", choices=STRATEGIES, resumable=True)
     nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent", ge=1, resumable=True)
     max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure", ge=0,
                            resumable=True)

@@ -114,7 +114,7 @@ def test_training_step_has_no_host_sync(tmp_path, digits, policy):
     cfg = small_config(tmp_path, epochs=1, precision=PrecisionConfig(policy=policy),
                        optim=OptimConfig(lr=1e-3, lr_schedule="onecycle", clip_grad_norm=1.0))
     trainer = fit(cfg, digits)
-    loader = trainer._loader(digits.train, train=True)
+    loader = trainer.loader(digits.train, train=True)
     x, y = next(iter(loader))
     trainer.counters.reset_epoch()
     trainer.counters.applied_steps.zero_()
@@ -185,8 +185,8 @@ def test_streaming_and_device_paths_train_identically(tmp_path, digits):
     cfg = small_config(tmp_path, epochs=2)
     cfg.data.placement = "stream"
     b = fit(cfg, digits)
-    assert isinstance(b._loader(digits.train, train=True), StreamingLoader)
-    assert isinstance(a._loader(digits.train, train=True), DeviceLoader)
+    assert isinstance(b.loader(digits.train, train=True), StreamingLoader)
+    assert isinstance(a.loader(digits.train, train=True), DeviceLoader)
     # Both see every sample per epoch, and on the CPU both draw the epoch's order from a CPU
     # generator with the same seed: the same batches, so the same weights and metrics.
     assert a.history[-1]["samples"] == b.history[-1]["samples"] == (len(digits.train) // 64) * 64

@@ -15,13 +15,13 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed.checkpoint as dcp
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
 from scaletrain.checkpoint.store import CheckpointStore
-from scaletrain.distributed.capabilities import CheckpointJoining
 from scaletrain.errors import ConfigError, UserError
 
 
@@ -38,6 +38,22 @@ class Position:
     epoch: int = 0
     epoch_step: int = 0
     resumed_from: str | None = None
+
+
+@runtime_checkable
+class CheckpointJoining(Protocol):
+    """A strategy capability (distributed/capabilities.py), asked for here: a strategy whose
+    checkpoint involves processes that do not train (parameter servers)."""
+
+    @property
+    def checkpoint_group(self):
+        """The process group DCP saves and loads over (None: the default group)."""
+
+    def join_checkpoint(self, path, loading: bool) -> None:
+        """Right before the checkpointer's DCP save or load of `path`, on every training process."""
+
+    def state_to_save(self, state: dict) -> dict:
+        """What this process writes of the trainer's state (training/state.py)."""
 
 
 class Checkpointer:

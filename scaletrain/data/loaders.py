@@ -3,7 +3,7 @@
 Both yield (x, y) already on the device, normalised with the training split's statistics and cast
 to the precision policy's input dtype, with augmentation applied on the device. Shuffling is
 seeded per epoch, identically on every rank; each rank takes its slice of every global batch
-(`distributed.sharding`). Augmentation is reseeded per (epoch, batch, rank), so a run resumed at
+(`data/sharding.py`). Augmentation is reseeded per (epoch, batch, rank), so a run resumed at
 any step draws exactly the augmentations the uninterrupted run would have.
 """
 
@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from scaletrain.data.augment import DeviceAugment
 from scaletrain.data.dataset import ArraySplit
-from scaletrain.distributed.sharding import rank_positions
+from scaletrain.data.sharding import rank_positions
 
 
 @dataclass(slots=True)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from scaletrain.checkpoint.checkpointer import CheckpointJoining
+
 
 @runtime_checkable
 class Serving(Protocol):
@@ -63,16 +65,5 @@ def epoch_control(strategy) -> EpochControl:
     return strategy if isinstance(strategy, EpochControl) else NoEpochControl()
 
 
-@runtime_checkable
-class CheckpointJoining(Protocol):
-    """A strategy whose checkpoint involves processes that do not train (parameter servers)."""
-
-    @property
-    def checkpoint_group(self):
-        """The process group DCP saves and loads over (None: the default group)."""
-
-    def join_checkpoint(self, path, loading: bool) -> None:
-        """Right before the checkpointer's DCP save or load of `path`, on every training process."""
-
-    def state_to_save(self, state: dict) -> dict:
-        """What this process writes of the trainer's state (training/state.py)."""
+# Defined by the checkpointer that asks for it (checkpoint/ sits below distributed/).
+__all__ = ["CheckpointJoining", "EpochControl", "NoEpochControl", "Serving", "epoch_control"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.distributed.sharding import eval_range
+from scaletrain.data.sharding import eval_range
 from scaletrain.errors import ConfigError
 
 

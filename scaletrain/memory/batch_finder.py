@@ -82,7 +82,7 @@ class BatchSizeFinder:
         self.generator = torch.Generator().manual_seed(seed)
         self.trials: dict[int, Trial] = {}
         self.on_trial = on_trial or (lambda trial: None)   # called as each trial ends (progress)
-        trainer._adopt(dataset)   # the data's task and input statistics
+        trainer.adopt(dataset)   # the data's task and input statistics
 
     # ---------------------------------------------------------------- search
     def run(self, start: int = 1, max_batch: int = 65536, global_batch: int | None = None) -> BatchSizeResult:

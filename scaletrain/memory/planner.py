@@ -47,7 +47,7 @@ class PlanRequest:
     momentum: float = 0.9
     device_memory: int | None = None     # bytes
     headroom: float = 0.05               # of device memory: allocator fragmentation, CUDA context
-    distributed: Any = None              # the DistributedConfig: strategies' own options (e.g. hsdp's shard size)
+    distributed: Any = None              # the DistributedConfig: the strategies' own option tables
 
 
 @dataclass(slots=True)

@@ -50,8 +50,8 @@ def boundary_bytes(trainer, dataset) -> int:
         layers = pipeline_layers(trainer.model)
     except ConfigError:
         return 0
-    trainer._adopt(dataset)
-    x, _ = next(iter(trainer._loader(dataset.train, train=True)))
+    trainer.adopt(dataset)
+    x, _ = next(iter(trainer.loader(dataset.train, train=True)))
     sizes: list[int] = []
     hooks = [layer.register_forward_hook(lambda module, args, out: sizes.append(out.numel() * out.element_size()))
              for _, layer in layers[:-1]]

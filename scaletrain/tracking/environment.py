@@ -39,7 +39,7 @@ def nvidia_driver_version() -> str | None:
 
 
 def capture_environment(device: torch.device, device_name: str, world_size: int = 1) -> dict:
-    from scaletrain import __version__
+    from scaletrain.version import __version__
     env = {
         "device": device_name,
         "device_type": device.type,

@@ -113,7 +113,7 @@ class Trainer:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(clean=exc_type is None)
 
-    def _adopt(self, dataset: Dataset) -> None:
+    def adopt(self, dataset: Dataset) -> None:
         """Takes the data's task (unless one was given) and input statistics."""
         if self.task is None:
             self.task = build_task(self.config.task, dataset.task)
@@ -154,7 +154,10 @@ class Trainer:
                          first_step=first_step)
 
     # ------------------------------------------------------------------ data
-    def _loader(self, split, train: bool):
+    def loader(self, split, train: bool):
+        """The loader of `split` for this process: its replica's share of each global batch when
+        `train`, its evaluation range otherwise (the batch finder and the scaling measurement take
+        real batches from it)."""
         cfg, data, layout = self.config, self.config.data, self.layout
         if train:
             batch, shard = self.batch.per_replica, dict(rank=layout.replica_rank, world_size=layout.replicas)
@@ -182,9 +185,9 @@ class Trainer:
         that has something to resume, continues from it exactly."""
         cfg = self.config
         self.normalizer = None   # this data set's statistics
-        self._adopt(dataset)
-        train_loader = self._loader(dataset.train, train=True)
-        val_loader = self._loader(dataset.val if dataset.val is not None else dataset.test, train=False)
+        self.adopt(dataset)
+        train_loader = self.loader(dataset.train, train=True)
+        val_loader = self.loader(dataset.val if dataset.val is not None else dataset.test, train=False)
         self.steps_per_epoch = len(train_loader)
         if self.steps_per_epoch == 0:
             raise ConfigError(f"global batch {self.batch.global_batch} is larger than the {len(dataset.train)} "
@@ -218,7 +221,7 @@ class Trainer:
             self.history.append(logs)
         self.epoch, self.epoch_step = len(self.history), 0
         if cfg.eval_each_epoch and dataset.val is not None:
-            test = self.evaluate_loader(self._loader(dataset.test, train=False), report=False)
+            test = self.evaluate_loader(self.loader(dataset.test, train=False), report=False)
             self.test_logs = {f"test_{k[4:]}": v for k, v in test.items() if k.startswith("val_")}
         if self.checkpointer is not None and self.checkpointer.every > 0 \
                 and self.checkpointer.last_saved_position != (self.epoch, 0):
@@ -374,8 +377,8 @@ class Trainer:
 
     def evaluate(self, dataset: Dataset, split: str = "test") -> dict:
         """The task's metrics (`loss`, `accuracy`, ...) of the current model on a split of `dataset`."""
-        self._adopt(dataset)
-        logs = self.evaluate_loader(self._loader(getattr(dataset, split), train=False))
+        self.adopt(dataset)
+        logs = self.evaluate_loader(self.loader(getattr(dataset, split), train=False))
         return {k[4:]: v for k, v in logs.items() if k.startswith("val_")}
 
     # --------------------------------------------------------------- predict

@@ -24,7 +24,7 @@ with build_run(cfg) as built:
     losses = trainer.counters.read(trainer.steps_per_epoch, trainer.strategy)["losses"]
     weights = trainer.strategy.full_state_dict(trainer.model)
     # One more step's gradients on a fixed batch (each replica its share of it).
-    x, y = next(iter(trainer._loader(dataset.train, train=True)))
+    x, y = next(iter(trainer.loader(dataset.train, train=True)))
     trainer.counters.reset_epoch()
     trainer.strategy.forward_backward(trainer.train_step, x, y)
     if trainer.layout.replicas > 1:

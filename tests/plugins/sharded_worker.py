@@ -25,7 +25,7 @@ def local_bytes(t):
 
 
 # One more step with gradients kept, to see their real (sharded or replicated) size.
-x, y = next(iter(trainer._loader(dataset.train, train=True)))
+x, y = next(iter(trainer.loader(dataset.train, train=True)))
 loss, _ = trainer.train_step.forward_loss(x, y)   # the fitted trainer's own step: forward and loss
 loss.backward()
 held = {

@@ -1,0 +1,1 @@
+"""Seed experiments as single commands: sweeps, several runs at once, hyperparameter search, ensembles."""

@@ -1,0 +1,1 @@
+"""What a run left behind, shown: run comparisons and the HTML report with its figures."""

@@ -1,0 +1,128 @@
+"""The architecture doc is true to the code: its layer drawing is read and every import of the
+package is checked against it; no base-class member exists for one strategy; a strategy is found
+without being listed anywhere."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "scaletrain"
+
+
+def drawn_layers() -> dict[str, int]:
+    """{unit: row} from docs/architecture.md's drawing; row 0 is the top (cli)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"## The layers.*?```\n(.*?)```", text, re.S).group(1)
+    rows: dict[str, int] = {}
+    for row, line in enumerate(block.strip().splitlines()):
+        for token in line.split():
+            if not re.fullmatch(r"[a-z_]+(/|\.py)", token):
+                break                                    # the description begins
+            unit = token.rstrip("/").removesuffix(".py")
+            assert unit not in rows, f"{token} is drawn twice"
+            rows[unit] = row
+    return rows
+
+
+def unit_of(module: str) -> str | None:
+    """The top-level unit (sub-package or module) a `scaletrain.x.y` import names."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "scaletrain" and len(parts) > 1 else None
+
+
+def imports() -> list[tuple[str, str, str]]:
+    """(importing unit, imported unit, file) for every import of one scaletrain unit by another."""
+    edges = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        if relative.name == "__init__.py" and relative.parent == Path("."):
+            continue                                     # the package's public API sits above everything
+        source = relative.parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name == "scaletrain":
+                    edges.append((source, "scaletrain", str(relative)))
+                elif (target := unit_of(name)) and target != source:
+                    edges.append((source, target, str(relative)))
+    return edges
+
+
+def test_every_unit_of_the_package_is_drawn():
+    rows = drawn_layers()
+    units = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    assert units - set(rows) == set(), "packages or modules missing from docs/architecture.md's drawing"
+    assert set(rows) - units == set(), "the drawing names units that do not exist"
+
+
+def test_imports_run_downward_only():
+    rows = drawn_layers()
+    upward = [f"{file}: {source} (row {rows[source]}) imports {target} (row {rows.get(target, 'the package')})"
+              for source, target, file in imports() if target not in rows or rows[target] < rows[source]]
+    assert upward == []
+
+
+def test_every_package_folder_is_a_package():
+    folders = [p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))]
+    assert [str(p.relative_to(ROOT)) for p in folders if not (p / "__init__.py").exists()] == []
+
+
+def test_no_core_strategy_member_exists_for_one_strategy_family():
+    """A member of the core `Strategy` that only one family overrides is a capability waiting to be
+    named (distributed/capabilities.py). Families: a strategy and its subclasses."""
+    from scaletrain.distributed import STRATEGIES, Strategy
+    from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
+    shared = (Strategy, ProcessGroupStrategy)     # infrastructure every (multi-process) strategy builds on
+    roots = {}                     # strategy class -> its family's root (the first class below the shared bases)
+    for cls in STRATEGIES.values():
+        roots[cls] = next(c for c in reversed(cls.__mro__) if issubclass(c, Strategy) and c not in shared)
+    lonely = []
+    for name, member in vars(Strategy).items():
+        if name.startswith("_") or not callable(getattr(Strategy, name, None)) and not isinstance(member, property):
+            continue
+        if any(name in vars(c) for c in shared if c is not Strategy):
+            continue                               # the shared process-group base implements it for all
+        overriders = {roots[cls] for cls in STRATEGIES.values()
+                      if any(name in vars(c) for c in cls.__mro__ if issubclass(c, Strategy) and c not in shared)}
+        if len(overriders) == 1 and len(set(roots.values())) > 1:
+            family = next(iter(overriders)).__name__
+            if name not in CORE_OVERRIDDEN_BY_ONE_FAMILY:
+                lonely.append(f"{name} (only {family})")
+    assert lonely == []
+
+
+# Core members every strategy has (a default that one family happens to replace), not capabilities.
+CORE_OVERRIDDEN_BY_ONE_FAMILY = {
+    "forward_backward",   # the step's forward and backward: every strategy runs one (pipelines their schedule)
+    "no_sync",            # gradient accumulation's quiet micro-batches: every strategy is asked (DDP has a reducer)
+}
+
+
+def test_a_strategy_is_found_without_being_listed(tmp_path):
+    """The registry imports every module of strategies/ (hsdp.py is named nowhere else)."""
+    from scaletrain.config import STRATEGIES as CHOICES
+    from scaletrain.distributed import STRATEGIES
+    assert "hsdp" in STRATEGIES and "hsdp" in CHOICES and "ps" in STRATEGIES
+    elsewhere = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+                 if p.name != "hsdp.py" and re.search(r"\bhsdp\b", p.read_text())]
+    assert elsewhere == []
+
+
+@pytest.mark.parametrize("member", ["replicas", "replica_rank", "records_metrics", "collective_size", "trains",
+                                    "serve", "cuts_epochs", "epoch_cut", "begin_epoch", "end_epoch", "epoch_metrics",
+                                    "wrap_optimizer", "evaluation_range", "checkpoint_group", "join_checkpoint",
+                                    "state_to_save", "optimizer_parameters"])
+def test_one_strategy_members_left_the_core(member):
+    from scaletrain.distributed import Strategy
+    assert not hasattr(Strategy, member)
