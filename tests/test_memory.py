@@ -246,7 +246,10 @@ def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):
                   "--device-memory", "80GB", "--activation-checkpointing", "--json"], tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     plans = json.loads(result.stdout)
-    assert [p["strategy"] for p in plans] == ["ddp", "zero1", "zero2", "fsdp"]
+    # Every plannable strategy, by ZeRO stage; hsdp's default group is all 8 devices, so it plans as fsdp.
+    assert [p["strategy"] for p in plans] == ["ddp", "zero1", "zero2", "fsdp", "hsdp"]
+    assert {k: v for k, v in plans[4].items() if k != "strategy"} == {k: v for k, v in plans[3].items()
+                                                                      if k != "strategy"}
     for p in plans:
         for key in ("params", "param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes", "total_bytes",
                     "max_batch_size"):
