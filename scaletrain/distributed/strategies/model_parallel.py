@@ -144,7 +144,7 @@ class ModelParallelStrategy(ProcessGroupStrategy):
             self.layout.replica_rank
         self.replicas = self.layout.replicas
         self.stages: list = []
-        self.holds_last_stage = self.layout.records or self.tp_rank != 0 and self.stage_rank == self.pp - 1
+        self.holds_last_stage = self.stage_rank == self.pp - 1
         self.stage_names = ""
         self._step = None
 
