@@ -36,6 +36,8 @@ class TrainStep:
         # A CUDA graph needs the gradient tensors to keep their addresses, so it zeroes in place.
         self.grads_to_none = grads_to_none
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # Whether this process's outputs count (the layout is frozen: read once, not every micro-batch).
+        self.records = strategy.layout.records
         # The whole schedule, precomputed on the device: the step's LR is one lookup by the
         # applied-step counter (two kernels) instead of a dozen scalar ops every step.
         self.lr_table = schedule.table(device, offset=first_step)
@@ -64,7 +66,7 @@ class TrainStep:
         """Adds one micro-batch's loss (one of `parts` equal shares of the step; default: the
         accumulation steps) and training metric to the device counters. Processes whose outputs
         another one already counts (tensor-parallel peers) record nothing."""
-        if not self.strategy.layout.records:
+        if not self.records:
             return
         c, k = self.counters, parts or self.grad_accum_steps
         step_loss = loss.detach() / k if k > 1 else loss.detach()
