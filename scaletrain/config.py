@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from scaletrain.errors import ConfigError
+from scaletrain.registry import Choices
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,27 +63,6 @@ class Check:
         return " and ".join(parts)
 
 
-class Choices:
-    """A choice list filled by the registry that implements it (strategies register their names
-    here as they are defined), so the config and the registry cannot drift apart."""
-
-    def __init__(self, *fixed: str):
-        self._names: list[str] = list(fixed)
-
-    def add(self, name: str) -> None:
-        if name not in self._names:
-            self._names.append(name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names
-
-    def __iter__(self):
-        return iter(tuple(self._names))
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-
 def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, pattern=None, rule="",
        resumable: bool = False) -> Any:
     """A config field: its default, a one-line doc (also the CLI help), the values it admits, and
@@ -96,12 +76,12 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
     return field(default=default, metadata=meta)
 
 
-# Choices owned by the config; the registries that implement them are checked against these in
-# tests (tests/test_config.py). Strategies fill theirs as they register (a new strategy is one file).
-PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-true")
+# The choice lists users may name. The registries that implement them (strategies, data sets,
+# precisions, tasks) add each name as it is registered, so adding one is one decorated definition
+# in its own package and nothing here changes; `auto` is resolved by the config's users.
+PRECISIONS = Choices()
 STRATEGIES = Choices("auto")
-DATA_SETS = ("mnist1d", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "npz", "friedman1", "char-corpus",
-             "shards")
+DATA_SETS = Choices()
 # The command-line flags whose name is not simply the field's last name (the config owns its
 # flag names: the CLI and the search-space files both read this).
 FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
@@ -111,7 +91,7 @@ FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy"
 # Run ids name folders and are typed on the command line: no spaces, no path or SQL wildcards.
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}"
 RUN_ID_RULE = "1-64 letters, digits, '.' or '-', starting with a letter or digit"
-TASKS = ("auto", "classification", "regression", "language-model")
+TASKS = Choices("auto")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 

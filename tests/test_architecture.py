@@ -126,3 +126,54 @@ def test_a_strategy_is_found_without_being_listed(tmp_path):
 def test_one_strategy_members_left_the_core(member):
     from scaletrain.distributed import Strategy
     assert not hasattr(Strategy, member)
+
+
+def _registries():
+    from scaletrain.data import DATA_SOURCES
+    from scaletrain.distributed import STRATEGIES
+    from scaletrain.models import MODEL_BUILDERS
+    from scaletrain.precision import POLICIES
+    from scaletrain.tasks import TASKS
+    return {"model": MODEL_BUILDERS, "data set": DATA_SOURCES, "precision": POLICIES, "strategy": STRATEGIES,
+            "task": TASKS}
+
+
+def test_no_list_in_the_code_repeats_a_registry():
+    """Choice lists are derived from the registries: a literal tuple, list or set naming three or
+    more registered names of one kind would drift from the registry the day one is added."""
+    repeats = []
+    for kind, registry in _registries().items():
+        names = set(registry)
+        for path in PACKAGE.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                    listed = {e.value for e in node.elts if isinstance(e, ast.Constant)} & names
+                    if len(listed) >= 3:
+                        repeats.append(f"{path.relative_to(ROOT)}:{node.lineno} lists {kind}s {sorted(listed)}")
+    assert repeats == []
+
+
+def test_every_registry_is_filled_by_discovering_its_package(tmp_path, monkeypatch):
+    """A new model, data set, task or strategy is one decorated definition in one new file: the
+    package's discovery imports it, and the config's choices grow with it."""
+    import sys
+    from scaletrain.config import DATA_SETS
+    from scaletrain.registry import discover
+    package = tmp_path / "ring_plugin"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ring.py").write_text(
+        "from scaletrain.data import register_dataset\n"
+        "@register_dataset('ring-test', sample=((2,), 2, 'classification'))\n"
+        "def ring(cfg, seed):\n    raise NotImplementedError\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from scaletrain.data import DATA_SOURCES
+    try:
+        discover(__import__("ring_plugin"))
+        assert "ring-test" in DATA_SOURCES and "ring-test" in DATA_SETS
+        assert DATA_SOURCES.get("ring-test").known_sample(None) == ((2,), 2, "classification")
+    finally:
+        DATA_SOURCES._entries.pop("ring-test", None)
+        DATA_SETS._names.discard("ring-test")
+        sys.modules.pop("ring_plugin.ring", None)
+        sys.modules.pop("ring_plugin", None)

@@ -10,13 +10,16 @@ from scaletrain.config import (COMPILE_MODES, DATA_SETS, PRECISIONS, STRATEGIES,
 from scaletrain.errors import ConfigError
 
 
-def test_declared_choices_match_the_registries():
-    from scaletrain.data import DATASETS
+def test_declared_choices_are_what_the_registries_implement():
+    from scaletrain.config import TASKS as TASK_CHOICES
+    from scaletrain.data import DATA_SOURCES
     from scaletrain.distributed import STRATEGIES as IMPLEMENTED
     from scaletrain.precision import POLICIES
-    assert set(PRECISIONS) == set(POLICIES)
-    assert set(STRATEGIES) == {"auto", *IMPLEMENTED}
-    assert set(DATA_SETS) == set(DATASETS)
+    from scaletrain.tasks import TASKS
+    assert list(PRECISIONS) == list(POLICIES) and "bf16-mixed" in PRECISIONS
+    assert list(STRATEGIES) == ["auto", *IMPLEMENTED] and "hsdp" in STRATEGIES
+    assert list(DATA_SETS) == list(DATA_SOURCES) and "char-corpus" in DATA_SETS
+    assert list(TASK_CHOICES) == ["auto", *TASKS] and "language-model" in TASK_CHOICES
     assert "max-autotune-no-cudagraphs" in COMPILE_MODES
 
 
@@ -43,7 +46,7 @@ def test_every_numeric_field_declares_what_it_admits():
     ("optim.momentum", 1.0, "must be >= 0 and < 1"),
     ("optim.betas", [0.9, 1.5], "has an item that must be >= 0 and < 1"),
     ("optim.min_lr_ratio", 1.5, "must be >= 0 and <= 1"),
-    ("precision.policy", "fp8", "must be one of fp32"),
+    ("precision.policy", "fp8", "must be one of bf16-mixed"),
     ("target", float("nan"), "must be a finite number"),
     ("target_metric", "bleu", "must be one of auto"),
     ("task", "translation", "must be one of auto"),

@@ -14,7 +14,10 @@ from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from scaletrain.data import load_dataset
 from scaletrain.data.text import load_char_corpus
 from scaletrain.errors import ConfigError
-from scaletrain.tasks import TASKS, Classification, LanguageModel, Regression, build_task
+from scaletrain.tasks import TASKS, build_task
+from scaletrain.tasks.classification import Classification
+from scaletrain.tasks.language_model import LanguageModel
+from scaletrain.tasks.regression import Regression
 from scaletrain.training import build_run
 
 

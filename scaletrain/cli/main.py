@@ -72,12 +72,12 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_list(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import recipe_names
-    from scaletrain.data import DATASETS
+    from scaletrain.data import DATA_SOURCES
     from scaletrain.distributed import STRATEGIES
-    from scaletrain.models import MODEL_NAMES
+    from scaletrain.models import model_names
     from scaletrain.precision import POLICIES
-    print("models:     " + ", ".join(MODEL_NAMES))
-    print("data sets:  " + ", ".join(DATASETS))
+    print("models:     " + ", ".join(model_names()))
+    print("data sets:  " + ", ".join(DATA_SOURCES))
     print("precisions: " + ", ".join(POLICIES))
     print("strategies: auto, " + ", ".join(STRATEGIES))
     print("recipes:    " + ", ".join(recipe_names()))

@@ -25,14 +25,14 @@ def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
 def run_shard(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
     from scaletrain.data import load_dataset
-    from scaletrain.data.registry import _shards
+    from scaletrain.data.shard_set import shards_package
     if args.samples_per_shard < 1:
         raise ConfigError(f"--samples-per-shard must be at least 1 (got {args.samples_per_shard})")
     cfg = config_from_args(args)
     if cfg.data.name == "shards":
         raise ConfigError("--data shards is already sharded; name the data set to convert (e.g. --data mnist1d)")
     out = check_new_output_dir(args.out, "--out", "files")
-    write_shards = _shards().write_shards   # checks the optional package before loading any data
+    write_shards = shards_package().write_shards   # checks the optional package before loading any data
     dataset = load_dataset(cfg.data, seed=cfg.seed)
     manifest = write_shards(dataset, Path(out), args.samples_per_shard)
     table = Table(title=f"{dataset.name} -> {out}")

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from scaletrain.data.dataset import ArraySplit, Dataset, as_labels, make_dataset
+from scaletrain.data.source import register_dataset
 from scaletrain.errors import DataError
 
 
@@ -56,3 +57,8 @@ def load_cifar10(folder: str | None) -> Dataset:
         x, y = np.concatenate(xs), np.concatenate(ys)
         splits.append(ArraySplit(torch.from_numpy(x), as_labels(y, len(x), 10, str(root / names[0]))))
     return make_dataset("cifar10", splits[0], splits[1], num_classes=10)
+
+
+@register_dataset("cifar10", sample=((3, 32, 32), 10, "classification"))
+def _cifar10(cfg, seed: int) -> Dataset:
+    return load_cifar10(cfg.data_dir)

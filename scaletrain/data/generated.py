@@ -6,6 +6,7 @@ import torch
 
 from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, make_dataset,
                                      random_split, with_channel_dim)
+from scaletrain.data.source import register_dataset
 from scaletrain.errors import UserError
 
 
@@ -76,3 +77,23 @@ def load_friedman1(num_samples: int | None, seed: int = 0, noise: float = 1.0) -
     y = (y - train_y.mean()) / train_y.std()
     return make_dataset("friedman1", ArraySplit(x[n_test:], y[n_test:]), ArraySplit(x[:n_test], y[:n_test]),
                         num_classes=1, task="regression")
+
+
+@register_dataset("mnist1d", sample=((1, 40), 10, "classification"))
+def _mnist1d(cfg, seed: int) -> Dataset:
+    return load_mnist1d(cfg.num_samples)
+
+
+@register_dataset("digits", sample=((1, 8, 8), 10, "classification"))
+def _digits(cfg, seed: int) -> Dataset:
+    return load_digits(seed=0)
+
+
+@register_dataset("synthetic", sample=lambda cfg: (tuple(cfg.shape), cfg.num_classes, "classification"))
+def _synthetic(cfg, seed: int) -> Dataset:
+    return load_synthetic(cfg.shape, cfg.num_samples, cfg.num_classes, seed=seed)
+
+
+@register_dataset("friedman1", sample=((10,), 1, "regression"))
+def _friedman1(cfg, seed: int) -> Dataset:
+    return load_friedman1(cfg.num_samples)

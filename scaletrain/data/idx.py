@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from scaletrain.data.dataset import ArraySplit, Dataset, as_labels, make_dataset, with_channel_dim
+from scaletrain.data.source import register_dataset
 from scaletrain.errors import DataError
 
 IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
@@ -121,3 +122,13 @@ def load_idx_dataset(name: str, folder: str | None, download_missing: bool = Fal
         x = with_channel_dim(torch.from_numpy(images.copy()), sample_ndim=2)
         splits.append(ArraySplit(x, y))
     return make_dataset(name, splits[0], splits[1], num_classes=10)
+
+
+@register_dataset("mnist", sample=((1, 28, 28), 10, "classification"))
+def _mnist(cfg, seed: int) -> Dataset:
+    return load_idx_dataset("mnist", cfg.data_dir, cfg.download)
+
+
+@register_dataset("fashion-mnist", sample=((1, 28, 28), 10, "classification"))
+def _fashion_mnist(cfg, seed: int) -> Dataset:
+    return load_idx_dataset("fashion-mnist", cfg.data_dir, cfg.download)

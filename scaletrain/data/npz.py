@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from scaletrain.data.dataset import ArraySplit, as_features, as_labels, infer_num_classes, make_dataset, random_split
+from scaletrain.data.source import register_dataset
 from scaletrain.errors import DataError
 
 
@@ -67,3 +68,8 @@ def _optional_split(arrays: dict, file: Path, name: str, num_classes: int) -> Ar
     x = as_features(arrays[xk], f"{file}[{xk}]")
     x = x.unsqueeze(1) if x.ndim == 2 else x
     return ArraySplit(x, as_labels(arrays[yk], len(x), num_classes, f"{file}[{yk}]"))
+
+
+@register_dataset("npz")      # shape and classes are read from the file
+def _npz(cfg, seed: int):
+    return load_npz(cfg.data_dir, seed=0)

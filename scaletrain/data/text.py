@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from scaletrain.data.dataset import ArraySplit, Dataset, make_dataset
+from scaletrain.data.source import register_dataset
 from scaletrain.errors import DataError
 
 SPLITS = (0.90, 0.05, 0.05)
@@ -43,3 +44,8 @@ def load_char_corpus(seq_len: int, text: str | None = None) -> Dataset:
     val = windows(ids[a:b], seq_len, seq_len)
     test = windows(ids[b:], seq_len, seq_len)
     return make_dataset("char-corpus", train, test, num_classes=len(vocab), val=val, task="language-model")
+
+
+@register_dataset("char-corpus", sample=lambda cfg: ((cfg.seq_len,), len(set(pydoc_text())), "language-model"))
+def _char_corpus(cfg, seed: int) -> Dataset:
+    return load_char_corpus(cfg.seq_len)

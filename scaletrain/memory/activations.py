@@ -64,7 +64,7 @@ def trace_step(traced: TracedModel, input_shape, num_classes: int, batch: int,
                task: Task | None = None) -> StepTrace:
     """Runs one forward/backward of `batch` samples on the fake model (the task's loss; default
     classification) and counts its bytes. `num_classes`: the model's output size."""
-    from scaletrain.tasks import Classification
+    from scaletrain.tasks.classification import Classification
     task = task or Classification()
     model = traced.model
     with traced.fake_mode:

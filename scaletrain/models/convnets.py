@@ -5,8 +5,13 @@ Plain nn.Modules: they know nothing about precision, compilation or distribution
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
+
+from scaletrain.errors import ConfigError
+from scaletrain.models.builder import need_image, register_model
 
 
 class CNN1d(nn.Module):
@@ -111,3 +116,31 @@ class ResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+
+@register_model("cnn1d")
+def _cnn1d(shape, classes, variant, **options) -> nn.Module:
+    if len(shape) != 2:
+        raise ConfigError(f"model 'cnn1d' needs sequence samples (C, L); this data set has shape {shape}")
+    return CNN1d(shape[0], classes, length=shape[1], **options)
+
+
+# resnet-18 is the standard ImageNet widths and depths; plain resnet is the small default.
+RESNET_SIZES = {"18": {"widths": [64, 128, 256, 512], "blocks": [2, 2, 2, 2]}}
+
+
+@register_model("resnet", variants=tuple(RESNET_SIZES))
+def _resnet(shape, classes, variant, **options) -> nn.Module:
+    need_image("resnet", shape)
+    return ResNet(shape[0], classes, **{**RESNET_SIZES.get(variant, {}), **options})
+
+
+@register_model("wrn", variants="D-K (e.g. wrn-16-10)")
+def _wrn(shape, classes, variant, **options) -> nn.Module:
+    need_image("wrn", shape)
+    if variant is not None:
+        match = re.fullmatch(r"(\d+)-(\d+)", variant)
+        if not match:
+            raise ConfigError(f"model 'wrn-{variant}': write the depth and width as wrn-D-K, e.g. wrn-16-10")
+        options = {"depth": int(match.group(1)), "width": int(match.group(2)), **options}
+    return WideResNet(shape[0], classes, **options)

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scaletrain.models.builder import register_model
+
 PRESETS = {
     "tiny": dict(dim=128, depth=4, heads=4),        # ~0.8M parameters: trains on 2 CPU cores in minutes
     "small": dict(dim=256, depth=6, heads=8),       # ~4.8M
@@ -121,3 +123,8 @@ class GPT(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.embed(tokens)))
+
+
+@register_model("gpt", variants=tuple(PRESETS))
+def _gpt(shape, classes, variant, **options) -> nn.Module:
+    return GPT(shape, classes, **{**PRESETS.get(variant, {}), **options})

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from scaletrain.models.builder import register_model
+
 
 class MLP(nn.Module):
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: list[int] | None = None,
@@ -25,3 +27,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
+
+
+@register_model("mlp")
+def _mlp(shape, classes, variant, **options) -> nn.Module:
+    return MLP(shape, classes, **options)

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scaletrain.models.builder import need_image, register_model
+
 PRESETS = {
     "tiny": dict(dim=192, depth=6, heads=3),
     "small": dict(dim=384, depth=12, heads=6),
@@ -65,3 +67,9 @@ class VisionTransformer(nn.Module):
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
         x = self.norm(self.blocks(x))
         return self.head(x[:, 0])
+
+
+@register_model("vit", variants=tuple(PRESETS))
+def _vit(shape, classes, variant, **options) -> nn.Module:
+    need_image("vit", shape)
+    return VisionTransformer(shape, classes, **{**PRESETS.get(variant, {}), **options})

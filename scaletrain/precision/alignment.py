@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from scaletrain.precision.policies import get_policy
+
 ALIGN = 8
-SIXTEEN_BIT = ("bf16-mixed", "fp16-mixed", "bf16-true")
 
 
 def nearest_multiple(value: int, multiple: int = ALIGN) -> int:
@@ -20,7 +21,7 @@ def nearest_multiple(value: int, multiple: int = ALIGN) -> int:
 def alignment_warnings(model: nn.Module, precision: str, per_device_batch: int) -> list[str]:
     """One line per misaligned size: the batch, and each Linear's features and each convolution's
     channels (input channels of 4 or fewer are the data's own, e.g. RGB, and are left alone)."""
-    if precision not in SIXTEEN_BIT:
+    if not get_policy(precision).computes_in_16_bit:
         return []
     out = []
     if per_device_batch % ALIGN:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scaletrain.errors import ConfigError
+from scaletrain.config import PRECISIONS as PRECISION_CHOICES
 from scaletrain.precision.float32_modules import keep_in_float32
+from scaletrain.registry import Registry
 
 
 # --grad-compression: the dtype gradients are reduced in.
@@ -31,6 +32,11 @@ class PrecisionPolicy:
     loss_scaling: bool = False
     # TF32 lets float32 matmuls use tensor cores with a 10-bit mantissa (Ampere and newer).
     allow_tf32: bool = False
+
+    @property
+    def computes_in_16_bit(self) -> bool:
+        """Whether matmuls run in fp16/bf16, where tensor cores want sizes in multiples of 8."""
+        return self.autocast_dtype is not None or self.param_dtype != torch.float32
 
     @property
     def input_dtype(self) -> torch.dtype:
@@ -72,20 +78,20 @@ class PrecisionPolicy:
         return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
 
 
-POLICIES: dict[str, PrecisionPolicy] = {
-    p.name: p
-    for p in (
-        PrecisionPolicy(name="fp32"),
-        PrecisionPolicy(name="tf32", allow_tf32=True),
-        PrecisionPolicy(name="bf16-mixed", autocast_dtype=torch.bfloat16, allow_tf32=True),
-        PrecisionPolicy(name="fp16-mixed", autocast_dtype=torch.float16, loss_scaling=True, allow_tf32=True),
-        PrecisionPolicy(name="bf16-true", param_dtype=torch.bfloat16, allow_tf32=True),
-    )
-}
+# The policies by `--precision` name; one more is one more `register_policy` line here.
+POLICIES = Registry("precision", "--precision", choices=PRECISION_CHOICES)
+
+
+def register_policy(policy: PrecisionPolicy) -> PrecisionPolicy:
+    return POLICIES.add(policy.name, policy)
+
+
+register_policy(PrecisionPolicy(name="fp32"))
+register_policy(PrecisionPolicy(name="tf32", allow_tf32=True))
+register_policy(PrecisionPolicy(name="bf16-mixed", autocast_dtype=torch.bfloat16, allow_tf32=True))
+register_policy(PrecisionPolicy(name="fp16-mixed", autocast_dtype=torch.float16, loss_scaling=True, allow_tf32=True))
+register_policy(PrecisionPolicy(name="bf16-true", param_dtype=torch.bfloat16, allow_tf32=True))
 
 
 def get_policy(name: str) -> PrecisionPolicy:
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ConfigError(f"unknown precision '{name}'; choose one of: {', '.join(POLICIES)}") from None
+    return POLICIES.get(name)

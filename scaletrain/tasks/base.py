@@ -13,12 +13,12 @@ from abc import ABC, abstractmethod
 import torch
 
 from scaletrain.errors import ConfigError
-from scaletrain.registry import registrar
+from scaletrain.config import TASKS as TASK_CHOICES
+from scaletrain.registry import Registry
 
-TASKS: dict[str, type["Task"]] = {}
-
-
-register_task = registrar(TASKS, "--task")
+TASKS = Registry("task", "--task", choices=TASK_CHOICES)
+# Class decorator: makes a task available as `--task NAME` (and a config choice).
+register_task = TASKS.register
 
 
 class Task(ABC):
@@ -81,9 +81,8 @@ class Task(ABC):
 def build_task(name: str, dataset_task: str) -> Task:
     """The task `name`, or the data set's own for 'auto'; refuses a task the data cannot train."""
     chosen = dataset_task if name == "auto" else name
-    if chosen not in TASKS:
-        raise ConfigError(f"unknown task '{chosen}'; choose one of: auto, {', '.join(TASKS)}")
+    cls = TASKS.get(chosen)
     if chosen != dataset_task:
         raise ConfigError(f"--task {chosen} does not fit the data: its targets are for the {dataset_task} task; "
                           f"use --task auto or {dataset_task}")
-    return TASKS[chosen]()
+    return cls()

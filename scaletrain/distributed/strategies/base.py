@@ -22,18 +22,11 @@ from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
 from scaletrain.distributed.layout import Degrees, Layout
 from scaletrain.optim import build_optimizer
-from scaletrain.registry import registrar
+from scaletrain.registry import Registry
 
-STRATEGIES: dict[str, type["Strategy"]] = {}
-
-
-_register = registrar(STRATEGIES, "--strategy")
-
-
-def register_strategy(name: str):
-    """Class decorator: makes a strategy available as `--strategy NAME` (and a config choice)."""
-    STRATEGY_CHOICES.add(name)
-    return _register(name)
+STRATEGIES = Registry("strategy", "--strategy", choices=STRATEGY_CHOICES)
+# Class decorator: makes a strategy available as `--strategy NAME` (and a config choice).
+register_strategy = STRATEGIES.register
 
 
 class Strategy(ABC):

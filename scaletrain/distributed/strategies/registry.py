@@ -7,17 +7,13 @@ else lists it.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 import scaletrain.distributed.strategies as _package
 from scaletrain.distributed.env import DistEnv, dist_env
 from scaletrain.distributed.layout import Layout
 from scaletrain.distributed.strategies.base import STRATEGIES, Strategy
-from scaletrain.errors import ConfigError
+from scaletrain.registry import discover
 
-for _module in pkgutil.walk_packages(_package.__path__, f"{_package.__name__}."):
-    importlib.import_module(_module.name)     # each strategy file registers itself
+discover(_package, recursive=True)     # each strategy file registers itself
 
 
 def plannable_strategies() -> tuple[str, ...]:
@@ -31,9 +27,7 @@ def strategy_class(config, world: int) -> type[Strategy]:
     name = config.strategy
     if name == "auto":
         name = "ddp" if world > 1 else "single"
-    if name not in STRATEGIES:
-        raise ConfigError(f"unknown strategy '{name}'; choose one of: auto, {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+    return STRATEGIES.get(name)
 
 
 def build_layout(config, world: int, rank: int = 0) -> Layout:

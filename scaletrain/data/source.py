@@ -1,0 +1,40 @@
+"""The data-set registry: each data set is one decorated loader, `@register_dataset(NAME)`, in the
+module that reads it, found because data/registry.py imports every module of this package.
+
+A loader takes the DataConfig and the run's seed and returns a Dataset. `sample` tells planners
+the (sample shape, model outputs, task) without loading anything: a fixed tuple, a function of the
+DataConfig, or None (the planner loads the data to find out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from scaletrain.config import DATA_SETS as DATA_SET_CHOICES
+from scaletrain.registry import Registry
+
+Sample = tuple[tuple[int, ...], int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DataSource:
+    name: str
+    load: Callable[[Any, int], Any]                       # (DataConfig, seed) -> Dataset
+    sample: Sample | Callable[[Any], Sample] | None = None
+    # True when the loader returns its own validation split and cuts `train_subset` itself.
+    splits_itself: bool = False
+
+    def known_sample(self, cfg) -> Sample | None:
+        return self.sample(cfg) if callable(self.sample) else self.sample
+
+
+DATA_SOURCES = Registry("data set", "--data", choices=DATA_SET_CHOICES)
+
+
+def register_dataset(name: str, *, sample: Sample | Callable[[Any], Sample] | None = None,
+                     splits_itself: bool = False) -> Callable:
+    """Decorator on a loader `(cfg, seed) -> Dataset`: makes it available as `--data NAME`."""
+    def add(load: Callable) -> Callable:
+        DATA_SOURCES.add(name, DataSource(name, load, sample, splits_itself))
+        return load
+    return add
