@@ -24,7 +24,7 @@ from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig 
 from scaletrain.data import load_dataset  # noqa: E402
 from scaletrain.data.shards import write_shards  # noqa: E402
 from scaletrain.data.shards.stream import ShardStream  # noqa: E402
-from scaletrain.training import build_run  # noqa: E402
+from scaletrain.training import build_training  # noqa: E402
 
 
 def config(args, data: DataConfig) -> TrainConfig:
@@ -38,7 +38,7 @@ def measure(cfg: TrainConfig, decode_s: float) -> dict:
     """Steady-state images/sec (epochs after the first) and the share of that time spent blocked on the loader."""
     ShardStream.decode_cost_s = decode_s
     throughput = Throughput(verbose=False)
-    with build_run(cfg, callbacks=[throughput]) as built:
+    with build_training(cfg, callbacks=[throughput]) as built:
         history = built.trainer.fit(built.dataset)
     steady = history[1:]
     train_s = sum(h["epoch_train_time_s"] for h in steady)

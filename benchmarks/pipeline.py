@@ -2,7 +2,7 @@
 fraction and the predictor (planning/scaling.py `predict_pipeline`), activation memory per stage
 for GPipe against 1F1B, and pipeline / tensor / data parallelism at the same process count.
 
-Every run is the real trainer (`build_run`, `fit`) in real processes (torchrun, gloo): the step
+Every run is the real trainer (`build_training`, `fit`) in real processes (torchrun, gloo): the step
 time is the trainer's own training clock (warm-up excluded) over the second epoch, divided by its
 steps. Activation memory is the peak of the bytes autograd holds for backward (distinct storages,
 weights excluded, each released when the graph node holding it is freed), counted by a
@@ -36,7 +36,7 @@ def worker(settings: dict, args, out: Path) -> None:
     from torch.distributed.tensor import DTensor
 
     from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-    from scaletrain.training import build_run
+    from scaletrain.training import build_training
 
     cfg = TrainConfig(model=ModelConfig(name="gpt", options={"dim": args.dim, "depth": args.depth, "heads": 4}),
                       data=DataConfig(name="char-corpus", seq_len=args.seq_len, train_subset=args.batch_size * args.steps),
@@ -78,7 +78,7 @@ def worker(settings: dict, args, out: Path) -> None:
     def unpack(box):
         return box.tensor if isinstance(box, Saved) else box
 
-    with build_run(cfg) as built:
+    with build_training(cfg) as built:
         weights = {storage_of(p).data_ptr() for p in built.trainer.model.parameters()}
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             built.trainer.fit(built.dataset)

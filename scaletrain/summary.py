@@ -156,8 +156,7 @@ def print_summary(s: RunSummary, console: Console) -> None:
     table.add_row("compile / warm-up", _fmt_time(s.warmup_s))
     table.add_row("peak memory", f"{s.peak_memory_bytes / 2**20:,.1f} MiB ({s.peak_memory_kind})")
     table.add_row("precision", s.precision)
-    if s.world_size > 1 or s.strategy != "single":
-        table.add_row("strategy", f"{s.strategy} x {s.world_size} (per-replica batch {s.per_replica_batch_size})")
+    table.add_row("strategy", f"{s.strategy} x {s.world_size} (per-replica batch {s.per_replica_batch_size})")
     if s.restarts or s.resumed_from:
         table.add_row("restarts / resumed from", f"{s.restarts} / {s.resumed_from or '-'}")
     table.add_row("skipped steps (fp16 overflow)", str(s.skipped_steps))

@@ -13,7 +13,7 @@ import torch
 
 from scaletrain.config import TrainConfig, from_mapping
 from scaletrain.memory.model_state import ParamInfo, model_state
-from scaletrain.training import build_run
+from scaletrain.training import build_training
 from tests.processes import DIGITS_MLP, PLUGINS, cli_env, metrics, run
 
 pytestmark = pytest.mark.timeout(300)
@@ -104,7 +104,7 @@ def test_fsdp_with_checkpointed_blocks_and_bf16_trains_a_vit(tmp_path):
     # ranks reported: the shards, their gathering and the padded lockstep evaluation all agree.
     cfg = from_mapping(TrainConfig, json.loads((tmp_path / "r" / "config.json").read_text()))
     cfg.distributed.strategy, cfg.distributed.nproc, cfg.memory.activation_checkpointing = "single", 1, False
-    with build_run(cfg) as built:
+    with build_training(cfg) as built:
         built.trainer.model.load_state_dict(state)
         single = built.trainer.evaluate(built.dataset, split="val")
     assert single["loss"] == pytest.approx(epoch["val_loss"], rel=2e-3)

@@ -18,7 +18,7 @@ from scaletrain.tasks import TASKS, build_task
 from scaletrain.tasks.classification import Classification
 from scaletrain.tasks.language_model import LanguageModel
 from scaletrain.tasks.regression import Regression
-from scaletrain.training import build_run
+from scaletrain.training import build_training
 
 
 def _sums_in_parts(task, output, target, parts=3):
@@ -86,7 +86,7 @@ def test_regression_trains_to_a_high_r2_and_reports_it_on_test(tmp_path):
     cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [64, 64]}), data=DataConfig(name="friedman1"),
                       optim=OptimConfig(lr=3e-3), epochs=15, batch_size=64, progress=False, device="cpu",
                       target=0.8, target_metric="r2")
-    with build_run(cfg) as built:
+    with build_training(cfg) as built:
         assert built.trainer.task.name == "regression"
         built.trainer.fit(built.dataset)
         history, test = built.trainer.history, built.trainer.test_logs

@@ -40,10 +40,10 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
         return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="find-batch-size")
     from scaletrain.distributed import dist_env
     from scaletrain.memory.batch_finder import find_batch_size
-    from scaletrain.training import build_run
+    from scaletrain.training import build_training
     world = dist_env().world_size
     cfg.batch_size = max(cfg.batch_size // world, 1) * world  # any valid plan: the search sets the batch
-    with build_run(cfg) as built:
+    with build_training(cfg) as built:
         chief = built.strategy.is_chief
         result = find_batch_size(built.trainer, built.dataset, start=args.first_batch_size,
                                  max_batch=args.max_batch_size, steps=args.trial_steps, margin=args.margin,

@@ -13,6 +13,7 @@ from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.data.registry import sample_shape
+from scaletrain.distributed import STRATEGIES
 from scaletrain.errors import ConfigError
 from scaletrain.memory.model_state import PLAN_STRATEGIES
 from scaletrain.memory.planner import Planner, PlanRequest
@@ -42,8 +43,9 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     # --precision and --strategy take comma lists here: taken out before the config (one value
     # each) is built and checked, and each name checked on its own below.
     values = vars(args)
-    if values.get("distributed.strategy") == "pipeline":
-        return _plan_pipeline(config_from_args(args), args)
+    named = values.get("distributed.strategy")
+    if named in STRATEGIES and STRATEGIES[named].traffic == "pipeline":
+        return _plan_pipeline(config_from_args(args), args)     # a row per stage of one replica
     strategy_list, precision_list = values.pop("distributed.strategy", "auto"), values.pop("precision.policy", None)
     cfg = config_from_args(args)
     strategies = _choices(strategy_list, PLAN_STRATEGIES)

@@ -9,6 +9,7 @@ import sys
 from scaletrain.console import make_console
 from rich.table import Table
 
+from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.errors import ConfigError
 from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
 from scaletrain.planning.scaling import (ScalingInputs, device_counts, explain, predict, predict_parameter_server,
@@ -61,9 +62,11 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         step_time = m.flops_per_sample * cfg.batch_size / (peak * args.assume_h100_mfu)
         source = f"assumed: H100 at {args.assume_h100_mfu:.0%} of {peak / 1e12:.0f} TFLOP/s"
     intra = args.interconnect or ("nvlink-h100" if m.device.startswith(("NVIDIA", "cuda")) else "pcie4")
-    if cfg.distributed.strategy == "pipeline":
+    # The model follows what the strategy sends over the links (auto: ddp, as on several devices).
+    traffic = strategy_class(cfg.distributed, world=2).traffic
+    if traffic == "pipeline":
         return _pipeline_prediction(cfg, args, console, m, step_time, source, intra)
-    if cfg.distributed.strategy == "ps":
+    if traffic == "parameter-server":
         return _parameter_server_prediction(cfg, args, console, m, step_time, source)
     inputs = ScalingInputs(step_time_s=step_time, per_device_batch=cfg.batch_size, grad_bytes=m.grad_bytes,
                            intra=get_interconnect(intra), network=get_interconnect(args.network),

@@ -145,7 +145,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.distributed.strategies.registry import strategy_class
     from scaletrain.experiments.pruning import trial_pruning_from_env
     from scaletrain.lifecycle import plan_run, resume_config, resume_source
-    from scaletrain.run import run_training
+    from scaletrain.train import run_training
     cfg = config_from_args(args)
     spec = cluster_from_env()
     if spec is not None and spec.is_evaluator:

@@ -28,7 +28,7 @@ from scaletrain.lifecycle import RunFolder, checkpoint_store
 from scaletrain.lifecycle.folder import EVALUATIONS
 from scaletrain.lifecycle.lock import LOCK_FILE
 from scaletrain.tracking.store import RunStore, process_alive
-from scaletrain.training import build_run
+from scaletrain.training import build_training
 
 
 @dataclass(slots=True)
@@ -74,7 +74,7 @@ class SidecarEvaluator:
         # The store the run is recorded in (relative paths from where the evaluator runs), if any.
         self.store_path = store if store is not None else (cfg.tracking.store if cfg.tracking.record else None)
         self.console = console or Console()
-        self.built = build_run(cfg)
+        self.built = build_training(cfg)
         dataset = self.built.dataset
         self.split = "val" if dataset.val is not None else "test"
         self.done = {e["step"] for e in read_evaluations(self.folder.path)}

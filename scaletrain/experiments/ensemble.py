@@ -13,7 +13,7 @@ from scaletrain.config import TrainConfig, from_mapping
 from scaletrain.data import load_dataset
 from scaletrain.errors import UserError
 from scaletrain.tracking.store import RunRecord
-from scaletrain.training import build_run
+from scaletrain.training import build_training
 
 # Data settings that must agree for the runs' test splits to be the same samples.
 SAME_DATA_KEYS = ("name", "num_samples", "shape", "num_classes")
@@ -59,7 +59,7 @@ def evaluate_ensemble(records: list[RunRecord], device: str = "auto",
     members, total = [], None
     for record in records:
         cfg = _member_config(record, device, data_dir)
-        with build_run(cfg, dataset=dataset) as built:
+        with build_training(cfg, dataset=dataset) as built:
             trainer = built.trainer
             if trainer.task.name != "classification":
                 raise UserError(f"run {record.id} trained a {trainer.task.name} model; an ensemble averages "

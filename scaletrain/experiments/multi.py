@@ -11,7 +11,7 @@ from rich.console import Console
 from scaletrain.config import TrainConfig, from_mapping, load_toml
 from scaletrain.errors import UserError
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots
-from scaletrain.experiments.trainings import settle, training_job
+from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.tracking.store import RunRecord, RunStore
 
 

@@ -22,7 +22,7 @@ from rich.table import Table
 from scaletrain.config import TrainConfig
 from scaletrain.errors import UserError
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots
-from scaletrain.experiments.trainings import settle, training_job
+from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.tracking.store import RunStore
 
 LR_SCALINGS = ("none", "linear", "sqrt")

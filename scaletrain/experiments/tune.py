@@ -32,7 +32,7 @@ from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots
 from scaletrain.experiments.space import SearchSpace
 from scaletrain.experiments.study import HEARTBEAT_S, build_pruner, build_sampler, open_storage, require_optuna
-from scaletrain.experiments.trainings import settle, training_job
+from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.summary import RunSummary
 from scaletrain.tasks import TASKS
 from scaletrain.tracking.store import RunRecord, RunStore, process_alive

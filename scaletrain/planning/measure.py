@@ -12,7 +12,7 @@ from scaletrain.callbacks import Throughput
 from scaletrain.config import DistributedConfig, TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import pipeline_layers
-from scaletrain.training import build_run
+from scaletrain.training import build_training
 
 
 def train_flops_per_sample(model: torch.nn.Module, sample_shape, device, tokens: bool = False) -> float:
@@ -75,7 +75,7 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     # One device, whatever the config says: none of its distributed settings apply here.
     cfg.distributed = DistributedConfig(strategy="single")
     throughput = Throughput(verbose=False)
-    with build_run(cfg, callbacks=[throughput]) as built:
+    with build_training(cfg, callbacks=[throughput]) as built:
         trainer, dataset = built.trainer, built.dataset
         if time_steps:
             trainer.fit(dataset)

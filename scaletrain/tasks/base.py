@@ -63,9 +63,6 @@ class Task(ABC):
         """The model's output width for this data set (classes, regression targets, vocabulary)."""
         return dataset.num_classes
 
-    def is_better(self, metric: str, value: float, than: float) -> bool:
-        return value > than if self.metrics[metric] else value < than
-
     def reached(self, metric: str, value: float, target: float) -> bool:
         return value >= target if self.metrics[metric] else value <= target
 

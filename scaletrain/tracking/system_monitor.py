@@ -51,10 +51,6 @@ class SystemMonitor:
         self._thread: threading.Thread | None = None
         self._t0 = time.perf_counter()
 
-    @property
-    def has_gpu(self) -> bool:
-        return self._gpu is not None
-
     def start(self, t0: float | None = None) -> None:
         self._t0 = time.perf_counter() if t0 is None else t0
         self._process.cpu_percent(None)  # the first call only sets the reference point

@@ -3,7 +3,7 @@
     strategy (set up) -> data -> task -> model (seeded) -> Trainer (parallelize, optimizer, ...)
 
 `scaletrain train`, `find-batch-size`, the scaling measurement, `ensemble` and the Python API
-all build through `build_run`, so a new part (a task, a strategy option) is wired once.
+all build through `build_training`, so a new part (a task, a strategy option) is wired once.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def start_strategy(cfg: TrainConfig, env: DistEnv | None = None) -> Strategy:
 
 
 @dataclass(slots=True)
-class BuiltRun:
+class TrainingParts:
     trainer: Trainer
     dataset: Dataset
 
@@ -40,15 +40,15 @@ class BuiltRun:
     def close(self, clean: bool = True) -> None:
         self.trainer.close(clean)
 
-    def __enter__(self) -> "BuiltRun":
+    def __enter__(self) -> "TrainingParts":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(clean=exc_type is None)
 
 
-def build_run(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
-              task: Task | None = None, callbacks=(), checkpointer=None) -> BuiltRun:
+def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
+              task: Task | None = None, callbacks=(), checkpointer=None) -> TrainingParts:
     """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
     tears it down on `close()`; a given one stays its caller's to tear down."""
     cfg.validate()
@@ -58,4 +58,4 @@ def build_run(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Da
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.name, dataset.input_shape, task.output_size(dataset), **cfg.model.options)
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)
-    return BuiltRun(trainer, dataset)
+    return TrainingParts(trainer, dataset)

@@ -11,13 +11,13 @@ import sys
 import torch
 
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from scaletrain.training import build_run
+from scaletrain.training import build_training
 
 out = sys.argv[1]
 cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [64]}), data=DataConfig(name="digits"),
                   optim=OptimConfig(lr=3e-3), epochs=2, batch_size=64, progress=False, device="cpu")
 cfg.distributed.strategy = "ddp"
-built = build_run(cfg)   # the trainer sets the strategy up, so it tears it down (close)
+built = build_training(cfg)   # the trainer sets the strategy up, so it tears it down (close)
 trainer, dataset = built.trainer, built.dataset
 trainer.fit(dataset)
 result = {"state": trainer.model.state_dict(), "eval": trainer.evaluate(dataset), "history": trainer.history}

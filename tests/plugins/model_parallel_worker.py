@@ -10,7 +10,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from scaletrain.config import DataConfig, DistributedConfig, ModelConfig, OptimConfig, TrainConfig, from_mapping
-from scaletrain.training import build_run
+from scaletrain.training import build_training
 
 settings, out = json.loads(sys.argv[1]), sys.argv[2]
 cfg = TrainConfig(model=ModelConfig(name="gpt", options={"dim": 32, "depth": 4, "heads": 4}),
@@ -18,7 +18,7 @@ cfg = TrainConfig(model=ModelConfig(name="gpt", options={"dim": 32, "depth": 4, 
                   optim=OptimConfig(lr=3e-3, clip_grad_norm=0.5), epochs=2, batch_size=32, progress=False,
                   device="cpu")
 cfg.distributed = from_mapping(DistributedConfig, settings)   # flat keys, as a TOML file may give them
-with build_run(cfg) as built:
+with build_training(cfg) as built:
     trainer, dataset = built.trainer, built.dataset
     trainer.fit(dataset)
     losses = trainer.counters.read(trainer.steps_per_epoch, trainer.strategy)["losses"]

@@ -8,13 +8,13 @@ import sys
 import torch
 
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from scaletrain.training import build_run
+from scaletrain.training import build_training
 
 strategy, out = sys.argv[1], sys.argv[2]
 cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [64, 32]}), data=DataConfig(name="digits"),
                   optim=OptimConfig(lr=3e-3), epochs=1, batch_size=64, progress=False, device="cpu")
 cfg.distributed.strategy = strategy
-built = build_run(cfg)
+built = build_training(cfg)
 trainer, dataset, model = built.trainer, built.dataset, built.trainer.model
 trainer.fit(dataset)
 

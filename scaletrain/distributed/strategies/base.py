@@ -45,6 +45,10 @@ class Strategy(ABC):
     # order plan-memory lists them in.
     plannable = True
     zero_stage = 0
+    # What crosses the links each step, the pattern `scaletrain scaling` models: "all-reduce" of the
+    # gradients, "sharded" (reduce-scatter and all-gather), "pipeline" (activations between
+    # stages), "tensor" (per-layer collectives), "parameter-server" (push and pull), or "none".
+    traffic = "all-reduce"
 
     def __init__(self, config, env: DistEnv, layout: Layout | None = None):
         self.config = config     # the DistributedConfig

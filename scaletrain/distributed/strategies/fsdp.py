@@ -32,6 +32,7 @@ from scaletrain.precision import get_policy
 
 @register_strategy("fsdp")
 class FSDPStrategy(ProcessGroupStrategy):
+    traffic = "sharded"
     replicated_gradients = False
     forward_communicates = True
     reshard_after_forward = True

@@ -310,8 +310,10 @@ class ModelParallelStrategy(ProcessGroupStrategy):
 @register_strategy("pipeline")
 class PipelineStrategy(ModelParallelStrategy):
     """--strategy pipeline --stages P [--tensor-parallel T]."""
+    traffic = "pipeline"
 
 
 @register_strategy("tensor")
 class TensorParallelStrategy(ModelParallelStrategy):
     """--strategy tensor --tensor-parallel T."""
+    traffic = "tensor"

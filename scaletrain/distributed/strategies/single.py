@@ -22,6 +22,7 @@ def resolve_device(name: str) -> torch.device:
 
 @register_strategy("single")
 class SingleDevice(Strategy):
+    traffic = "none"
     plannable = False   # plan one device as ddp with --devices 1
 
     @classmethod

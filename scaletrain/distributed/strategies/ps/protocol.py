@@ -29,7 +29,6 @@ EPOCH_END = 7.0       # this worker has finished its share of the epoch (backup 
 PULL = 8.0            # send me your current parameters, apply nothing
 LOST = 9.0            # from the chief: a worker died
 
-MEETINGS = (IDLE, SAVE, LOAD)
 DROPPED = -1.0        # the staleness slot of a reply whose gradient was not applied
 
 

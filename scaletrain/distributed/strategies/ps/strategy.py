@@ -87,6 +87,7 @@ class ServedOptimizer(torch.optim.Optimizer):
 
 @register_strategy("ps")
 class ParameterServerStrategy(ProcessGroupStrategy):
+    traffic = "parameter-server"
     plannable = False
 
     def __init__(self, config, env, layout=None):

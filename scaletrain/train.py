@@ -29,7 +29,7 @@ from scaletrain.summary import RunSummary, build_summary, device_name, print_sum
 from scaletrain.tracking.tensorboard import TensorBoardLogger
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.tasks import build_task
-from scaletrain.training import Trainer, build_run
+from scaletrain.training import Trainer, build_training
 
 
 def run_training(cfg: TrainConfig, console: Console | None = None,
@@ -108,7 +108,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
             if cfg.tracking.tensorboard:
                 callbacks.append(TensorBoardLogger(run.path / "tensorboard"))
             callbacks += extra_callbacks
-        built = build_run(cfg, strategy=strategy, dataset=dataset, task=task, callbacks=callbacks,
+        built = build_training(cfg, strategy=strategy, dataset=dataset, task=task, callbacks=callbacks,
                           checkpointer=make_checkpointer(plan, cfg, env))
         return _fit(cfg, env, console, built.trainer, dataset, plan, run, tracked, wall_start)
     except BaseException as exc:
