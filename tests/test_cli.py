@@ -96,7 +96,7 @@ def _bad_inputs(tmp_path):
         (["--model", "mlp", "--data", "digits", "--epochs", "0"], "config key 'epochs' must be >= 1"),
         (["--model", "mlp", "--data", "digits", "--fp32-modules", "nothing"], "matches no module"),
         (["--model", "wrn-16-10", "--data", "mnist1d"], "needs image samples"),
-        (["--model", "mlp", "--data", "digits", "--strategy", "zero9"], "'distributed.strategy' must be one of auto, single, ddp"),
+        (["--model", "mlp", "--data", "digits", "--strategy", "zero9"], "'distributed.strategy' must be one of auto, ddp, fsdp"),
         (["--model", "mlp", "--data", "digits", "--resume", str(tmp_path / "nope")], "no such checkpoint folder"),
         (["--model", "mlp", "--data", "digits", "--grad-compression", "int4"],
          "'distributed.grad_compression' must be one of none, bf16, fp16"),
