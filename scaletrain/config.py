@@ -274,6 +274,10 @@ class TrainConfig:
                      rule="auto, cpu, cuda or cuda:N", resumable=True)
     steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1, resumable=True)
     compile: bool = _f(False, "apply torch.compile to the model", resumable=True)
+    threads: int | None = _f(None, "intra-op CPU threads (torch.set_num_threads; default: torch's own, one per core)",
+                             ge=1, resumable=True)
+    channels_last: bool = _f(False, "store 4-D weights channels-last (NHWC), which convolutions then also use for "
+                                    "their activations", resumable=True)
     compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES, resumable=True)
     cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)", resumable=True)
     task: str = _f("auto", "what is learned and how it is scored: auto (the data set's), classification, regression "

@@ -40,6 +40,9 @@ COMMANDS = [
             "run one training per point of a sweep (batch size) and plot the results"),
     Command("tune", "tune", "add_tune_arguments", "run_tune",
             "hyperparameter search on Optuna (TPE, median pruning), trials in parallel as separate processes"),
+    Command("autotune", "autotune", "add_autotune_arguments", "run_autotune",
+            "find the fastest system settings (precision, compile, fusing, threads, ...) for a training here, "
+            "each checked to train the same"),
     Command("multi", "multi", "add_multi_arguments", "run_multi",
             "run independent trainings side by side, one per device, each a run in the store"),
     Command("ensemble", "multi", "add_ensemble_arguments", "run_ensemble",

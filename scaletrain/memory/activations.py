@@ -39,10 +39,15 @@ class TracedModel:
 def build_fake_model(model_name: str, options: dict, input_shape, num_classes: int, storage_dtype: torch.dtype,
                      activation_checkpointing: bool, block_classes=()) -> TracedModel:
     mode = FakeTensorMode(allow_non_fake_inputs=False)
-    with mode:
-        model = build_model(model_name, tuple(input_shape), num_classes, **options)
-        if storage_dtype != torch.float32:
-            model.to(storage_dtype)
+    # Built in its storage dtype (as `.to(dtype)` leaves it): converting fake parameters afterwards
+    # fails in torch >= 2.13 ("Couldn't swap"), so the default dtype is set around the build.
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(storage_dtype)
+    try:
+        with mode:
+            model = build_model(model_name, tuple(input_shape), num_classes, **options)
+    finally:
+        torch.set_default_dtype(default)
     try:
         blocks = find_blocks(model, block_classes)
     except Exception:

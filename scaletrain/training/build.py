@@ -52,6 +52,8 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
     tears it down on `close()`; a given one stays its caller's to tear down."""
     cfg.validate()
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)     # before any work, so every kernel sees it
     dataset = dataset if dataset is not None else load_dataset(cfg.data, seed=cfg.seed)
     task = task or build_task(cfg.task, dataset.task)
     # The same initial weights for every precision, fusing choice, strategy and rank.

@@ -33,6 +33,8 @@ class Parallelized:
 def parallelize(model: nn.Module, cfg, strategy: Strategy, policy: PrecisionPolicy) -> Parallelized:
     """Applies `cfg`'s transforms to `model` for `strategy` (already set up: its device is known)."""
     model = policy.convert_module(model, cfg.precision.fp32_modules).to(strategy.device)
+    if cfg.channels_last:   # 4-D weights only; a convolution given NHWC weights computes in NHWC
+        model = model.to(memory_format=torch.channels_last)
     blocks = (apply_activation_checkpointing(model, cfg.memory.block_classes)
               if cfg.memory.activation_checkpointing else [])
     compile_fn = (lambda m: torch.compile(m, mode=cfg.compile_mode)) if cfg.compile else (lambda m: m)

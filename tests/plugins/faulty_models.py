@@ -97,3 +97,28 @@ def raising_gpt(shape, classes, rank=1, at_call=3, **options):
             raise RuntimeError(f"injected failure in the last block on rank {rank} at forward {call}")
     _Wrapped(model.blocks[-1], fault)
     return model
+
+
+def single_thread_differs_mlp(shape, classes, **options):
+    """An MLP that learns differently on purpose when torch runs on one thread (its output doubled):
+    the autotuner's loss check must refuse the `threads = 1` candidate."""
+    import torch
+
+    model = MLP(shape, classes, **options)
+    model.register_forward_hook(lambda module, args, out: out * 2 if torch.get_num_threads() == 1 else out)
+    return model
+
+
+def runtime_oom_mlp(shape, classes, above=40, **options):
+    """Raises torch.OutOfMemoryError in a real (not fake-tensor) forward of more than `above`
+    samples: a candidate the planner lets through that runs out of memory when it trains."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    model = MLP(shape, classes, **options)
+
+    def hook(module, args):
+        if args[0].shape[0] > above and not is_fake(args[0]):
+            raise torch.OutOfMemoryError(f"injected: {args[0].shape[0]} samples > {above}")
+    model.register_forward_pre_hook(hook)
+    return model

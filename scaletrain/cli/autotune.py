@@ -1,0 +1,70 @@
+"""`scaletrain autotune [train options] [--trials N] [--steps S] [--out DIR]`: the fastest system
+settings for this training on this machine, each candidate measured in its own process and
+checked to train the same as the given configuration (experiments/autotune/)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
+    from scaletrain.cli.train import add_train_arguments
+    g = parser.add_argument_group("autotune")
+    g.add_argument("--trials", type=int, default=12, help="candidates to measure, the given configuration "
+                   "included (default 12; at most every candidate the planner lets through)")
+    g.add_argument("--steps", type=int, default=20, help="optimizer steps per epoch of each candidate's measured "
+                   "window (default 20)")
+    g.add_argument("--window-epochs", type=int, default=3, help="epochs per candidate, the first a warm-up "
+                   "(compilation) timed apart (default 3)")
+    g.add_argument("--out", help="folder for the study, the trials, autotune.json and best.toml (default: "
+                   "<run store folder>/autotune/<study name>); rerun with the same folder to go on")
+    g.add_argument("--study-name", default="autotune", help="the study's name (default autotune)")
+    g.add_argument("--knobs", default="", help="comma list of the knobs to search, e.g. precision,compile "
+                   "(default: every knob that applies; the table's header names them)")
+    g.add_argument("--device-memory", metavar="BYTES", help="the memory a candidate may use, e.g. 16GiB (default: "
+                   "the GPU's, or the host memory free now)")
+    g.add_argument("--loss-tolerance", type=float, default=None,
+                   help="largest relative departure of a candidate's per-epoch training loss from the given "
+                        "configuration's (default 0.02)")
+    g.add_argument("--loss-tolerance-16bit", type=float, default=None,
+                   help="the same where the candidate's precision changes the arithmetic (default 0.05)")
+    add_train_arguments(parser)
+
+
+def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
+    from scaletrain.cli.console import wide_console
+    from scaletrain.cli.train import config_from_args
+    from scaletrain.errors import UserError
+    from scaletrain.experiments.autotune.search import (LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT, AutoTuner,
+                                                        AutotuneSettings)
+    from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
+    from scaletrain.memory.units import parse_bytes
+    cfg = config_from_args(args)
+    if cfg.distributed.nproc > 1:
+        raise UserError("autotune measures one process per candidate in this version; drop --nproc "
+                        "(strategies are tuned where several processes are measured: not yet)")
+    out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "autotune" / args.study_name
+    check_writable_dir(out, "--out")
+    check_writable_file(cfg.tracking.store, "run store (--store)")
+    settings = AutotuneSettings(
+        out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
+        only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
+        loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
+        loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)
+    console = wide_console()
+    tuner = AutoTuner(cfg, settings, console)
+    rows = tuner.run()
+    best_path, table = tuner.write_results(rows)
+    console.print(table)
+    console.print("* changes the arithmetic (checked against the baseline's loss with the 16-bit tolerance)")
+    if best_path is None:
+        console.print(f"no candidate was measured; see the trials' train.log files under {out / 'trials'}")
+        return 1
+    best = tuner.best(rows)
+    console.print(f"fastest: {best.images_per_sec:,.0f} samples/s with "
+                  f"{', '.join(f'{k}={v}' for k, v in best.params.items())}; its config: {best_path} "
+                  f"(scaletrain train --config {best_path}); trials in the store under group {tuner.group}",
+                  soft_wrap=True)
+    return 0

@@ -1,0 +1,115 @@
+"""The system knobs autotune may turn: settings that change how fast a model trains, not what it
+learns. Each is a config key with the values worth trying for this model on this machine; the
+given configuration's own value always comes first, so the baseline is a candidate like any other.
+
+A knob that changes the arithmetic (precision) is marked `numerics`: its candidates are compared
+with the baseline's loss under a looser tolerance (search.py) and flagged in the table.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from scaletrain.config import TrainConfig, set_path
+from scaletrain.distributed.strategies.registry import plannable_strategies
+from scaletrain.models import build_model
+from scaletrain.models.blocks import has_repeated_blocks
+from scaletrain.precision import POLICIES
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    key: str                    # dotted config key
+    values: tuple               # the baseline's value first
+    numerics: bool = False      # changes the arithmetic, not only its speed
+
+    @property
+    def label(self) -> str:
+        """The knob's short name (--knobs, the table): the key's last part, `precision` for its policy."""
+        return "precision" if self.key == "precision.policy" else self.key.rsplit(".", 1)[-1]
+
+
+def _get(cfg: TrainConfig, key: str):
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _with_baseline_first(cfg: TrainConfig, key: str, values) -> tuple:
+    own = _get(cfg, key)
+    return (own, *(v for v in dict.fromkeys(values) if v != own))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What the knobs need to know about the model, from one build on the meta device."""
+    repeated_blocks: bool
+    convolutions_2d: bool
+
+
+def model_facts(cfg: TrainConfig, input_shape, outputs: int) -> ModelFacts:
+    with torch.device("meta"):
+        model = build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
+    return ModelFacts(repeated_blocks=bool(cfg.memory.block_classes) or has_repeated_blocks(model),
+                      convolutions_2d=any(isinstance(m, nn.Conv2d) for m in model.modules()))
+
+
+def _precisions(device: torch.device) -> tuple[str, ...]:
+    """Every registered policy that means something on `device`: off CUDA, TF32 is plain float32
+    and fp16 autocast has no fast kernels, so neither is worth a trial there."""
+    if device.type == "cuda":
+        return tuple(POLICIES)
+    return tuple(name for name, p in POLICIES.items()
+                 if not p.loss_scaling and not (p.allow_tf32 and not p.computes_in_16_bit))
+
+
+def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, streamed: bool) -> list[Knob]:
+    """The knobs worth turning for `cfg` on `device`, each with two or more values."""
+    cuda = device.type == "cuda"
+    knobs = [
+        Knob("precision.policy", _with_baseline_first(cfg, "precision.policy", _precisions(device)), numerics=True),
+        Knob("compile", _with_baseline_first(cfg, "compile", (False, True))),
+        Knob("steps_per_execution", _with_baseline_first(cfg, "steps_per_execution", (1, 8))),
+    ]
+    if facts.repeated_blocks:
+        knobs.append(Knob("memory.activation_checkpointing",
+                          _with_baseline_first(cfg, "memory.activation_checkpointing", (False, True))))
+    replicas_batch = cfg.per_replica_batch_size or cfg.batch_size
+    accumulation = [a for a in (1, 2, 4) if replicas_batch % (a * max(cfg.optim.grad_accum_steps, 1)) == 0
+                    or a == cfg.optim.grad_accum_steps]
+    knobs.append(Knob("optim.grad_accum_steps", _with_baseline_first(cfg, "optim.grad_accum_steps",
+                                                                     tuple(a for a in accumulation if replicas_batch % a == 0))))
+    if streamed:
+        knobs.append(Knob("data.num_workers", _with_baseline_first(cfg, "data.num_workers", (0, 2))))
+    if facts.convolutions_2d:
+        knobs.append(Knob("channels_last", _with_baseline_first(cfg, "channels_last", (False, True))))
+    if not cuda:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        # torch's default is one thread per core; fewer can win for small models (less sync).
+        # torch's default (None) is one thread per core; fewer can win for small models (less sync).
+        values = (1,) if cfg.threads in (None, cores) else (1, cores)
+        knobs.append(Knob("threads", _with_baseline_first(cfg, "threads", values)))
+    if cfg.distributed.nproc > 1:
+        knobs.append(Knob("distributed.strategy", _with_baseline_first(cfg, "distributed.strategy",
+                                                                       plannable_strategies())))
+    return [k for k in knobs if len(k.values) > 1]
+
+
+def candidates(knobs: list[Knob]) -> list[dict]:
+    """Every combination of the knobs' values, the baseline (all first values) first."""
+    return [dict(zip((k.key for k in knobs), combo)) for combo in itertools.product(*(k.values for k in knobs))]
+
+
+def apply(cfg: TrainConfig, values: dict) -> TrainConfig:
+    out = copy.deepcopy(cfg)
+    for key, value in values.items():
+        set_path(out, key, value)
+    out.validate()
+    return out

@@ -1,0 +1,362 @@
+"""The search: which system settings train this model fastest here, and do they train the same.
+
+1. The knobs (knobs.py) give every candidate; the memory planner discards, before anything runs,
+   each one it predicts will not fit the device (or, on a CPU, the memory free now).
+2. Optuna's TPE proposes candidates (the given configuration first); each runs as its own
+   `scaletrain train` process for a short window: the same seeded steps for every candidate, the
+   first epoch a warm-up (compilation included) that is timed apart and never enters images/sec.
+   A candidate whose images/sec trails the median of earlier ones after its warm-up is pruned.
+3. Every finished candidate's per-epoch training loss is compared with the baseline's; one that
+   departs beyond the tolerance (looser where the precision changes the arithmetic) is refused.
+4. The fastest accepted candidate is written as a TOML `train --config` runs as is.
+
+Each trial is a run in the store (group `autotune-<name>`), and the study lives in SQLite under
+--out: killed and rerun, the search goes on where it stopped (a trial the kill interrupted is
+failed and asked again).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from scaletrain.config import TrainConfig, write_toml
+from scaletrain.distributed.strategies import resolve_device
+from scaletrain.data import sample_shape
+from scaletrain.errors import PRUNED_EXIT_CODE, UserError
+from scaletrain.experiments.autotune.knobs import Knob, apply, candidates, model_facts, system_knobs
+from scaletrain.experiments.jobs import settle, training_job
+from scaletrain.experiments.pruning import TRIAL_ENV
+from scaletrain.experiments.slots import SlotPool, device_slots
+from scaletrain.experiments.study import open_storage, require_optuna
+from scaletrain.memory.planner import Planner, PlanRequest
+from scaletrain.memory.units import format_bytes
+from scaletrain.tracking.store import RunStore, process_alive
+
+PARAMS_ATTR, WORKER_ATTR, OUTCOME_ATTR = "params", "worker", "outcome"
+# The per-epoch mean training loss of a candidate may differ from the baseline's by this fraction
+# of the baseline's: float32 reorderings (threads, compile, accumulation) stay far inside 2 %;
+# 16-bit arithmetic moves the loss more without changing what is learned. Measured in the note
+# of docs/autotune.md; both can be set with --loss-tolerance / --loss-tolerance-16bit.
+LOSS_TOLERANCE = 0.02
+LOSS_TOLERANCE_16BIT = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class AutotuneSettings:
+    out: Path
+    trials: int                  # candidates measured (the baseline included), at most the grid
+    steps: int = 20              # optimizer steps per epoch of the measured window
+    epochs: int = 3              # of which the first is the warm-up
+    device_memory: int | None = None
+    loss_tolerance: float = LOSS_TOLERANCE
+    loss_tolerance_16bit: float = LOSS_TOLERANCE_16BIT
+    study_name: str = "autotune"
+    only: tuple[str, ...] = ()   # knob labels to search (empty: every knob that applies)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.trials < 1:
+            out.append(f"--trials must be at least 1 (got {self.trials})")
+        if self.steps < 1:
+            out.append(f"--steps must be at least 1 (got {self.steps})")
+        if self.epochs < 2:
+            out.append(f"--window-epochs must be at least 2, a warm-up and a measured epoch (got {self.epochs})")
+        for flag, value in (("--loss-tolerance", self.loss_tolerance), ("--loss-tolerance-16bit", self.loss_tolerance_16bit)):
+            if not (value > 0 and math.isfinite(value)):
+                out.append(f"{flag} must be a positive fraction (got {value})")
+        return out
+
+
+@dataclass(slots=True)
+class Row:
+    """One candidate in the result table."""
+    params: dict
+    outcome: str                      # measured, refused, pruned, failed, discarded, not tried
+    images_per_sec: float | None = None
+    peak_memory_bytes: int | None = None
+    warmup_s: float | None = None
+    loss: list[float] = field(default_factory=list)
+    departure: float | None = None
+    why: str = ""
+    run_id: str | None = None
+    trial: int | None = None
+
+
+def _key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def measuring_config(cfg: TrainConfig, s: AutotuneSettings, train_samples: int) -> TrainConfig:
+    """`cfg` cut to the measured window: the same seeded steps for every candidate, nothing but
+    training inside it (no evaluation, target, checkpoint or saved model)."""
+    m = copy.deepcopy(cfg)
+    m.epochs = s.epochs
+    m.data.train_subset = min(s.steps * cfg.batch_size, train_samples)
+    m.eval_each_epoch = False
+    m.target = None
+    m.early_stopping_patience = None
+    m.save_model = False
+    m.checkpoint.every = 0
+    m.checkpoint.resume = None
+    m.summary_json = None
+    m.run_dir = None
+    return m
+
+
+class AutoTuner:
+    def __init__(self, base: TrainConfig, settings: AutotuneSettings, console: Console):
+        problems = settings.problems()
+        if problems:
+            raise UserError(problems[0])
+        self.optuna = require_optuna()
+        self.base, self.s, self.console = base, settings, console
+        self.group = f"autotune-{settings.study_name}"
+        self.me = f"{socket.gethostname()}:{os.getpid()}"
+        import torch
+        self.device = resolve_device(base.device)
+        shape, outputs, task = sample_shape(base.data)
+        self.shape, self.outputs, self.task = shape, outputs, task
+        from scaletrain.data import load_dataset
+        self.train_samples = len(load_dataset(base.data, seed=base.seed).train)
+        streamed = base.data.placement == "stream" or base.data.name == "shards"
+        knobs = system_knobs(base, self.device, model_facts(base, shape, outputs), streamed)
+        unknown = set(settings.only) - {k.label for k in knobs}
+        if unknown:
+            raise UserError(f"--knobs {','.join(sorted(unknown))}: not a knob for this training here; it has "
+                            f"{', '.join(k.label for k in knobs)}")
+        self.knobs: list[Knob] = [k for k in knobs if not settings.only or k.label in settings.only]
+        self.grid = candidates(self.knobs)
+        self.memory = settings.device_memory or self._device_memory(torch)
+        self.storage_url = f"sqlite:///{(settings.out / 'autotune.db').resolve()}"
+
+    # -- before anything runs -------------------------------------------------------------------
+
+    def _device_memory(self, torch) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).total_memory
+        import psutil
+        return psutil.virtual_memory().available
+
+    def plan(self) -> tuple[list[dict], list[Row]]:
+        """(candidates the planner lets through, rows for those it discards)."""
+        planners: dict[tuple, Planner] = {}
+        kept, discarded = [], []
+        for params in self.grid:
+            cfg = apply(self.base, params)
+            strategy = cfg.distributed.strategy if cfg.distributed.strategy not in ("auto", "single") else "ddp"
+            devices = cfg.distributed.nproc
+            micro = cfg.batch_size // max(cfg.optim.grad_accum_steps, 1)
+            key = (cfg.precision.policy, cfg.memory.activation_checkpointing)
+            if key not in planners:
+                planners[key] = Planner(PlanRequest(
+                    model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=self.shape,
+                    num_classes=self.outputs, task=self.task, batch_size=micro, precision=cfg.precision.policy,
+                    devices=devices, activation_checkpointing=cfg.memory.activation_checkpointing,
+                    block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
+                    device_memory=self.memory, distributed=cfg.distributed))
+            plan = planners[key].plan(strategy, devices, micro - micro % devices if micro >= devices else devices)
+            if plan.fits:
+                kept.append(params)
+            else:
+                discarded.append(Row(params, "discarded", why=f"planner: needs {format_bytes(plan.total_bytes)} of "
+                                                              f"{format_bytes(self.memory)}"))
+        if not kept or kept[0] != self.grid[0]:
+            raise UserError(f"the given configuration is predicted not to fit ({discarded[0].why}); "
+                            "make it fit first (scaletrain plan-memory shows what does), then tune its speed")
+        return kept, discarded
+
+    # -- the study ------------------------------------------------------------------------------
+
+    def _open_study(self):
+        optuna = self.optuna
+        sampler = optuna.samplers.TPESampler(seed=self.base.seed, multivariate=True,
+                                             n_startup_trials=max(2, self.s.trials // 3))
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
+        study = optuna.create_study(study_name=self.s.study_name, storage=open_storage(self.storage_url),
+                                    sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True)
+        space = json.dumps({k.key: list(k.values) for k in self.knobs}, sort_keys=True, default=str)
+        if "space" not in study.user_attrs:
+            study.set_user_attr("space", space)
+            study.set_user_attr("base", _key(self.grid[0]))
+        elif study.user_attrs["space"] != space:
+            raise UserError(f"{self.s.out} holds a search over other knobs or another configuration; "
+                            "use a new --out (or --study-name) for this one")
+        return study
+
+    def _fail_orphans(self, study) -> None:
+        """A trial left RUNNING by a killed autotune on this host: its training died with it."""
+        State = self.optuna.trial.TrialState
+        host = socket.gethostname()
+        for trial in study.get_trials(deepcopy=False, states=(State.RUNNING,)):
+            owner, _, pid = trial.user_attrs.get(WORKER_ATTR, "").rpartition(":")
+            if owner == host and pid.isdigit() and not process_alive(int(pid)):
+                study._storage.set_trial_state_values(trial._trial_id, state=State.FAIL)
+                self.console.print(f"trial {trial.number} was cut short by a killed autotune; it will be asked again")
+
+    def _rows_so_far(self, study) -> dict[str, Row]:
+        rows = {}
+        for t in study.get_trials(deepcopy=False):
+            if OUTCOME_ATTR in t.user_attrs:
+                rows[t.user_attrs[PARAMS_ATTR]] = Row(**json.loads(t.user_attrs[OUTCOME_ATTR]))
+        return rows
+
+    def _suggest(self, trial) -> dict:
+        return {k.key: trial.suggest_categorical(k.label, [json.dumps(v) for v in k.values]) for k in self.knobs}
+
+    def run(self) -> list[Row]:
+        self.s.out.mkdir(parents=True, exist_ok=True)
+        kept, discarded = self.plan()
+        budget = min(self.s.trials, len(kept))
+        self.console.print(f"autotune {self.base.model.name} on {self.base.data.name} ({self.device}): "
+                           f"{len(self.grid)} candidates over {', '.join(k.label for k in self.knobs)}; "
+                           f"{len(discarded)} discarded by the planner; measuring {budget}, "
+                           f"{self.s.steps} steps x {self.s.epochs} epochs each (the first a warm-up)",
+                           soft_wrap=True)
+        study = self._open_study()
+        self._fail_orphans(study)
+        if not study.get_trials(deepcopy=False):
+            study.enqueue_trial({k.label: json.dumps(v) for k, v in zip(self.knobs, self.grid[0].values())})
+        allowed = {_key(p) for p in kept}
+        rows = self._rows_so_far(study)
+        store = RunStore(self.base.tracking.store)
+        pool = SlotPool(device_slots(1, self.base.device))
+        repeats = 0
+        try:
+            while sum(1 for r in rows.values() if r.outcome != "discarded") < budget and repeats < 50:
+                trial = study.ask()
+                params = {key: json.loads(v) for key, v in self._suggest(trial).items()}
+                key = _key(params)
+                if key in rows or key not in allowed:
+                    # Asked again, or a combination the planner discarded: told at once, nothing runs.
+                    repeats += 1
+                    known = rows.get(key)
+                    if known is not None and known.images_per_sec is not None and known.outcome == "measured":
+                        study.tell(trial, known.images_per_sec)
+                    else:
+                        study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+                    continue
+                repeats = 0
+                trial.set_user_attr(WORKER_ATTR, self.me)
+                trial.set_user_attr(PARAMS_ATTR, key)
+                row = self._measure(trial, params, pool, store, rows.get(_key(self.grid[0])))
+                rows[key] = row
+                trial.set_user_attr(OUTCOME_ATTR, json.dumps(_row_dict(row)))
+                state = self.optuna.trial.TrialState
+                if row.outcome == "measured":
+                    study.tell(trial, row.images_per_sec)
+                elif row.outcome == "pruned":
+                    study.tell(trial, state=state.PRUNED)
+                else:
+                    study.tell(trial, state=state.FAIL)
+        finally:
+            pool.terminate()
+            store.close()
+        tried = set(rows)
+        untried = [Row(p, "not tried") for p in kept if _key(p) not in tried]
+        return list(rows.values()) + discarded + untried
+
+    def _measure(self, trial, params: dict, pool: SlotPool, store: RunStore, baseline: Row | None) -> Row:
+        cfg = measuring_config(apply(self.base, params), self.s, self.train_samples)
+        name = f"trial-{trial.number:04d}"
+        spec = {"storage": self.storage_url, "study": self.s.study_name, "trial_id": trial._trial_id,
+                "metric": "images_per_sec", "pruner": {"kind": "median", "startup_trials": 2, "warmup_epochs": 1}}
+        job = training_job(cfg, name, self.s.out / "trials", self.group, payload=trial.number,
+                           env={TRIAL_ENV: json.dumps(spec)})
+        run_id = job.payload[0].tracking.run_id
+        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items())
+        self.console.print(f"trial {trial.number}: {shown} ...", soft_wrap=True)
+        pool.start(job)
+        finished = pool.wait_any()
+        if finished.returncode == PRUNED_EXIT_CODE:
+            self.console.print(f"  pruned: images/sec trails the median after its warm-up ({finished.seconds:.1f} s)")
+            return Row(params, "pruned", why="images/sec below the median of earlier candidates", run_id=run_id,
+                       trial=trial.number)
+        record = settle(store, finished)
+        if record.status != "finished":
+            why = (record.error or f"exit code {finished.returncode}").strip().splitlines()[-1][:160]
+            self.console.print(f"  failed: {why}", soft_wrap=True)
+            return Row(params, "failed", why=why, run_id=run_id, trial=trial.number)
+        epochs = store.epochs(record.id)
+        row = Row(params, "measured", images_per_sec=record.summary_value("images_per_sec"),
+                  peak_memory_bytes=record.summary_value("peak_memory_bytes"),
+                  warmup_s=record.summary_value("warmup_s"),
+                  loss=[float(e["train_loss"]) for e in epochs if e.get("train_loss") is not None],
+                  run_id=run_id, trial=trial.number)
+        if baseline is not None and baseline.loss:
+            self._check_loss(row, baseline)
+        note = f", loss departs {row.departure:.2%}" if row.departure is not None else ""
+        self.console.print(f"  {row.outcome}: {row.images_per_sec:,.0f} samples/s, warm-up {row.warmup_s:.1f} s"
+                           f"{note}{' -- ' + row.why if row.why else ''}", soft_wrap=True)
+        return row
+
+    def tolerance(self, params: dict) -> float:
+        numerics = any(k.numerics and params[k.key] != k.values[0] for k in self.knobs)
+        return self.s.loss_tolerance_16bit if numerics else self.s.loss_tolerance
+
+    def _check_loss(self, row: Row, baseline: Row) -> None:
+        pairs = list(zip(row.loss, baseline.loss))
+        row.departure = max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs) if pairs else None
+        tol = self.tolerance(row.params)
+        if row.departure is None or not math.isfinite(row.departure) or row.departure > tol:
+            row.outcome = "refused"
+            row.why = f"loss departs {row.departure:.2%} from the baseline's (tolerance {tol:.0%})"
+
+    # -- results ----------------------------------------------------------------------------------
+
+    def best(self, rows: list[Row]) -> Row | None:
+        measured = [r for r in rows if r.outcome == "measured" and r.images_per_sec]
+        return max(measured, key=lambda r: r.images_per_sec) if measured else None
+
+    def best_config(self, best: Row) -> TrainConfig:
+        cfg = apply(self.base, best.params)
+        cfg.tracking.run_id = cfg.tracking.group = cfg.run_dir = None
+        return cfg
+
+    def write_results(self, rows: list[Row]) -> tuple[Path | None, Table]:
+        baseline = next((r for r in rows if r.params == self.grid[0]), None)
+        base_ips = baseline.images_per_sec if baseline and baseline.outcome == "measured" else None
+        best = self.best(rows)
+        order = {"measured": 0, "refused": 1, "pruned": 2, "failed": 3, "discarded": 4, "not tried": 5}
+        rows = sorted(rows, key=lambda r: (order[r.outcome], -(r.images_per_sec or 0)))
+        table = Table(title=f"autotune: {self.base.model.name} on {self.base.data.name}, {self.device}")
+        labels = [k.label + (" *" if k.numerics else "") for k in self.knobs]
+        for header in ("trial", *labels, "samples/s", "speed-up", "peak memory", "warm-up", "loss vs base",
+                       "outcome"):
+            table.add_column(header, justify="right" if header not in ("outcome",) else "left")
+        untried = [r for r in rows if r.outcome == "not tried"]
+        for r in rows:
+            if r.outcome == "not tried":
+                continue
+            style = "bold green" if best is not None and r is best else None
+            table.add_row("-" if r.trial is None else str(r.trial), *[str(r.params[k.key]) for k in self.knobs],
+                          "-" if r.images_per_sec is None else f"{r.images_per_sec:,.0f}",
+                          f"{r.images_per_sec / base_ips:.2f}x" if r.images_per_sec and base_ips else "-",
+                          "-" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes),
+                          "-" if r.warmup_s is None else f"{r.warmup_s:.1f} s",
+                          "-" if r.departure is None else f"{r.departure:.2%}",
+                          r.outcome + (f": {r.why}" if r.why and r.outcome != "measured" else ""), style=style)
+        if untried:
+            table.caption = f"{len(untried)} more candidates not measured (--trials {self.s.trials})"
+        (self.s.out / "autotune.json").write_text(json.dumps(
+            {"baseline": self.grid[0], "knobs": {k.key: list(k.values) for k in self.knobs},
+             "best": None if best is None else best.params, "rows": [_row_dict(r) for r in rows]},
+            indent=2, default=str))
+        if best is None:
+            return None, table
+        return write_toml(self.best_config(best), self.s.out / "best.toml"), table
+
+
+def _row_dict(row: Row) -> dict:
+    return {"params": row.params, "outcome": row.outcome, "images_per_sec": row.images_per_sec,
+            "peak_memory_bytes": row.peak_memory_bytes, "warmup_s": row.warmup_s, "loss": row.loss,
+            "departure": row.departure, "why": row.why, "run_id": row.run_id, "trial": row.trial}

@@ -1,0 +1,111 @@
+"""`scaletrain autotune` through the real CLI: every candidate a real training process, a real
+Optuna study in SQLite, the real planner and run store."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from scaletrain.tracking.store import RunStore
+from tests.processes import run, start
+
+pytest.importorskip("optuna")
+
+# The MLP on digits, measured for 4 steps x 2 epochs (a warm-up and one measured) per candidate.
+SMALL = ["--model", "mlp", "--model-option", "hidden=[64]", "--data", "digits", "--batch-size", "64",
+         "--steps", "4", "--window-epochs", "2", "--no-progress"]
+
+
+def _result(out):
+    return json.loads((out / "autotune.json").read_text())
+
+
+def _rows(out, outcome=None):
+    return [r for r in _result(out)["rows"] if outcome is None or r["outcome"] == outcome]
+
+
+def test_a_candidate_that_learns_differently_is_refused_and_the_best_toml_trains(tmp_path):
+    out = tmp_path / "tuned"
+    done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_differs_mlp", "--knobs", "threads",
+                "--trials", "2", "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    refused = _rows(out, "refused")
+    assert [r["params"]["threads"] for r in refused] == [1]
+    assert "loss departs" in refused[0]["why"] and refused[0]["departure"] > 0.02
+    baseline = _rows(out, "measured")
+    assert [r["params"]["threads"] for r in baseline] == [None] and baseline[0]["images_per_sec"] > 0
+    assert len(baseline[0]["loss"]) == 2 and baseline[0]["warmup_s"] > 0
+    assert _result(out)["best"] == {"threads": None}
+    # Both trials are runs in the store, under the autotune's group.
+    store = RunStore(str(tmp_path / "runs.db"))
+    assert sorted(r.group for r in store.runs()) == ["autotune-autotune"] * 2
+    store.close()
+    # The best configuration is a plain training config: it trains as written.
+    again = run(["train", "--config", str(out / "best.toml"), "--epochs", "1", "--run-dir", str(tmp_path / "again"),
+                 "--store", str(tmp_path / "runs.db")], tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_candidate_that_runs_out_of_memory_is_recorded_and_skipped(tmp_path):
+    out = tmp_path / "tuned"
+    done = run(["autotune", *SMALL, "--model", "faulty_models:runtime_oom_mlp", "--grad-accum-steps", "2",
+                "--knobs", "grad_accum_steps", "--trials", "3", "--out", str(out),
+                "--store", str(tmp_path / "runs.db")], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_accum = {r["params"]["optim.grad_accum_steps"]: r for r in _rows(out)}
+    assert set(by_accum) == {1, 2, 4}
+    assert by_accum[1]["outcome"] == "failed" and "OutOfMemoryError" in by_accum[1]["why"]
+    assert by_accum[2]["outcome"] == by_accum[4]["outcome"] == "measured"
+    assert _result(out)["best"]["optim.grad_accum_steps"] in (2, 4)
+
+
+def test_the_planner_discards_what_will_not_fit_before_anything_runs(tmp_path):
+    from scaletrain.memory.planner import Planner, PlanRequest
+    plans = {}
+    for accum in (4, 1):
+        req = PlanRequest(model="mlp", model_options={"hidden": [2048, 2048]}, input_shape=(1, 8, 8), num_classes=10,
+                          batch_size=512 // accum, precision="fp32")
+        plans[accum] = Planner(req).plan("ddp", 1, 512 // accum).total_bytes
+    assert plans[1] > plans[4]
+    budget = int((plans[1] + plans[4]) / 2 / 0.95)      # the planner keeps 5 % headroom
+    out = tmp_path / "tuned"
+    done = run(["autotune", "--model", "mlp", "--model-option", "hidden=[2048, 2048]", "--data", "digits",
+                "--batch-size", "512", "--grad-accum-steps", "4", "--steps", "2", "--window-epochs", "2",
+                "--knobs", "grad_accum_steps", "--trials", "1", "--device-memory", str(budget), "--no-progress",
+                "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    discarded = {r["params"]["optim.grad_accum_steps"]: r["why"] for r in _rows(out, "discarded")}
+    assert 1 in discarded and discarded[1].startswith("planner: needs")
+    assert [r["params"]["optim.grad_accum_steps"] for r in _rows(out, "measured")] == [4]
+    assert not (out / "trials" / "trial-0001").exists()      # nothing else ran
+
+
+def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
+    out = tmp_path / "tuned"
+    # Each training forward sleeps 0.2 s, so a trial lasts long enough to be killed in the middle.
+    args = ["autotune", *SMALL, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.2",
+            "--knobs", "threads,grad_accum_steps", "--trials", "4", "--out", str(out),
+            "--store", str(tmp_path / "runs.db")]
+    first = start(args, tmp_path, tmp_path / "first.log")
+    started = lambda: sorted(p.name for p in (out / "trials").glob("trial-*")) if (out / "trials").exists() else []
+    try:
+        deadline = time.monotonic() + 180
+        while len(started()) < 3 and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.1)
+        assert first.poll() is None, (tmp_path / "first.log").read_text()
+        time.sleep(1.0)                            # inside the third trial's training
+        first.send_signal(signal.SIGKILL)          # its training dies with it (PR_SET_PDEATHSIG)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    done_before, killed = [int(n.split("-")[1]) for n in started()[:2]], int(started()[2].split("-")[1])
+    second = run(args, tmp_path, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"trial {killed} was cut short by a killed autotune" in second.stdout
+    tried = [r for r in _rows(out) if r["outcome"] not in ("not tried", "discarded")]
+    keys = [json.dumps(r["params"], sort_keys=True) for r in tried]
+    assert len(tried) == 4 and len(set(keys)) == 4          # four candidates, none measured twice
+    numbers = {r["trial"] for r in tried}
+    assert set(done_before) <= numbers and killed not in numbers   # kept, not run again; the killed one asked anew
