@@ -9,7 +9,10 @@ from scaletrain.cli.main import main
 
 
 @pytest.mark.slow
-def test_default_recipe_reaches_94_percent_on_mnist1d(tmp_path, capsys):
+def test_default_recipe_reaches_94_percent_test_accuracy_on_mnist1d(tmp_path, capsys):
+    """The recipe's promise is 94 % on the test split, on any machine: measured over seeds 0-9 under
+    1 and 2 threads it read 97.4-98.3 % (BENCHMARKS.md), so the assertion keeps a 3-point margin
+    for CPUs whose kernels sum in another order."""
     summary = tmp_path / "summary.json"
     start = time.perf_counter()
     # The default recipe, as `scaletrain train` runs it, with only the output places moved.
@@ -22,9 +25,9 @@ def test_default_recipe_reaches_94_percent_on_mnist1d(tmp_path, capsys):
         print(f"\n[default recipe] MNIST-1D CNN: best validation accuracy {data['best_val_accuracy']:.4f} after "
               f"{data['epochs_run']} epochs, test accuracy {data['test_accuracy']:.4f}; time to 94 %: "
               f"{data['time_to_target_s']:.2f} s of training, {elapsed:.1f} s wall including data generation")
-    assert data["reached_target"] is True and data["best_val_accuracy"] >= 0.94
+    assert data["reached_target"] is True and data["epochs_run"] == 6
     # The paper's figure, on the test split the run never selected on.
-    assert data["test_accuracy"] >= 0.935
+    assert data["test_accuracy"] >= 0.94
 
 
 @pytest.mark.slow
