@@ -109,3 +109,19 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     assert len(tried) == 4 and len(set(keys)) == 4          # four candidates, none measured twice
     numbers = {r["trial"] for r in tried}
     assert set(done_before) <= numbers and killed not in numbers   # kept, not run again; the killed one asked anew
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--knobs", "nosuch"], "--knobs nosuch: not a knob for this training here; it has precision, compile"),
+    (["--trials", "0"], "--trials must be at least 1 (got 0)"),
+    (["--window-epochs", "1"], "--window-epochs must be at least 2"),
+    (["--loss-tolerance", "-1"], "--loss-tolerance must be a positive fraction"),
+    (["--nproc", "2"], "autotune measures one process per candidate"),
+])
+def test_bad_autotune_flags_are_one_line_before_anything_runs(tmp_path, flags, message):
+    from tests.processes import run_here
+    done = run_here(["autotune", "--model", "mlp", "--data", "digits", "--out", str(tmp_path / "t"),
+                     "--store", str(tmp_path / "runs.db"), *flags], tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "t" / "trials").exists()

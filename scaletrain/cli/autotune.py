@@ -20,6 +20,8 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", help="folder for the study, the trials, autotune.json and best.toml (default: "
                    "<run store folder>/autotune/<study name>); rerun with the same folder to go on")
     g.add_argument("--study-name", default="autotune", help="the study's name (default autotune)")
+    g.add_argument("--exhaustive", action="store_true", help="measure every candidate the planner keeps (the "
+                   "whole grid) instead of --trials proposed by Optuna's TPE")
     g.add_argument("--knobs", default="", help="comma list of the knobs to search, e.g. precision,compile "
                    "(default: every knob that applies; the table's header names them)")
     g.add_argument("--device-memory", metavar="BYTES", help="the memory a candidate may use, e.g. 16GiB (default: "
@@ -49,7 +51,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     check_writable_file(cfg.tracking.store, "run store (--store)")
     settings = AutotuneSettings(
         out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
-        only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        exhaustive=args.exhaustive, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
         device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
         loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
         loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)
