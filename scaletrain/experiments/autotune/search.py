@@ -22,7 +22,7 @@ import json
 import math
 import os
 import socket
-import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,6 +180,8 @@ class AutoTuner:
 
     def _open_study(self):
         optuna = self.optuna
+        # Optuna's heartbeats are meant for Study.optimize; this process records them itself (as tune does).
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
         sampler = optuna.samplers.TPESampler(seed=self.base.seed, multivariate=True,
                                              n_startup_trials=max(2, self.s.trials // 3))
         pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
@@ -279,7 +281,7 @@ class AutoTuner:
         job = training_job(cfg, name, self.s.out / "trials", self.group, payload=trial.number,
                            env={TRIAL_ENV: json.dumps(spec)})
         run_id = job.payload[0].tracking.run_id
-        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items())
+        shown = ", ".join(f"{k.label}={params[k.key]}" for k in self.knobs)
         self.console.print(f"trial {trial.number}: {shown} ...", soft_wrap=True)
         pool.start(job)
         finished = pool.wait_any()
