@@ -145,7 +145,8 @@ class OptimConfig:
     step_gamma: float = _f(0.1, "factor of the step schedule", gt=0)
     min_lr_ratio: float = _f(0.0, "final LR of cosine/onecycle as a fraction of the peak", ge=0, le=1)
     clip_grad_norm: float | None = _f(None, "clip the global gradient norm to this value", gt=0)
-    grad_accum_steps: int = _f(1, "split each batch into this many micro-batches (same gradient, less memory)",
+    grad_accum_steps: int = _f(1, "split each batch into this many micro-batches (less memory; the same gradient "
+                               "unless the model has BatchNorm, which normalises each micro-batch on its own)",
                            ge=1)
     lr_scaling: str = _f("none", "scale the LR with the number of replicas: none, linear or sqrt",
                      choices=("none", "linear", "sqrt"))
