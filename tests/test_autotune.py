@@ -1,6 +1,7 @@
 """`scaletrain autotune` through the real CLI: every candidate a real training process, a real
 Optuna study in SQLite, the real planner and run store."""
 
+import importlib.util
 import json
 import signal
 import time
@@ -37,6 +38,8 @@ def test_a_candidate_that_learns_differently_is_refused_and_the_best_toml_trains
     assert [r["params"]["threads"] for r in baseline] == [None] and baseline[0]["images_per_sec"] > 0
     assert len(baseline[0]["loss"]) == 2 and baseline[0]["warmup_s"] > 0
     assert _result(out)["best"] == {"threads": None}
+    if importlib.util.find_spec("matplotlib"):     # the report extra draws the speed/memory plot
+        assert (out / "speed_memory.png").read_bytes()[:4] == b"\x89PNG"
     # Both trials are runs in the store, under the autotune's group.
     store = RunStore(str(tmp_path / "runs.db"))
     assert sorted(r.group for r in store.runs()) == ["autotune-autotune"] * 2

@@ -359,9 +359,32 @@ class AutoTuner:
             {"baseline": self.grid[0], "knobs": {k.key: list(k.values) for k in self.knobs},
              "best": None if best is None else best.params, "rows": [_row_dict(r) for r in rows]},
             indent=2, default=str))
+        plot_speed_against_memory(rows, best, self.s.out / "speed_memory.png")
         if best is None:
             return None, table
         return write_toml(self.best_config(best), self.s.out / "best.toml"), table
+
+
+def plot_speed_against_memory(rows: list[Row], best: Row | None, path: Path) -> Path | None:
+    """speed_memory.png: samples/s against peak memory of every measured candidate, refused ones
+    hollow, the chosen one starred. Skipped (None) where matplotlib is not installed."""
+    try:
+        from scaletrain.reports.figures import new_figure, style, to_png
+        figure, axes = new_figure(7.0, 4.0)
+    except UserError:
+        return None
+    for outcome, marker, fill in (("measured", "o", True), ("refused", "o", False)):
+        points = [(r.peak_memory_bytes / 2**20, r.images_per_sec) for r in rows
+                  if r.outcome == outcome and r.images_per_sec and r.peak_memory_bytes]
+        if points:
+            axes.scatter(*zip(*points), marker=marker, s=30, label=f"{outcome} ({len(points)})",
+                         facecolors="#1f77b4" if fill else "none", edgecolors="#1f77b4")
+    if best is not None and best.peak_memory_bytes:
+        axes.scatter([best.peak_memory_bytes / 2**20], [best.images_per_sec], marker="*", s=220, color="#d62728",
+                     label="chosen", zorder=3)
+    style(axes, "Autotune: speed against peak memory", "peak memory (MiB)", "samples/s")
+    to_png(figure, path)
+    return path
 
 
 def _row_dict(row: Row) -> dict:
