@@ -141,3 +141,18 @@ def test_planner_and_batch_finder_work_for_a_language_model(tmp_path):
 def test_data_sets_name_their_task():
     assert load_dataset(DataConfig(name="friedman1")).task == "regression"
     assert load_dataset(DataConfig(name="digits")).task == "classification"
+
+
+def test_the_readme_regression_line_reports_the_tasks_own_metrics_each_epoch(tmp_path, capsys):
+    """README: `scaletrain train --data friedman1 --model mlp --target 0.9 --target-metric r2` (two
+    epochs here). The per-epoch line once assumed classification and crashed after epoch 1."""
+    from scaletrain.cli.main import main
+    code = main(["train", "--data", "friedman1", "--model", "mlp", "--target", "0.9", "--target-metric", "r2",
+                 "--epochs", "2", "--run-dir", str(tmp_path / "run"),
+                 "--store", str(tmp_path / "runs.db")])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 0
+    epoch_lines = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 2 and all("mae " in line and "val_r2 " in line for line in epoch_lines)
+    assert not any("acc" in line for line in epoch_lines)

@@ -41,10 +41,14 @@ class ProgressBar:
         if self.progress is not None and self.task is not None:
             self.progress.remove_task(self.task)
             self.task = None
-        val = (f"  val_loss {logs['val_loss']:.4f}  val_acc {logs['val_accuracy']:.4f}"
-               if "val_accuracy" in logs else "")
-        self.console.print(f"epoch {epoch + 1:>3}  loss {logs['train_loss']:.4f}  acc {logs['train_accuracy']:.4f}"
-                           f"{val}  lr {logs['lr']:.3g}  {logs['epoch_train_time_s']:.2f}s", soft_wrap=True)
+        # The task's own metrics (accuracy, mae, perplexity...): nothing here assumes classification.
+        task = trainer.task
+        shown = [("loss", "train_loss"), (task.train_metric, f"train_{task.train_metric}"), ("val_loss", "val_loss")]
+        if task.default_target != "loss":
+            shown.append((f"val_{task.default_target}", f"val_{task.default_target}"))
+        figures = "  ".join(f"{name} {logs[key]:.4f}" for name, key in shown if name and logs.get(key) is not None)
+        self.console.print(f"epoch {epoch + 1:>3}  {figures}  lr {logs['lr']:.3g}  {logs['epoch_train_time_s']:.2f}s",
+                           soft_wrap=True)
 
     def on_train_end(self, trainer, logs: dict) -> None:
         if self.progress is not None:
