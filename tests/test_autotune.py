@@ -128,3 +128,25 @@ def test_bad_autotune_flags_are_one_line_before_anything_runs(tmp_path, flags, m
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "t" / "trials").exists()
+
+
+def test_time_to_target_searches_the_batch_size_with_its_learning_rate_rule(tmp_path):
+    out = tmp_path / "tuned"
+    done = run(["autotune", "--objective", "time-to-target", "--model", "mlp", "--model-option", "hidden=[64]",
+                "--data", "digits", "--target-accuracy", "0.9", "--epochs", "20", "--lr", "0.003",
+                "--batch-size", "64", "--knobs", "batch_size", "--trials", "3", "--no-progress", "--out", str(out),
+                "--store", str(tmp_path / "runs.db")], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = _result(out)
+    assert result["objective"] == "time-to-target"
+    rows = {r["params"]["batch_size"]: r for r in _rows(out, "measured")}
+    assert set(rows) == {32, 64, 128} and all(0 < r["value"] for r in rows.values())
+    assert result["best"]["batch_size"] == min(rows, key=lambda b: rows[b]["value"])
+    # Each candidate trained until it reached the target: its run says so, at its own batch and LR.
+    store = RunStore(str(tmp_path / "runs.db"))
+    for batch, row in rows.items():
+        record = store.get(row["run_id"])
+        assert record.summary_value("reached_target") is True
+        assert record.config["batch_size"] == batch
+        assert record.config["optim"]["lr"] == pytest.approx(0.003 * (batch / 64) ** 0.5)   # the sqrt rule
+    store.close()

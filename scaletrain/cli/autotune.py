@@ -20,6 +20,12 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", help="folder for the study, the trials, autotune.json and best.toml (default: "
                    "<run store folder>/autotune/<study name>); rerun with the same folder to go on")
     g.add_argument("--study-name", default="autotune", help="the study's name (default autotune)")
+    g.add_argument("--objective", default="throughput", choices=("throughput", "time-to-target"),
+                   help="throughput: samples/s over a short window of the same seeded steps (default); "
+                        "time-to-target: training time until validation first reaches --target, each candidate "
+                        "trained until it does, batch size searched too")
+    g.add_argument("--lr-rule", default="sqrt", help="time-to-target: how the learning rate follows a new batch "
+                   "size: none, linear or sqrt (default sqrt)")
     g.add_argument("--exhaustive", action="store_true", help="measure every candidate the planner keeps (the "
                    "whole grid) instead of --trials proposed by Optuna's TPE")
     g.add_argument("--knobs", default="", help="comma list of the knobs to search, e.g. precision,compile "
@@ -38,8 +44,8 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import config_from_args
     from scaletrain.errors import UserError
-    from scaletrain.experiments.autotune.search import (LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT, AutoTuner,
-                                                        AutotuneSettings)
+    from scaletrain.experiments.autotune.search import (LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT, OBJECTIVES,
+                                                        AutoTuner, AutotuneSettings)
     from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
     from scaletrain.memory.units import parse_bytes
     cfg = config_from_args(args)
@@ -51,7 +57,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     check_writable_file(cfg.tracking.store, "run store (--store)")
     settings = AutotuneSettings(
         out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
-        exhaustive=args.exhaustive, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
         device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
         loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
         loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)
@@ -65,7 +71,9 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
         console.print(f"no candidate was measured; see the trials' train.log files under {out / 'trials'}")
         return 1
     best = tuner.best(rows)
-    console.print(f"fastest: {best.images_per_sec:,.0f} samples/s with "
+    figure = (f"{best.images_per_sec:,.0f} samples/s" if settings.objective.name == "throughput"
+              else f"{best.value:.2f} s of training to {cfg.target_metric} {cfg.target}")
+    console.print(f"best: {figure} with "
                   f"{', '.join(f'{k}={v}' for k, v in best.params.items())}; its config: {best_path} "
                   f"(scaletrain train --config {best_path}); trials in the store under group {tuner.group}",
                   soft_wrap=True)

@@ -37,6 +37,7 @@ from scaletrain.experiments.autotune.knobs import Knob, apply, candidates, model
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import SlotPool, device_slots
+from scaletrain.experiments.sweep import LR_SCALINGS, scaled_lr
 from scaletrain.experiments.study import open_storage, require_optuna
 from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes
@@ -52,6 +53,24 @@ LOSS_TOLERANCE_16BIT = 0.05
 
 
 @dataclass(frozen=True, slots=True)
+class Objective:
+    """What a candidate is ranked by: a run-summary figure and which way is better."""
+    name: str
+    summary_key: str
+    direction: str       # maximize or minimize
+    shown: str           # the table's column
+
+
+THROUGHPUT = Objective("throughput", "images_per_sec", "maximize", "samples/s")
+# The seeds' headline: training time (evaluation excluded) until the validation metric first
+# reaches the target. Batch size is searched too (its LR scaled by --lr-rule); each candidate
+# trains until it gets there (or runs out of epochs), so a faster step that needs more of them
+# does not win (seed 003: images/sec rises with the batch, time to accuracy does not follow).
+TIME_TO_TARGET = Objective("time-to-target", "time_to_target_s", "minimize", "time to target")
+OBJECTIVES = {o.name: o for o in (THROUGHPUT, TIME_TO_TARGET)}
+
+
+@dataclass(frozen=True, slots=True)
 class AutotuneSettings:
     out: Path
     trials: int                  # candidates measured (the baseline included), at most the grid
@@ -63,6 +82,8 @@ class AutotuneSettings:
     study_name: str = "autotune"
     only: tuple[str, ...] = ()   # knob labels to search (empty: every knob that applies)
     exhaustive: bool = False     # measure every candidate the planner keeps, in order (the grid)
+    objective: Objective = THROUGHPUT
+    lr_rule: str = "sqrt"        # time-to-target: how the LR follows the batch size (none, linear, sqrt)
 
     def problems(self) -> list[str]:
         out = []
@@ -72,6 +93,8 @@ class AutotuneSettings:
             out.append(f"--steps must be at least 1 (got {self.steps})")
         if self.epochs < 2:
             out.append(f"--window-epochs must be at least 2, a warm-up and a measured epoch (got {self.epochs})")
+        if self.lr_rule not in LR_SCALINGS:
+            out.append(f"--lr-rule must be one of {', '.join(LR_SCALINGS)} (got {self.lr_rule!r})")
         for flag, value in (("--loss-tolerance", self.loss_tolerance), ("--loss-tolerance-16bit", self.loss_tolerance_16bit)):
             if not (value > 0 and math.isfinite(value)):
                 out.append(f"{flag} must be a positive fraction (got {value})")
@@ -83,6 +106,7 @@ class Row:
     """One candidate in the result table."""
     params: dict
     outcome: str                      # measured, refused, pruned, failed, discarded, not tried
+    value: float | None = None        # the objective's figure
     images_per_sec: float | None = None
     peak_memory_bytes: int | None = None
     warmup_s: float | None = None
@@ -98,13 +122,18 @@ def _key(params: dict) -> str:
 
 
 def measuring_config(cfg: TrainConfig, s: AutotuneSettings, train_samples: int) -> TrainConfig:
-    """`cfg` cut to the measured window: the same seeded steps for every candidate, nothing but
-    training inside it (no evaluation, target, checkpoint or saved model)."""
+    """For throughput, `cfg` cut to the measured window: the same seeded steps for every
+    candidate, nothing but training inside it (no evaluation or target). For time to target, the
+    whole training, stopped where validation first reaches the target. Neither saves a checkpoint
+    or a model."""
     m = copy.deepcopy(cfg)
-    m.epochs = s.epochs
-    m.data.train_subset = min(s.steps * cfg.batch_size, train_samples)
-    m.eval_each_epoch = False
-    m.target = None
+    if s.objective is TIME_TO_TARGET:
+        m.eval_each_epoch, m.patience = True, 1
+    else:
+        m.epochs = s.epochs
+        m.data.train_subset = min(s.steps * cfg.batch_size, train_samples)
+        m.eval_each_epoch = False
+        m.target = None
     m.early_stopping_patience = None
     m.save_model = False
     m.checkpoint.every = 0
@@ -119,6 +148,9 @@ class AutoTuner:
         problems = settings.problems()
         if problems:
             raise UserError(problems[0])
+        if settings.objective is TIME_TO_TARGET and base.target is None:
+            raise UserError("--objective time-to-target needs a target: --target VALUE (with --target-metric), "
+                            "as the default recipe has (0.94 accuracy)")
         self.optuna = require_optuna()
         self.base, self.s, self.console = base, settings, console
         self.group = f"autotune-{settings.study_name}"
@@ -131,6 +163,9 @@ class AutoTuner:
         self.train_samples = len(load_dataset(base.data, seed=base.seed).train)
         streamed = base.data.placement == "stream" or base.data.name == "shards"
         knobs = system_knobs(base, self.device, model_facts(base, shape, outputs), streamed)
+        if settings.objective is TIME_TO_TARGET:    # what changes the steps needed, not only their speed
+            sizes = [b for b in (base.batch_size // 2, base.batch_size * 2) if 8 <= b <= self.train_samples // 4]
+            knobs.insert(0, Knob("batch_size", (base.batch_size, *sizes)))
         unknown = set(settings.only) - {k.label for k in knobs}
         if unknown:
             raise UserError(f"--knobs {','.join(sorted(unknown))}: not a knob for this training here; it has "
@@ -139,6 +174,13 @@ class AutoTuner:
         self.grid = candidates(self.knobs)
         self.memory = settings.device_memory or self._device_memory(torch)
         self.storage_url = f"sqlite:///{(settings.out / 'autotune.db').resolve()}"
+
+    def configure(self, params: dict) -> TrainConfig:
+        """The given configuration with `params` set; a new batch size brings its LR by --lr-rule."""
+        cfg = apply(self.base, params)
+        if cfg.batch_size != self.base.batch_size:
+            cfg.optim.lr = scaled_lr(self.base.optim.lr, self.base.batch_size, cfg.batch_size, self.s.lr_rule)
+        return cfg
 
     # -- before anything runs -------------------------------------------------------------------
 
@@ -153,7 +195,9 @@ class AutoTuner:
         planners: dict[tuple, Planner] = {}
         kept, discarded = [], []
         for params in self.grid:
-            cfg = apply(self.base, params)
+            cfg = self.configure(params)
+            if (cfg.per_replica_batch_size or cfg.batch_size) % cfg.optim.grad_accum_steps:
+                continue      # micro-batches that do not divide this batch: not a candidate
             strategy = cfg.distributed.strategy if cfg.distributed.strategy not in ("auto", "single") else "ddp"
             devices = cfg.distributed.nproc
             micro = cfg.batch_size // max(cfg.optim.grad_accum_steps, 1)
@@ -186,8 +230,10 @@ class AutoTuner:
                                              n_startup_trials=max(2, self.s.trials // 3))
         pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
         study = optuna.create_study(study_name=self.s.study_name, storage=open_storage(self.storage_url),
-                                    sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True)
-        space = json.dumps({k.key: list(k.values) for k in self.knobs}, sort_keys=True, default=str)
+                                    sampler=sampler, pruner=pruner, direction=self.s.objective.direction,
+                                    load_if_exists=True)
+        space = json.dumps({"objective": self.s.objective.name, **{k.key: list(k.values) for k in self.knobs}},
+                           sort_keys=True, default=str)
         if "space" not in study.user_attrs:
             study.set_user_attr("space", space)
             study.set_user_attr("base", _key(self.grid[0]))
@@ -220,11 +266,13 @@ class AutoTuner:
         self.s.out.mkdir(parents=True, exist_ok=True)
         kept, discarded = self.plan()
         budget = len(kept) if self.s.exhaustive else min(self.s.trials, len(kept))
-        self.console.print(f"autotune {self.base.model.name} on {self.base.data.name} ({self.device}): "
-                           f"{len(self.grid)} candidates over {', '.join(k.label for k in self.knobs)}; "
-                           f"{len(discarded)} discarded by the planner; measuring {budget}, "
-                           f"{self.s.steps} steps x {self.s.epochs} epochs each (the first a warm-up)",
-                           soft_wrap=True)
+        window = (f"each trained until validation {self.base.target_metric} reaches {self.base.target} "
+                  f"(at most {self.base.epochs} epochs)" if self.s.objective is TIME_TO_TARGET else
+                  f"{self.s.steps} steps x {self.s.epochs} epochs each (the first a warm-up)")
+        self.console.print(f"autotune {self.base.model.name} on {self.base.data.name} ({self.device}), "
+                           f"{self.s.objective.name}: {len(self.grid)} candidates over "
+                           f"{', '.join(k.label for k in self.knobs)}; {len(discarded)} discarded by the planner; "
+                           f"measuring {budget}, {window}", soft_wrap=True)
         study = self._open_study()
         self._fail_orphans(study)
         if not study.get_trials(deepcopy=False):
@@ -245,8 +293,8 @@ class AutoTuner:
                     # Asked again, or a combination the planner discarded: told at once, nothing runs.
                     repeats += 1
                     known = rows.get(key)
-                    if known is not None and known.images_per_sec is not None and known.outcome == "measured":
-                        study.tell(trial, known.images_per_sec)
+                    if known is not None and known.value is not None and known.outcome == "measured":
+                        study.tell(trial, known.value)
                     else:
                         study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
                     continue
@@ -258,7 +306,7 @@ class AutoTuner:
                 trial.set_user_attr(OUTCOME_ATTR, json.dumps(_row_dict(row)))
                 state = self.optuna.trial.TrialState
                 if row.outcome == "measured":
-                    study.tell(trial, row.images_per_sec)
+                    study.tell(trial, row.value)
                 elif row.outcome == "pruned":
                     study.tell(trial, state=state.PRUNED)
                 else:
@@ -271,12 +319,13 @@ class AutoTuner:
         return list(rows.values()) + discarded + untried
 
     def _measure(self, trial, params: dict, pool: SlotPool, store: RunStore, baseline: Row | None) -> Row:
-        cfg = measuring_config(apply(self.base, params), self.s, self.train_samples)
+        cfg = measuring_config(self.configure(params), self.s, self.train_samples)
         name = f"trial-{trial.number:04d}"
         spec = {"storage": self.storage_url, "study": self.s.study_name, "trial_id": trial._trial_id,
                 "metric": "images_per_sec",
                 # The grid measures every candidate whole: it is the reference the search is judged by.
-                "pruner": {"kind": "none"} if self.s.exhaustive else
+                # Time to target stops each candidate at its own target: nothing to prune on.
+                "pruner": {"kind": "none"} if self.s.exhaustive or self.s.objective is TIME_TO_TARGET else
                 {"kind": "median", "startup_trials": 2, "warmup_epochs": 1}}
         job = training_job(cfg, name, self.s.out / "trials", self.group, payload=trial.number,
                            env={TRIAL_ENV: json.dumps(spec)})
@@ -295,16 +344,25 @@ class AutoTuner:
             self.console.print(f"  failed: {why}", soft_wrap=True)
             return Row(params, "failed", why=why, run_id=run_id, trial=trial.number)
         epochs = store.epochs(record.id)
-        row = Row(params, "measured", images_per_sec=record.summary_value("images_per_sec"),
+        value = record.summary_value(self.s.objective.summary_key)
+        if value is None:
+            why = f"did not reach {cfg.target_metric} {cfg.target} in {cfg.epochs} epochs"
+            self.console.print(f"  failed: {why}")
+            return Row(params, "failed", why=why, run_id=run_id, trial=trial.number,
+                       images_per_sec=record.summary_value("images_per_sec"))
+        row = Row(params, "measured", value=float(value), images_per_sec=record.summary_value("images_per_sec"),
                   peak_memory_bytes=record.summary_value("peak_memory_bytes"),
                   warmup_s=record.summary_value("warmup_s"),
                   loss=[float(e["train_loss"]) for e in epochs if e.get("train_loss") is not None],
                   run_id=run_id, trial=trial.number)
-        if baseline is not None and baseline.loss:
+        # The loss check compares the same seeded steps; time to target trains other batch sizes,
+        # whose proof is reaching the target on the validation split.
+        if self.s.objective is THROUGHPUT and baseline is not None and baseline.loss:
             self._check_loss(row, baseline)
         note = f", loss departs {row.departure:.2%}" if row.departure is not None else ""
-        self.console.print(f"  {row.outcome}: {row.images_per_sec:,.0f} samples/s, warm-up {row.warmup_s:.1f} s"
-                           f"{note}{' -- ' + row.why if row.why else ''}", soft_wrap=True)
+        reached = f", {row.value:.2f} s to target" if self.s.objective is TIME_TO_TARGET else ""
+        self.console.print(f"  {row.outcome}: {row.images_per_sec:,.0f} samples/s{reached}, warm-up "
+                           f"{row.warmup_s:.1f} s{note}{' -- ' + row.why if row.why else ''}", soft_wrap=True)
         return row
 
     def tolerance(self, params: dict) -> float:
@@ -322,23 +380,33 @@ class AutoTuner:
     # -- results ----------------------------------------------------------------------------------
 
     def best(self, rows: list[Row]) -> Row | None:
-        measured = [r for r in rows if r.outcome == "measured" and r.images_per_sec]
-        return max(measured, key=lambda r: r.images_per_sec) if measured else None
+        measured = [r for r in rows if r.outcome == "measured" and r.value is not None]
+        pick = max if self.s.objective.direction == "maximize" else min
+        return pick(measured, key=lambda r: r.value) if measured else None
+
+    def speed_up(self, row: Row, baseline: Row | None) -> float | None:
+        """How many times better than the given configuration on the objective."""
+        if row.value is None or baseline is None or baseline.outcome != "measured" or not baseline.value:
+            return None
+        return row.value / baseline.value if self.s.objective.direction == "maximize" else baseline.value / row.value
 
     def best_config(self, best: Row) -> TrainConfig:
-        cfg = apply(self.base, best.params)
+        cfg = self.configure(best.params)
         cfg.tracking.run_id = cfg.tracking.group = cfg.run_dir = None
         return cfg
 
     def write_results(self, rows: list[Row]) -> tuple[Path | None, Table]:
         baseline = next((r for r in rows if r.params == self.grid[0]), None)
-        base_ips = baseline.images_per_sec if baseline and baseline.outcome == "measured" else None
         best = self.best(rows)
+        objective = self.s.objective
         order = {"measured": 0, "refused": 1, "pruned": 2, "failed": 3, "discarded": 4, "not tried": 5}
-        rows = sorted(rows, key=lambda r: (order[r.outcome], -(r.images_per_sec or 0)))
-        table = Table(title=f"autotune: {self.base.model.name} on {self.base.data.name}, {self.device}")
+        sign = -1 if objective.direction == "maximize" else 1
+        rows = sorted(rows, key=lambda r: (order[r.outcome], sign * (r.value or 0), -(r.images_per_sec or 0)))
+        table = Table(title=f"autotune ({objective.name}): {self.base.model.name} on {self.base.data.name}, "
+                            f"{self.device}")
         labels = [k.label + (" *" if k.numerics else "") for k in self.knobs]
-        for header in ("trial", *labels, "samples/s", "speed-up", "peak memory", "warm-up", "loss vs base",
+        timed = [objective.shown] if objective is not THROUGHPUT else []
+        for header in ("trial", *labels, *timed, "samples/s", "speed-up", "peak memory", "warm-up", "loss vs base",
                        "outcome"):
             table.add_column(header, justify="right" if header not in ("outcome",) else "left")
         untried = [r for r in rows if r.outcome == "not tried"]
@@ -346,9 +414,11 @@ class AutoTuner:
             if r.outcome == "not tried":
                 continue
             style = "bold green" if best is not None and r is best else None
+            speed_up = self.speed_up(r, baseline)
             table.add_row("-" if r.trial is None else str(r.trial), *[str(r.params[k.key]) for k in self.knobs],
+                          *([("-" if r.value is None else f"{r.value:.2f} s")] if timed else []),
                           "-" if r.images_per_sec is None else f"{r.images_per_sec:,.0f}",
-                          f"{r.images_per_sec / base_ips:.2f}x" if r.images_per_sec and base_ips else "-",
+                          "-" if speed_up is None else f"{speed_up:.2f}x",
                           "-" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes),
                           "-" if r.warmup_s is None else f"{r.warmup_s:.1f} s",
                           "-" if r.departure is None else f"{r.departure:.2%}",
@@ -356,7 +426,7 @@ class AutoTuner:
         if untried:
             table.caption = f"{len(untried)} more candidates not measured (--trials {self.s.trials})"
         (self.s.out / "autotune.json").write_text(json.dumps(
-            {"baseline": self.grid[0], "knobs": {k.key: list(k.values) for k in self.knobs},
+            {"objective": objective.name, "baseline": self.grid[0], "knobs": {k.key: list(k.values) for k in self.knobs},
              "best": None if best is None else best.params, "rows": [_row_dict(r) for r in rows]},
             indent=2, default=str))
         plot_speed_against_memory(rows, best, self.s.out / "speed_memory.png")
@@ -388,6 +458,6 @@ def plot_speed_against_memory(rows: list[Row], best: Row | None, path: Path) -> 
 
 
 def _row_dict(row: Row) -> dict:
-    return {"params": row.params, "outcome": row.outcome, "images_per_sec": row.images_per_sec,
+    return {"params": row.params, "outcome": row.outcome, "value": row.value, "images_per_sec": row.images_per_sec,
             "peak_memory_bytes": row.peak_memory_bytes, "warmup_s": row.warmup_s, "loss": row.loss,
             "departure": row.departure, "why": row.why, "run_id": row.run_id, "trial": row.trial}
