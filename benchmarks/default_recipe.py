@@ -3,6 +3,10 @@ accuracy of `mnist1d-cnn` on seeds 0-N under 1 and 2 intra-op threads, today's r
 one it replaced (40 epochs of one-cycle stopped at 94 % validation, patience 1), interleaved.
 
     python benchmarks/default_recipe.py --seeds 10
+    python benchmarks/default_recipe.py --seeds 5 --threads 2 --variants new,tuned --tuned best.toml
+
+`--tuned` adds a configuration file (e.g. the `best.toml` of `autotune --objective time-to-target`)
+as the variant `tuned`; wall time is the whole process (start-up and data included).
 
 Each run is its own process (`scaletrain train --threads T --seed S`), so no state carries over.
 """
@@ -15,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -28,24 +33,32 @@ OLD = ["--epochs", "40", "--patience", "1"]
 
 def one(variant: list[str], seed: int, threads: int, folder: Path) -> dict:
     summary = folder / "summary.json"
-    argv = [sys.executable, "-m", "scaletrain", "train", "--seed", str(seed), "--threads", str(threads),
-            "--run-dir", str(folder / "run"), "--summary-json", str(summary), "--no-progress", "--no-record", *variant]
+    argv = [sys.executable, "-m", "scaletrain", "train", *variant, "--seed", str(seed), "--threads", str(threads),
+            "--run-dir", str(folder / "run"), "--summary-json", str(summary), "--no-progress", "--no-record"]
+    start = time.perf_counter()
     subprocess.run(argv, check=True, capture_output=True)
+    wall = time.perf_counter() - start
     s = json.loads(summary.read_text())
     return {"test": s["test_accuracy"], "epochs": s["epochs_run"], "time_to_94": s["time_to_target_s"],
-            "train_s": s["train_time_s"]}
+            "train_s": s["train_time_s"], "wall_s": wall}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--variants", default="old,new", help="old, new and (with --tuned) tuned, interleaved")
+    parser.add_argument("--tuned", help="a configuration file to run as the variant 'tuned'")
     args = parser.parse_args()
-    results: dict[str, list[dict]] = {"old": [], "new": []}
+    variants = {"old": OLD, "new": [], "tuned": ["--config", str(Path(args.tuned).resolve())] if args.tuned else None}
+    chosen = [(name, variants[name]) for name in args.variants.split(",")]
+    if any(v is None for _, v in chosen):
+        parser.error("the variant 'tuned' needs --tuned FILE")
+    results: dict[str, list[dict]] = {name: [] for name, _ in chosen}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
             for threads in map(int, args.threads.split(",")):
-                for name, variant in (("old", OLD), ("new", [])):      # interleaved, old first
+                for name, variant in chosen:      # interleaved, in the order given
                     folder = Path(tmp) / f"{name}-{seed}-{threads}"
                     r = {"seed": seed, "threads": threads, **one(variant, seed, threads, folder)}
                     results[name].append(r)
@@ -57,7 +70,8 @@ def main() -> None:
         print(f"{name}: test accuracy median {statistics.median(tests):.3f} (min {min(tests):.3f}, max {max(tests):.3f}); "
               f"runs under 94 % test: {sum(t < 0.94 for t in tests)} of {len(tests)}; epochs median "
               f"{statistics.median(r['epochs'] for r in rows)}; training time median "
-              f"{statistics.median(r['train_s'] for r in rows):.2f} s; time to 94 % validation median "
+              f"{statistics.median(r['train_s'] for r in rows):.2f} s; wall median "
+              f"{statistics.median(r['wall_s'] for r in rows):.2f} s; time to 94 % validation median "
               f"{statistics.median(times):.2f} s ({len(times)} of {len(rows)} reached)")
 
 

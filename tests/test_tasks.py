@@ -101,7 +101,8 @@ def test_char_gpt_cli_run_learns_and_stops_at_a_perplexity_target(tmp_path):
     result = run(["train", "--data", "char-corpus", "--model", "gpt", "--model-option", "dim=64",
                   "--model-option", "depth=2", "--model-option", "heads=2", "--seq-len", "32",
                   "--train-subset", "8000", "--batch-size", "64", "--epochs", "6", "--lr", "3e-3",
-                  "--target", "12", "--target-metric", "perplexity", "--no-progress", "--no-record",
+                  "--target", "12", "--target-metric", "perplexity", "--patience", "1",  # stop there (the
+                  "--no-progress", "--no-record",     # default recipe only times its own target)
                   "--summary-json", "s.json", "--run-dir", "r"], tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "s.json").read_text())
