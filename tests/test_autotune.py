@@ -120,9 +120,14 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     (["--window-epochs", "1"], "--window-epochs must be at least 2"),
     (["--loss-tolerance", "-1"], "--loss-tolerance must be a positive fraction"),
     (["--nproc", "2"], "autotune measures one process per candidate"),
+    (["--lr-rule", "cubic"], "--lr-rule must be one of none, linear, sqrt"),
+    (["--device-memory", "lots"], "--device-memory"),
+    (["--objective", "time-to-target", "--config", "{tmp}/no_target.toml"], "--objective time-to-target needs a target"),
 ])
 def test_bad_autotune_flags_are_one_line_before_anything_runs(tmp_path, flags, message):
     from tests.processes import run_here
+    (tmp_path / "no_target.toml").write_text('[model]\nname = "mlp"\n[data]\nname = "digits"\n')
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     done = run_here(["autotune", "--model", "mlp", "--data", "digits", "--out", str(tmp_path / "t"),
                      "--store", str(tmp_path / "runs.db"), *flags], tmp_path)
     assert done.returncode == 2 and message in done.stderr, done.stderr

@@ -4,10 +4,15 @@ as PostgreSQL, for trials from several hosts), sampler and pruner."""
 from __future__ import annotations
 
 import random
+import socket
 import time
 import warnings
 
 from scaletrain.errors import UserError
+from scaletrain.tracking.store import process_alive
+
+# The user attribute naming the process (host:pid) that asked for a trial and runs its training.
+WORKER_ATTR = "worker"
 
 # The parent records a heartbeat for each trial it runs; a trial whose heartbeat stops (its
 # parent was killed, on this host or another) is failed after the grace period and its place in
@@ -66,3 +71,20 @@ def build_sampler(n_trials: int, seed: int | None = None):
     # constant_liar keeps parallel trials from sampling the same point while others still run.
     startup = min(10, max(2, n_trials // 3))
     return optuna.samplers.TPESampler(n_startup_trials=startup, multivariate=True, constant_liar=True, seed=seed)
+
+
+def fail_orphaned_trials(study, storage) -> list[int]:
+    """Fails the RUNNING trials whose parent process on this host is gone (it was killed; its
+    trainings died with it, PR_SET_PDEATHSIG) and returns their numbers, so that they are asked
+    again. Trials of other hosts are left to the heartbeat."""
+    State = require_optuna().trial.TrialState
+    host, failed = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(State.RUNNING,)):
+        owner, _, pid = trial.user_attrs.get(WORKER_ATTR, "").rpartition(":")
+        if owner == host and pid.isdigit() and not process_alive(int(pid)):
+            try:
+                storage.set_trial_state_values(trial._trial_id, state=State.FAIL)
+                failed.append(trial.number)
+            except Exception:
+                pass  # another process closed it first
+    return failed

@@ -31,11 +31,12 @@ from scaletrain.errors import PRUNED_EXIT_CODE, UserError
 from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots
 from scaletrain.experiments.space import SearchSpace
-from scaletrain.experiments.study import HEARTBEAT_S, build_pruner, build_sampler, open_storage, require_optuna
+from scaletrain.experiments.study import (HEARTBEAT_S, WORKER_ATTR, build_pruner, build_sampler,
+                                          fail_orphaned_trials, open_storage, require_optuna)
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.summary import RunSummary
 from scaletrain.tasks import TASKS
-from scaletrain.tracking.store import RunRecord, RunStore, process_alive
+from scaletrain.tracking.store import RunRecord, RunStore
 
 # Per-epoch metrics of every task: validation metrics and each task's training metric.
 EPOCH_METRICS = tuple(dict.fromkeys(
@@ -47,7 +48,6 @@ SUMMARY_METRICS = tuple(name for name, tp in RunSummary.__annotations__.items()
                         if "float" in str(tp) and name not in EPOCH_METRICS
                         and not name.startswith("test_") and name != "target")
 FAILED_RUN_ATTR = "failed_run"   # set on trials that failed by themselves (they use up the budget)
-WORKER_ATTR = "worker"
 SURPLUS_ATTR = "surplus"         # asked for after the budget was full (another host got there first): never run
 
 
@@ -137,20 +137,9 @@ class Tuner:
     # -- the trial budget ---------------------------------------------------------------------
 
     def _fail_orphans(self) -> None:
-        """Fails RUNNING trials whose `tune` process on this host is gone (it was killed): their
-        trainings died with it (PR_SET_PDEATHSIG)."""
-        State = self.optuna.trial.TrialState
-        host = socket.gethostname()
-        for trial in self.study.get_trials(deepcopy=False, states=(State.RUNNING,)):
-            worker = trial.user_attrs.get(WORKER_ATTR, "")
-            owner_host, _, pid = worker.rpartition(":")
-            if owner_host == host and pid.isdigit() and not process_alive(int(pid)):
-                try:
-                    self.storage.set_trial_state_values(trial._trial_id, state=State.FAIL)
-                    self.console.print(f"trial {trial.number} was left running by a killed tune; failed it "
-                                       "(it does not count towards --trials)")
-                except Exception:
-                    pass  # another process closed it first
+        for number in fail_orphaned_trials(self.study, self.storage):
+            self.console.print(f"trial {number} was left running by a killed tune; failed it "
+                               "(it does not count towards --trials)")
 
     def _counts(self) -> tuple[int, int]:
         """(trials that count as done, trials running anywhere)."""

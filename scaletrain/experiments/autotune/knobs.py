@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scaletrain.config import TrainConfig, set_path
-from scaletrain.distributed.strategies.registry import plannable_strategies
+from scaletrain.config import TrainConfig, get_path, set_path
 from scaletrain.models import build_model
 from scaletrain.models.blocks import has_repeated_blocks
 from scaletrain.precision import POLICIES
@@ -35,15 +34,8 @@ class Knob:
         return "precision" if self.key == "precision.policy" else self.key.rsplit(".", 1)[-1]
 
 
-def _get(cfg: TrainConfig, key: str):
-    value = cfg
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _with_baseline_first(cfg: TrainConfig, key: str, values) -> tuple:
-    own = _get(cfg, key)
+    own = get_path(cfg, key)
     return (own, *(v for v in dict.fromkeys(values) if v != own))
 
 
@@ -96,9 +88,6 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
         # torch's default (None) is one thread per core; fewer can win for small models (less sync).
         values = (1,) if cfg.threads in (None, cores) else (1, cores)
         knobs.append(Knob("threads", _with_baseline_first(cfg, "threads", values)))
-    if cfg.distributed.nproc > 1:
-        knobs.append(Knob("distributed.strategy", _with_baseline_first(cfg, "distributed.strategy",
-                                                                       plannable_strategies())))
     return [k for k in knobs if len(k.values) > 1]
 
 

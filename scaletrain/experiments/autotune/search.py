@@ -23,7 +23,7 @@ import math
 import os
 import socket
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -38,12 +38,12 @@ from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import SlotPool, device_slots
 from scaletrain.experiments.sweep import LR_SCALINGS, scaled_lr
-from scaletrain.experiments.study import open_storage, require_optuna
+from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open_storage, require_optuna
 from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes
-from scaletrain.tracking.store import RunStore, process_alive
+from scaletrain.tracking.store import RunStore
 
-PARAMS_ATTR, WORKER_ATTR, OUTCOME_ATTR = "params", "worker", "outcome"
+PARAMS_ATTR, OUTCOME_ATTR = "params", "outcome"
 # The per-epoch mean training loss of a candidate may differ from the baseline's by this fraction
 # of the baseline's: float32 reorderings (threads, compile, accumulation) stay far inside 2 %;
 # 16-bit arithmetic moves the loss more without changing what is learned. Measured in the note
@@ -160,7 +160,6 @@ class AutoTuner:
         self.base, self.s, self.console = base, settings, console
         self.group = f"autotune-{settings.study_name}"
         self.me = f"{socket.gethostname()}:{os.getpid()}"
-        import torch
         self.device = resolve_device(base.device)
         shape, outputs, task = sample_shape(base.data)
         self.shape, self.outputs, self.task = shape, outputs, task
@@ -177,7 +176,7 @@ class AutoTuner:
                             f"{', '.join(k.label for k in knobs)}")
         self.knobs: list[Knob] = [k for k in knobs if not settings.only or k.label in settings.only]
         self.grid = candidates(self.knobs)
-        self.memory = settings.device_memory or self._device_memory(torch)
+        self.memory = settings.device_memory or self._device_memory()
         self.storage_url = f"sqlite:///{(settings.out / 'autotune.db').resolve()}"
 
     def configure(self, params: dict) -> TrainConfig:
@@ -189,8 +188,10 @@ class AutoTuner:
 
     # -- before anything runs -------------------------------------------------------------------
 
-    def _device_memory(self, torch) -> int:
+    def _device_memory(self) -> int:
+        """What a candidate may use: the GPU's memory, or the host memory free now."""
         if self.device.type == "cuda":
+            import torch
             return torch.cuda.get_device_properties(self.device).total_memory
         import psutil
         return psutil.virtual_memory().available
@@ -203,18 +204,17 @@ class AutoTuner:
             cfg = self.configure(params)
             if (cfg.per_replica_batch_size or cfg.batch_size) % cfg.optim.grad_accum_steps:
                 continue      # micro-batches that do not divide this batch: not a candidate
-            strategy = cfg.distributed.strategy if cfg.distributed.strategy not in ("auto", "single") else "ddp"
-            devices = cfg.distributed.nproc
-            micro = cfg.batch_size // max(cfg.optim.grad_accum_steps, 1)
+            micro = cfg.batch_size // cfg.optim.grad_accum_steps
             key = (cfg.precision.policy, cfg.memory.activation_checkpointing)
             if key not in planners:
                 planners[key] = Planner(PlanRequest(
                     model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=self.shape,
                     num_classes=self.outputs, task=self.task, batch_size=micro, precision=cfg.precision.policy,
-                    devices=devices, activation_checkpointing=cfg.memory.activation_checkpointing,
+                    devices=1, activation_checkpointing=cfg.memory.activation_checkpointing,
                     block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
                     device_memory=self.memory, distributed=cfg.distributed))
-            plan = planners[key].plan(strategy, devices, micro - micro % devices if micro >= devices else devices)
+            # One process per candidate: one device, planned as ddp on one device (plan-memory's rule).
+            plan = planners[key].plan("ddp", 1, micro)
             if plan.fits:
                 kept.append(params)
             else:
@@ -234,7 +234,8 @@ class AutoTuner:
         sampler = optuna.samplers.TPESampler(seed=self.base.seed, multivariate=True,
                                              n_startup_trials=max(2, self.s.trials // 3))
         pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
-        study = optuna.create_study(study_name=self.s.study_name, storage=open_storage(self.storage_url),
+        self.storage = open_storage(self.storage_url)
+        study = optuna.create_study(study_name=self.s.study_name, storage=self.storage,
                                     sampler=sampler, pruner=pruner, direction=self.s.objective.direction,
                                     load_if_exists=True)
         space = json.dumps({"objective": self.s.objective.name, **{k.key: list(k.values) for k in self.knobs}},
@@ -248,14 +249,8 @@ class AutoTuner:
         return study
 
     def _fail_orphans(self, study) -> None:
-        """A trial left RUNNING by a killed autotune on this host: its training died with it."""
-        State = self.optuna.trial.TrialState
-        host = socket.gethostname()
-        for trial in study.get_trials(deepcopy=False, states=(State.RUNNING,)):
-            owner, _, pid = trial.user_attrs.get(WORKER_ATTR, "").rpartition(":")
-            if owner == host and pid.isdigit() and not process_alive(int(pid)):
-                study._storage.set_trial_state_values(trial._trial_id, state=State.FAIL)
-                self.console.print(f"trial {trial.number} was cut short by a killed autotune; it will be asked again")
+        for number in fail_orphaned_trials(study, self.storage):
+            self.console.print(f"trial {number} was cut short by a killed autotune; it will be asked again")
 
     def _rows_so_far(self, study) -> dict[str, Row]:
         rows = {}
@@ -463,6 +458,4 @@ def plot_speed_against_memory(rows: list[Row], best: Row | None, path: Path) -> 
 
 
 def _row_dict(row: Row) -> dict:
-    return {"params": row.params, "outcome": row.outcome, "value": row.value, "images_per_sec": row.images_per_sec,
-            "peak_memory_bytes": row.peak_memory_bytes, "warmup_s": row.warmup_s, "loss": row.loss,
-            "departure": row.departure, "why": row.why, "run_id": row.run_id, "trial": row.trial}
+    return asdict(row)
