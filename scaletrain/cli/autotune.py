@@ -66,13 +66,14 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     rows = tuner.run()
     best_path, table = tuner.write_results(rows)
     console.print(table)
-    console.print("* changes the arithmetic (checked against the baseline's loss with the 16-bit tolerance)")
+    if settings.objective.name == "throughput":
+        console.print("* changes the arithmetic (checked against the baseline's loss with the 16-bit tolerance)")
     if best_path is None:
         console.print(f"no candidate was measured; see the trials' train.log files under {out / 'trials'}")
         return 1
     best = tuner.best(rows)
     figure = (f"{best.images_per_sec:,.0f} samples/s" if settings.objective.name == "throughput"
-              else f"{best.value:.2f} s of training to {cfg.target_metric} {cfg.target}")
+              else f"{best.value:.2f} s of training and warm-up to {cfg.target_metric} {cfg.target}")
     console.print(f"best: {figure} with "
                   f"{', '.join(f'{k}={v}' for k, v in best.params.items())}; its config: {best_path} "
                   f"(scaletrain train --config {best_path}); trials in the store under group {tuner.group}",
