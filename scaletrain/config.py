@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from scaletrain.errors import ConfigError
-from scaletrain.registry import Choices
+from scaletrain.registry import Choices, Declarations
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +76,16 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
     return field(default=default, metadata=meta)
 
 
-# The choice lists users may name. The registries that implement them (strategies, data sets,
-# precisions, tasks) add each name as it is registered, so adding one is one decorated definition
-# in its own package and nothing here changes; `auto` is resolved by the config's users.
-PRECISIONS = Choices()
-STRATEGIES = Choices("auto")
-DATA_SETS = Choices()
+# The choice lists users may name. Each reads the names its package declares (registry.py's
+# `Declarations`: no import, so checks and `--help` need no torch) and the registries that
+# implement them add each name as it is registered, so adding one is one decorated definition in
+# its own package and nothing here changes; `auto` is resolved by the config's users.
+PRECISIONS = Choices(declared=Declarations("scaletrain.precision", "register_policy"))
+STRATEGIES = Choices("auto", declared=Declarations("scaletrain.distributed.strategies", "register_strategy"))
+DATA_SETS = Choices(declared=Declarations("scaletrain.data", "register_dataset"))
+# Models are not a field's choices (`--model` also takes NAME-VARIANT and module:function); this
+# list is what `scaletrain list` and the unknown-model error show.
+MODELS = Choices(declared=Declarations("scaletrain.models", "register_model"))
 # The command-line flags whose name is not simply the field's last name (the config owns its
 # flag names: the CLI and the search-space files both read this).
 FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
@@ -91,7 +95,7 @@ FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy"
 # Run ids name folders and are typed on the command line: no spaces, no path or SQL wildcards.
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}"
 RUN_ID_RULE = "1-64 letters, digits, '.' or '-', starting with a letter or digit"
-TASKS = Choices("auto")
+TASKS = Choices("auto", declared=Declarations("scaletrain.tasks", "register_task"))
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 

@@ -4,37 +4,103 @@ the package finds by importing all of its modules (`discover`), so nothing else 
 
 The config owns the choice lists users may name (`Choices`, in config.py's language); a registry
 adds each name it registers to its list, so the config's checks and the registry cannot drift.
+A choice list also knows the names its package *declares* (`Declarations`: the registering calls,
+read from the source without importing it), so the config's checks, `--help` and `scaletrain
+list` answer without importing the package, and with it torch. tests/test_architecture.py checks
+that the declared names are exactly the registered ones.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import pkgutil
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from scaletrain.errors import ConfigError
 
 
-class Choices:
-    """A choice list filled by the registry that implements it, plus any names the config itself
-    resolves (such as `auto`), which come first. The registered names are listed in alphabetical
-    order, so no list depends on which module happened to be imported first."""
+class Declarations:
+    """The names the modules of `package` (and its sub-packages) register with `registrar`, read
+    from their source: a call `registrar("name", ...)` (a decorator or a plain call) whose first
+    argument is a string literal. A `variants=` argument is read too when it is a string, a literal
+    tuple, or a module-level literal dict or tuple (`variants=tuple(PRESETS)`)."""
 
-    def __init__(self, *fixed: str):
+    def __init__(self, package: str, registrar: str):
+        self.package, self.registrar = package, registrar
+        self._found: dict[str, tuple[str, ...] | str] | None = None
+
+    def variants(self) -> dict[str, tuple[str, ...] | str]:
+        """Each declared name and what may follow `NAME-` (an empty tuple: nothing)."""
+        if self._found is None:
+            self._found = {}
+            spec = importlib.util.find_spec(self.package)
+            for root in spec.submodule_search_locations or ():
+                for path in sorted(Path(root).rglob("*.py")):
+                    text = path.read_text(encoding="utf-8")
+                    if self.registrar + "(" in text:
+                        self._found.update(self._read(ast.parse(text, filename=str(path))))
+        return self._found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.variants())
+
+    def _read(self, tree: ast.Module) -> dict[str, tuple[str, ...] | str]:
+        constants = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                     for t in node.targets if isinstance(t, ast.Name)}
+        found = {}
+        for call in ast.walk(tree):
+            if (isinstance(call, ast.Call) and _called_name(call.func) == self.registrar and call.args
+                    and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)):
+                variants = next((k.value for k in call.keywords if k.arg == "variants"), None)
+                found[call.args[0].value] = _literal_names(variants, constants)
+        return found
+
+
+def _called_name(func: ast.expr) -> str | None:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _literal_names(node: ast.expr | None, constants: dict[str, ast.expr]) -> tuple[str, ...] | str:
+    """A variants argument as written: "D-K", ("a", "b"), NAME or tuple(NAME) of a module-level
+    literal; () when there is none or it is not written as a literal."""
+    if isinstance(node, ast.Call) and _called_name(node.func) == "tuple" and len(node.args) == 1:
+        node = node.args[0]
+    if isinstance(node, ast.Name):
+        node = constants.get(node.id)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    keys = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(node, (ast.Tuple, ast.List)) else []
+    return tuple(k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+
+
+class Choices:
+    """A choice list: the names the config itself resolves (such as `auto`), which come first, then
+    the names its package declares (`declared`, read without importing it) and any name a registry
+    adds as it registers (a user's own package), in alphabetical order, so no list depends on
+    which module happened to be imported first."""
+
+    def __init__(self, *fixed: str, declared: Declarations | None = None):
         self._fixed: tuple[str, ...] = fixed
         self._names: set[str] = set()
+        self.declared = declared
 
     def add(self, name: str) -> None:
         self._names.add(name)
 
+    def _all(self) -> set[str]:
+        return self._names | set(self.declared or ())
+
     def __contains__(self, name: object) -> bool:
-        return name in self._fixed or name in self._names
+        return name in self._fixed or name in self._names or name in self._all()
 
     def __iter__(self) -> Iterator[str]:
-        return iter((*self._fixed, *sorted(self._names - set(self._fixed))))
+        return iter((*self._fixed, *sorted(self._all() - set(self._fixed))))
 
     def __len__(self) -> int:
-        return len(set(self._fixed) | self._names)
+        return len(set(self._fixed) | self._all())
 
 
 class Registry(Mapping[str, Any]):

@@ -177,3 +177,32 @@ def test_every_registry_is_filled_by_discovering_its_package(tmp_path, monkeypat
         DATA_SETS._names.discard("ring-test")
         sys.modules.pop("ring_plugin.ring", None)
         sys.modules.pop("ring_plugin", None)
+
+
+def test_the_names_read_from_the_source_are_the_registered_ones():
+    """`list`, `--help` and the config's checks read the registered names from the source
+    (registry.py's `Declarations`) so they need no torch: they must be exactly what registering
+    finds, variants included, or a user is offered a name that does not exist (or denied one that does)."""
+    from scaletrain.models import MODEL_BUILDERS
+    for kind, registry in _registries().items():
+        declared = registry.choices.declared.variants()
+        assert sorted(declared) == list(registry), f"{kind}: declared {sorted(declared)}, registered {list(registry)}"
+    declared_models = MODEL_BUILDERS.choices.declared.variants()
+    assert {n: b.variants for n, b in MODEL_BUILDERS.items()} == declared_models
+    assert declared_models["gpt"] == ("tiny", "small", "medium", "large")   # read through `tuple(PRESETS)`
+
+
+def test_a_registered_name_that_is_not_a_literal_is_not_declared(tmp_path, monkeypatch):
+    """The reader only takes what it can read: a computed name is left out (and the test above
+    then fails for our own packages), never guessed."""
+    from scaletrain.registry import Declarations
+    package = tmp_path / "computed_plugin"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "things.py").write_text(
+        "SIZES = {'s': 1, 'm': 2}\nNAME = 'two'\n"
+        "@register_thing('one', variants=tuple(SIZES))\ndef one(): pass\n"
+        "@register_thing(NAME)\ndef two(): pass\n"
+        "register_thing('three', variants='D-K')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert Declarations("computed_plugin", "register_thing").variants() == {"one": ("s", "m"), "three": "D-K"}

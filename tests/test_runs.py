@@ -155,6 +155,14 @@ def test_compare_lines_up_known_runs(tmp_path):
     assert [r["time to target"] for r in as_json] == [10.25, None]
 
 
+def test_runs_list_where_nothing_was_trained_is_an_empty_table(tmp_path):
+    for extra, expected in (([], "0 runs"), (["--json"], "[]")):
+        out = run_here(["runs", "list", *extra], tmp_path)     # no store in this folder
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+        assert expected in out.stdout
+    assert not (tmp_path / "scaletrain-runs").exists()          # listing creates nothing
+
+
 def test_bad_run_ids_and_stores_give_one_line(tmp_path):
     store = _store_with_known_runs(tmp_path / "runs.db")
     store.start_run("aaaa9999", name="x")
@@ -165,7 +173,7 @@ def test_bad_run_ids_and_stores_give_one_line(tmp_path):
              (["runs", "compare", "aaaa1111", "nope", *db], "no run 'nope'"),
              (["runs", "show", "%", *db], "no run '%'"),   # no wildcard: '%' matches only itself
              (["runs", "show", "aaaa_", *db], "no run 'aaaa_'"),
-             (["runs", "list", "--store", str(tmp_path / "missing.db")], "no run store at"),
+             (["runs", "show", "aaaa1111", "--store", str(tmp_path / "missing.db")], "no run store at"),
              (["runs", "report", "--group", "none", *db], "no runs in group 'none'")]
     (tmp_path / "corrupt.db").write_bytes(b"this is not a database" * 100)
     cases.append((["runs", "list", "--store", str(tmp_path / "corrupt.db")], "not a readable SQLite database"))

@@ -74,15 +74,14 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_list(args: argparse.Namespace, argv: list[str]) -> int:
+    # The config's choice lists, read from the source: `list` answers without importing torch.
     from scaletrain.cli.train import recipe_names
-    from scaletrain.data import DATA_SOURCES
-    from scaletrain.distributed import STRATEGIES
-    from scaletrain.models import model_names
-    from scaletrain.precision import POLICIES
+    from scaletrain.config import DATA_SETS, PRECISIONS, STRATEGIES
+    from scaletrain.models.names import model_names
     print("models:     " + ", ".join(model_names()))
-    print("data sets:  " + ", ".join(DATA_SOURCES))
-    print("precisions: " + ", ".join(POLICIES))
-    print("strategies: auto, " + ", ".join(STRATEGIES))
+    print("data sets:  " + ", ".join(DATA_SETS))
+    print("precisions: " + ", ".join(PRECISIONS))
+    print("strategies: " + ", ".join(STRATEGIES))
     print("recipes:    " + ", ".join(recipe_names()))
     return 0
 

@@ -1,5 +1,7 @@
 """`scaletrain plan-memory`: per-device memory of a configuration across strategies, before
-anything runs (see memory/planner.py), as a table like seed 004's or as JSON."""
+anything runs (see memory/planner.py), as a table like seed 004's or as JSON.
+
+The planner is imported by `run_plan_memory`: building the parser (`--help`) must not import torch."""
 
 from __future__ import annotations
 
@@ -12,14 +14,8 @@ from rich.console import Console
 from scaletrain.console import make_console
 from rich.table import Table
 
-from scaletrain.data.registry import sample_shape
-from scaletrain.distributed import STRATEGIES
 from scaletrain.errors import ConfigError
-from scaletrain.memory.model_state import PLAN_STRATEGIES
-from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes, parse_bytes
-from scaletrain.precision import get_policy
-from scaletrain.precision.alignment import alignment_warnings
 
 
 def add_plan_memory_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +36,12 @@ def _choices(text: str, default: tuple[str, ...]) -> list[str]:
 
 def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
+    from scaletrain.data.registry import sample_shape
+    from scaletrain.distributed import STRATEGIES
+    from scaletrain.memory.model_state import PLAN_STRATEGIES
+    from scaletrain.memory.planner import Planner, PlanRequest
+    from scaletrain.precision import get_policy
+    from scaletrain.precision.alignment import alignment_warnings
     # --precision and --strategy take comma lists here: taken out before the config (one value
     # each) is built and checked, and each name checked on its own below.
     values = vars(args)
@@ -104,6 +106,8 @@ def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
 
 def _plan_pipeline(cfg, args: argparse.Namespace) -> int:
     """A row per stage of one replica (memory/pipeline_plan.py)."""
+    from scaletrain.data.registry import sample_shape
+    from scaletrain.memory.planner import Planner, PlanRequest
     from scaletrain.memory.pipeline_plan import plan_pipeline
     d = cfg.distributed.pipeline
     devices = args.devices if args.devices > 1 else d.stages

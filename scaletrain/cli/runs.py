@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import datetime
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -104,6 +105,14 @@ def run_runs(args: argparse.Namespace, argv: list[str]) -> int:
     console = wide_console()
     if args.runs_command == "report":
         check_writable_file(args.output, "--output")   # before any work: a report is never lost
+    if args.runs_command == "list" and not Path(args.store).exists():
+        # Nothing trained here yet: an empty listing, not an error (the other subcommands name a
+        # run, and say there is no store).
+        if args.json:
+            print("[]")
+        else:
+            console.print(list_table([]))
+        return 0
     with RunStore(args.store, create=False) as store:
         if args.runs_command == "list":
             records = store.runs(group=args.group, limit=args.last)

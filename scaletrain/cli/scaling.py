@@ -9,7 +9,6 @@ import sys
 from scaletrain.console import make_console
 from rich.table import Table
 
-from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.errors import ConfigError
 from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
 from scaletrain.planning.scaling import (ScalingInputs, device_counts, explain, predict, predict_parameter_server,
@@ -63,6 +62,7 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         source = f"assumed: H100 at {args.assume_h100_mfu:.0%} of {peak / 1e12:.0f} TFLOP/s"
     intra = args.interconnect or ("nvlink-h100" if m.device.startswith(("NVIDIA", "cuda")) else "pcie4")
     # The model follows what the strategy sends over the links (auto: ddp, as on several devices).
+    from scaletrain.distributed.strategies.registry import strategy_class
     traffic = strategy_class(cfg.distributed, world=2).traffic
     if traffic == "pipeline":
         return _pipeline_prediction(cfg, args, console, m, step_time, source, intra)

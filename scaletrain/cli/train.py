@@ -139,6 +139,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     """`argv`: the arguments after `train`."""
+    cfg = config_from_args(args)        # checked before torch is imported: a typo answers at once
     from scaletrain.distributed import dist_env
     from scaletrain.distributed.cluster import cluster_from_env, cluster_problem
     from scaletrain.distributed.launch import inside_worker, launch_from_config
@@ -146,7 +147,6 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.experiments.pruning import trial_pruning_from_env
     from scaletrain.lifecycle import plan_run, resume_config, resume_source
     from scaletrain.train import run_training
-    cfg = config_from_args(args)
     spec = cluster_from_env()
     if spec is not None and spec.is_evaluator:
         # The cluster's evaluator task evaluates the job's checkpoints beside it (seed 002).

@@ -1,10 +1,29 @@
 """Data: built-in data sets, device-resident and streaming loaders, on-device augmentation."""
 
-from scaletrain.data.dataset import ArraySplit, Dataset, as_features, as_labels, make_dataset
-from scaletrain.data.loaders import DeviceLoader, Normalizer, StreamingLoader, choose_placement
-from scaletrain.data.registry import load_dataset, sample_shape
-from scaletrain.data.source import DATA_SOURCES, register_dataset
+from typing import TYPE_CHECKING
 
-__all__ = ["DATA_SOURCES", "ArraySplit", "Dataset", "DeviceLoader", "Normalizer", "StreamingLoader",
-           "as_features", "as_labels", "choose_placement", "load_dataset", "make_dataset",
-           "register_dataset", "sample_shape"]
+from scaletrain.lazy import lazy_exports
+
+_EXPORTS = {
+    "DATA_SOURCES": "scaletrain.data.registry",
+    "ArraySplit": "scaletrain.data.dataset",
+    "Dataset": "scaletrain.data.dataset",
+    "DeviceLoader": "scaletrain.data.loaders",
+    "Normalizer": "scaletrain.data.loaders",
+    "StreamingLoader": "scaletrain.data.loaders",
+    "as_features": "scaletrain.data.dataset",
+    "as_labels": "scaletrain.data.dataset",
+    "choose_placement": "scaletrain.data.loaders",
+    "load_dataset": "scaletrain.data.registry",
+    "make_dataset": "scaletrain.data.dataset",
+    "register_dataset": "scaletrain.data.source",
+    "sample_shape": "scaletrain.data.registry",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from scaletrain.data.registry import DATA_SOURCES, load_dataset, sample_shape
+    from scaletrain.data.dataset import ArraySplit, Dataset, as_features, as_labels, make_dataset
+    from scaletrain.data.loaders import DeviceLoader, Normalizer, StreamingLoader, choose_placement
+    from scaletrain.data.source import register_dataset

@@ -5,11 +5,35 @@ reuses an old run's id, metrics or checkpoints, two trainings never share a fold
 continues exactly the run it names with the configuration that run was started with.
 """
 
-from scaletrain.lifecycle.folder import RunFolder
-from scaletrain.lifecycle.lock import FolderLock, RunFolderBusy
-from scaletrain.lifecycle.paths import check_new_output_dir, check_writable_dir, check_writable_file
-from scaletrain.lifecycle.resume import locked_differences, resume_config
-from scaletrain.lifecycle.run import RUNS_ROOT, Run, RunPlan, checkpoint_store, make_checkpointer, open_run, plan_run, resume_source, run_name
+from typing import TYPE_CHECKING
 
-__all__ = ["RUNS_ROOT", "checkpoint_store", "make_checkpointer", "resume_source", "run_name", "FolderLock", "Run", "RunFolder", "RunFolderBusy", "RunPlan", "check_new_output_dir", "check_writable_dir",
-           "check_writable_file", "locked_differences", "open_run", "plan_run", "resume_config"]
+from scaletrain.lazy import lazy_exports
+
+_EXPORTS = {
+    "RUNS_ROOT": "scaletrain.lifecycle.run",
+    "checkpoint_store": "scaletrain.lifecycle.run",
+    "make_checkpointer": "scaletrain.lifecycle.run",
+    "resume_source": "scaletrain.lifecycle.run",
+    "run_name": "scaletrain.lifecycle.run",
+    "FolderLock": "scaletrain.lifecycle.lock",
+    "Run": "scaletrain.lifecycle.run",
+    "RunFolder": "scaletrain.lifecycle.folder",
+    "RunFolderBusy": "scaletrain.lifecycle.lock",
+    "RunPlan": "scaletrain.lifecycle.run",
+    "check_new_output_dir": "scaletrain.lifecycle.paths",
+    "check_writable_dir": "scaletrain.lifecycle.paths",
+    "check_writable_file": "scaletrain.lifecycle.paths",
+    "locked_differences": "scaletrain.lifecycle.resume",
+    "open_run": "scaletrain.lifecycle.run",
+    "plan_run": "scaletrain.lifecycle.run",
+    "resume_config": "scaletrain.lifecycle.resume",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from scaletrain.lifecycle.run import RUNS_ROOT, checkpoint_store, make_checkpointer, resume_source, run_name, Run, RunPlan, open_run, plan_run
+    from scaletrain.lifecycle.lock import FolderLock, RunFolderBusy
+    from scaletrain.lifecycle.folder import RunFolder
+    from scaletrain.lifecycle.paths import check_new_output_dir, check_writable_dir, check_writable_file
+    from scaletrain.lifecycle.resume import locked_differences, resume_config

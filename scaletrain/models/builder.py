@@ -12,6 +12,7 @@ from typing import Callable
 
 from torch import nn
 
+from scaletrain.config import MODELS
 from scaletrain.errors import ConfigError
 from scaletrain.registry import Registry
 
@@ -23,18 +24,12 @@ class ModelBuilder:
     # What may follow "NAME-": the variant names, or a pattern in words such as "D-K (e.g. 16-10)".
     variants: tuple[str, ...] | str = ()
 
-    def shown(self) -> tuple[str, ...]:
-        """The names `scaletrain list` shows for this builder."""
-        if isinstance(self.variants, str):
-            return self.name, f"{self.name}-{self.variants}"
-        return self.name, *(f"{self.name}-{v}" for v in self.variants)
-
     def check_variant(self, variant: str | None) -> None:
         if variant is not None and isinstance(self.variants, tuple) and variant not in self.variants:
             raise ConfigError(f"unknown {self.name} size '{variant}'; choose one of: {', '.join(self.variants)}")
 
 
-MODEL_BUILDERS = Registry("model", "--model")
+MODEL_BUILDERS = Registry("model", "--model", choices=MODELS)
 
 
 def register_model(name: str, *, variants: tuple[str, ...] | str = ()) -> Callable:

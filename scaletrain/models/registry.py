@@ -13,14 +13,10 @@ from torch import nn
 import scaletrain.models as _package
 from scaletrain.errors import ConfigError
 from scaletrain.models.builder import MODEL_BUILDERS
+from scaletrain.models.names import model_names
 from scaletrain.registry import discover
 
 discover(_package)
-
-
-def model_names() -> tuple[str, ...]:
-    """Every name `--model` takes, as `scaletrain list` shows them."""
-    return (*(shown for b in MODEL_BUILDERS.values() for shown in b.shown()), "module:function (your own builder)")
 
 
 def _import_builder(name: str):

@@ -1,6 +1,21 @@
 """Optimizers (fused, device-tensor LR) and device-side LR schedules."""
 
-from scaletrain.optim.optimizers import OPTIMIZERS, build_optimizer, current_lr, set_lr
-from scaletrain.optim.schedules import SCHEDULES, LRSchedule, build_schedule
+from typing import TYPE_CHECKING
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "LRSchedule", "build_optimizer", "build_schedule", "current_lr", "set_lr"]
+from scaletrain.lazy import lazy_exports
+
+_EXPORTS = {
+    "OPTIMIZERS": "scaletrain.optim.optimizers",
+    "SCHEDULES": "scaletrain.optim.schedules",
+    "LRSchedule": "scaletrain.optim.schedules",
+    "build_optimizer": "scaletrain.optim.optimizers",
+    "build_schedule": "scaletrain.optim.schedules",
+    "current_lr": "scaletrain.optim.optimizers",
+    "set_lr": "scaletrain.optim.optimizers",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from scaletrain.optim.optimizers import OPTIMIZERS, build_optimizer, current_lr, set_lr
+    from scaletrain.optim.schedules import SCHEDULES, LRSchedule, build_schedule

@@ -82,15 +82,16 @@ class PrecisionPolicy:
 POLICIES = Registry("precision", "--precision", choices=PRECISION_CHOICES)
 
 
-def register_policy(policy: PrecisionPolicy) -> PrecisionPolicy:
-    return POLICIES.add(policy.name, policy)
+def register_policy(name: str, **settings) -> PrecisionPolicy:
+    """Makes `--precision NAME` the policy with these settings (PrecisionPolicy's fields)."""
+    return POLICIES.add(name, PrecisionPolicy(name=name, **settings))
 
 
-register_policy(PrecisionPolicy(name="fp32"))
-register_policy(PrecisionPolicy(name="tf32", allow_tf32=True))
-register_policy(PrecisionPolicy(name="bf16-mixed", autocast_dtype=torch.bfloat16, allow_tf32=True))
-register_policy(PrecisionPolicy(name="fp16-mixed", autocast_dtype=torch.float16, loss_scaling=True, allow_tf32=True))
-register_policy(PrecisionPolicy(name="bf16-true", param_dtype=torch.bfloat16, allow_tf32=True))
+register_policy("fp32")
+register_policy("tf32", allow_tf32=True)
+register_policy("bf16-mixed", autocast_dtype=torch.bfloat16, allow_tf32=True)
+register_policy("fp16-mixed", autocast_dtype=torch.float16, loss_scaling=True, allow_tf32=True)
+register_policy("bf16-true", param_dtype=torch.bfloat16, allow_tf32=True)
 
 
 def get_policy(name: str) -> PrecisionPolicy:

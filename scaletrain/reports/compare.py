@@ -41,6 +41,13 @@ class Column:
     better: str | None = None                     # "min" or "max": the best run's cell is highlighted
 
 
+def _formatted(record: RunRecord, key: str, spec: str) -> str:
+    """A summary number as the table shows it; "-" where the run has none (no summary yet, a task
+    without accuracy)."""
+    value = record.summary_value(key)
+    return "-" if value is None else format(value, spec)
+
+
 COLUMNS = [
     Column("run", lambda r: r.id, lambda r: r.id),
     Column("status", lambda r: r.display_status, lambda r: r.display_status),
@@ -57,12 +64,10 @@ COLUMNS = [
            better="min"),
     Column("time to target", lambda r: r.summary_value("time_to_target_s"), _time_to_target, better="min"),
     Column("best acc", lambda r: r.summary_value("best_val_accuracy"),
-           lambda r: "-" if r.summary is None else f"{r.summary_value('best_val_accuracy'):.4f}", better="max"),
-    Column("test acc", lambda r: r.summary_value("test_accuracy"),
-           lambda r: "-" if r.summary_value("test_accuracy") is None else f"{r.summary_value('test_accuracy'):.4f}",
+           lambda r: _formatted(r, "best_val_accuracy", ".4f"), better="max"),
+    Column("test acc", lambda r: r.summary_value("test_accuracy"), lambda r: _formatted(r, "test_accuracy", ".4f"),
            better="max"),
-    Column("images/sec", lambda r: r.summary_value("images_per_sec"),
-           lambda r: "-" if r.summary_value("images_per_sec") is None else f"{r.summary_value('images_per_sec'):,.0f}",
+    Column("images/sec", lambda r: r.summary_value("images_per_sec"), lambda r: _formatted(r, "images_per_sec", ",.0f"),
            better="max"),
     Column("peak memory", lambda r: r.summary_value("peak_memory_bytes"),
            lambda r: "-" if r.summary_value("peak_memory_bytes") is None

@@ -1,7 +1,20 @@
 """The training loop: the Trainer, its step, device counters, clock and warm-up snapshot, and
 `build_training`, which wires a whole run from its config."""
 
-from scaletrain.training.build import TrainingParts, build_training, start_strategy
-from scaletrain.training.trainer import Trainer, resolve_device
+from typing import TYPE_CHECKING
 
-__all__ = ["TrainingParts", "Trainer", "build_training", "resolve_device", "start_strategy"]
+from scaletrain.lazy import lazy_exports
+
+_EXPORTS = {
+    "TrainingParts": "scaletrain.training.build",
+    "Trainer": "scaletrain.training.trainer",
+    "build_training": "scaletrain.training.build",
+    "resolve_device": "scaletrain.training.trainer",
+    "start_strategy": "scaletrain.training.build",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from scaletrain.training.build import TrainingParts, build_training, start_strategy
+    from scaletrain.training.trainer import Trainer, resolve_device
