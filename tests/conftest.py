@@ -24,6 +24,22 @@ def small_config(tmp_path, **overrides) -> TrainConfig:
     return cfg
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_data_cache_per_session(tmp_path_factory):
+    """Generated data sets are cached (data/cache.py) in one folder for the whole session, shared
+    with every CLI process a test starts: the suite generates MNIST-1D once, and never writes to
+    the user's own cache."""
+    import os
+    from scaletrain.data.cache import CACHE_ENV
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("data-cache"))
+    yield
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
+
+
 @pytest.fixture(autouse=True)
 def _restore_matmul_precision():
     before = torch.get_float32_matmul_precision()

@@ -6,8 +6,14 @@ import torch
 
 from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, make_dataset,
                                      random_split, with_channel_dim)
+from scaletrain.data.cache import cached_tensors
 from scaletrain.data.source import register_dataset
 from scaletrain.errors import UserError
+
+
+# Bumped when the conversion below changes what a cached entry holds (data/cache.py keys on it).
+MNIST1D_CONVERSION = 1
+DIGITS_CONVERSION = 1
 
 
 def load_mnist1d(num_samples: int | None = None, seed: int = 42) -> Dataset:
@@ -18,32 +24,44 @@ def load_mnist1d(num_samples: int | None = None, seed: int = 42) -> Dataset:
     the run's seed governs weights and data order.
     """
     try:
-        from mnist1d.data import get_dataset_args, make_dataset as make_mnist1d
+        from importlib.metadata import version
+        generator_version = f"mnist1d {version('mnist1d')}, conversion {MNIST1D_CONVERSION}"
     except ImportError:
         raise UserError("mnist1d: the 'mnist1d' package is not installed; "
                         "run: pip install 'scaletrain[mnist1d]'") from None
-    args = get_dataset_args()
-    args.num_samples = num_samples or args.num_samples
-    args.seed = seed
-    raw = make_mnist1d(args)
-    # make_dataset returns float64 arrays; as_features converts them to float32 explicitly.
-    train = ArraySplit(with_channel_dim(as_features(raw["x"], "mnist1d"), 1),
-                       as_labels(raw["y"], len(raw["x"]), 10, "mnist1d"))
-    test = ArraySplit(with_channel_dim(as_features(raw["x_test"], "mnist1d"), 1),
-                      as_labels(raw["y_test"], len(raw["x_test"]), 10, "mnist1d"))
-    return make_dataset("mnist1d", train, test, num_classes=10)
+
+    def generate() -> dict[str, torch.Tensor]:
+        from mnist1d.data import get_dataset_args, make_dataset as make_mnist1d
+        args = get_dataset_args()
+        args.num_samples = num_samples or args.num_samples
+        args.seed = seed
+        raw = make_mnist1d(args)
+        # make_dataset returns float64 arrays; as_features converts them to float32 explicitly.
+        return {"x": with_channel_dim(as_features(raw["x"], "mnist1d"), 1),
+                "y": as_labels(raw["y"], len(raw["x"]), 10, "mnist1d"),
+                "x_test": with_channel_dim(as_features(raw["x_test"], "mnist1d"), 1),
+                "y_test": as_labels(raw["y_test"], len(raw["x_test"]), 10, "mnist1d")}
+
+    t = cached_tensors("mnist1d", generator_version, {"num_samples": num_samples, "seed": seed}, generate)
+    return make_dataset("mnist1d", ArraySplit(t["x"], t["y"]), ArraySplit(t["x_test"], t["y_test"]), num_classes=10)
 
 
 def load_digits(seed: int = 0) -> Dataset:
     """scikit-learn's bundled 8x8 digits (1,797 samples), split 80/20 with a fixed seed."""
     try:
-        from sklearn.datasets import load_digits as sk_load_digits
+        from importlib.metadata import version
+        generator_version = f"scikit-learn {version('scikit-learn')}, conversion {DIGITS_CONVERSION}"
     except ImportError:
         raise UserError("digits: scikit-learn is not installed; run: pip install 'scaletrain[digits]'") from None
-    bunch = sk_load_digits()
-    x = as_features(bunch.images, "digits").unsqueeze(1)
-    y = as_labels(bunch.target, len(x), 10, "digits")
-    train, test = random_split(x, y, test_fraction=0.2, seed=seed)
+
+    def read() -> dict[str, torch.Tensor]:
+        from sklearn.datasets import load_digits as sk_load_digits
+        bunch = sk_load_digits()
+        return {"x": as_features(bunch.images, "digits").unsqueeze(1),
+                "y": as_labels(bunch.target, len(bunch.images), 10, "digits")}
+
+    t = cached_tensors("digits", generator_version, {}, read)
+    train, test = random_split(t["x"], t["y"], test_fraction=0.2, seed=seed)
     return make_dataset("digits", train, test, num_classes=10)
 
 
