@@ -1,6 +1,8 @@
 """One registry style for every pluggable concept (models, data sets, tasks, precisions,
-strategies): a `Registry` filled by decorated definitions in the modules of one package, which
-the package finds by importing all of its modules (`discover`), so nothing else lists a new one.
+strategies): a `Registry` filled by decorated definitions in the modules of one package. The
+package's modules are found from the names they declare (`Declarations`), and one is imported
+when a name it declares is asked for, so nothing else lists a new one; a user's own package is
+found by importing all of its modules (`discover`).
 
 The config owns the choice lists users may name (`Choices`, in config.py's language); a registry
 adds each name it registers to its list, so the config's checks and the registry cannot drift.
@@ -31,6 +33,7 @@ class Declarations:
     def __init__(self, package: str, registrar: str):
         self.package, self.registrar = package, registrar
         self._found: dict[str, tuple[str, ...] | str] | None = None
+        self._modules: dict[str, str] = {}
 
     def variants(self) -> dict[str, tuple[str, ...] | str]:
         """Each declared name and what may follow `NAME-` (an empty tuple: nothing)."""
@@ -41,8 +44,16 @@ class Declarations:
                 for path in sorted(Path(root).rglob("*.py")):
                     text = path.read_text(encoding="utf-8")
                     if self.registrar + "(" in text:
-                        self._found.update(self._read(ast.parse(text, filename=str(path))))
+                        found = self._read(ast.parse(text, filename=str(path)))
+                        module = ".".join((self.package, *path.relative_to(root).with_suffix("").parts))
+                        self._modules.update(dict.fromkeys(found, module.removesuffix(".__init__")))
+                        self._found.update(found)
         return self._found
+
+    def modules(self) -> dict[str, str]:
+        """Each declared name and the module that registers it (imported to register it)."""
+        self.variants()
+        return self._modules
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.variants())
@@ -105,11 +116,16 @@ class Choices:
 
 class Registry(Mapping[str, Any]):
     """Names to the things they select. `kind` and `flag` word the one-line error for a name that
-    is not there; `choices` is the config's list the names are added to (None: unchecked there)."""
+    is not there; `choices` is the config's list the names are added to (None: unchecked there).
+
+    Entries are imported on first use: asking for one name imports only the module its choices
+    declare for it (a run on one device never imports the sharding strategies and
+    torch.distributed.checkpoint with them); listing them all imports every declaring module."""
 
     def __init__(self, kind: str, flag: str, choices: Choices | None = None):
         self.kind, self.flag, self.choices = kind, flag, choices
         self._entries: dict[str, Any] = {}
+        self._all_loaded = False
 
     def add(self, name: str, entry: Any) -> Any:
         if name in self._entries:
@@ -127,20 +143,38 @@ class Registry(Mapping[str, Any]):
             return self.add(name, thing)
         return add
 
+    def _declared_modules(self) -> dict[str, str]:
+        declared = self.choices.declared if self.choices is not None else None
+        return declared.modules() if declared is not None else {}
+
+    def _load(self, name: str) -> None:
+        module = self._declared_modules().get(name)
+        if name not in self._entries and module is not None:
+            importlib.import_module(module)         # registers it
+
+    def _load_all(self) -> None:
+        if not self._all_loaded:
+            for module in sorted(set(self._declared_modules().values())):
+                importlib.import_module(module)
+            self._all_loaded = True
+
     def get(self, name: str) -> Any:
         try:
-            return self._entries[name]
+            return self[name]
         except KeyError:
             known = list(self.choices) if self.choices is not None else list(self)
             raise ConfigError(f"unknown {self.kind} '{name}'; choose one of: {', '.join(known)}") from None
 
     def __getitem__(self, name: str) -> Any:
+        self._load(name)
         return self._entries[name]
 
     def __iter__(self) -> Iterator[str]:
+        self._load_all()
         return iter(sorted(self._entries))      # alphabetical: independent of import order
 
     def __len__(self) -> int:
+        self._load_all()
         return len(self._entries)
 
 

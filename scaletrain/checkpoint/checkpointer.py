@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
-import torch.distributed.checkpoint as dcp
 
-from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
 from scaletrain.checkpoint.store import CheckpointStore
 from scaletrain.errors import ConfigError, UserError
 
@@ -72,6 +70,8 @@ class Checkpointer:
         return global_step // self.every > (global_step - steps_just_run) // self.every
 
     def save(self, trainer) -> Path:
+        # DCP is imported here, not with the module: 0.5 s that only a run that saves or resumes pays.
+        import torch.distributed.checkpoint as dcp
         strategy = trainer.strategy
         position = trainer.position()
         path = self.store.path_for(position["global_step"])
@@ -130,6 +130,8 @@ class Checkpointer:
         return Path(message["path"]) if message["path"] else None
 
     def restore(self, trainer) -> Position:
+        import torch.distributed.checkpoint as dcp
+        from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
         path = self._agreed_path(trainer.strategy)
         if path is None:
             return Position()
@@ -164,6 +166,8 @@ def load_model_weights(path: Path, model: torch.nn.Module) -> None:
     """Fills `model`'s weights in place from a committed checkpoint and nothing else (no optimizer,
     RNG or loop position): DCP reshards whatever layout saved it onto this one. The checkpoint is
     verified against its manifest first. Raises UserError for an unsafe or damaged checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
     problem = CheckpointStore.problem(path)
     if problem:
         raise UserError(f"checkpoint {path} is damaged ({problem})")

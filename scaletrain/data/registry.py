@@ -1,15 +1,11 @@
 """Data sets by name. Each module of this package registers the data sets it reads
-(`@register_dataset`, source.py) and is imported here, so a new data set is one decorated loader
-in one new file. Sub-packages (shards, with its optional dependency) are not entered."""
+(`@register_dataset`, source.py) and is imported when a name it declares is asked for
+(registry.py), so a new data set is one decorated loader in one new file."""
 
 from __future__ import annotations
 
-import scaletrain.data as _package
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
 from scaletrain.data.source import DATA_SOURCES
-from scaletrain.registry import discover
-
-discover(_package)
 
 
 def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:

@@ -1,5 +1,6 @@
-"""Models by name: every module of this package registers its builders (`@register_model`,
-builder.py) and is imported here, so a new model is one decorated builder in one new file. A
+"""Models by name: each module of this package registers its builders (`@register_model`,
+builder.py) and is imported when a name it declares is asked for (registry.py), so a new model
+is one decorated builder in one new file. A
 user's own builder is named `package.module:function` and takes the same arguments as ours but
 the variant: `f(input_shape, num_classes, **options) -> nn.Module`.
 """
@@ -10,13 +11,9 @@ import importlib
 
 from torch import nn
 
-import scaletrain.models as _package
 from scaletrain.errors import ConfigError
 from scaletrain.models.builder import MODEL_BUILDERS
 from scaletrain.models.names import model_names
-from scaletrain.registry import discover
-
-discover(_package)
 
 
 def _import_builder(name: str):

@@ -1,19 +1,15 @@
 """Strategies by name. `auto` is ddp when the job has several processes, single otherwise.
 
-Each strategy registers itself with `@register_strategy` (base.py). Every module of this
-package (and of its sub-packages) is imported here, so a new strategy is one new file: nothing
-else lists it.
+Each strategy registers itself with `@register_strategy` (base.py), and its module (in this
+package or a sub-package) is imported when its name is asked for (registry.py), so a new
+strategy is one new file: nothing else lists it.
 """
 
 from __future__ import annotations
 
-import scaletrain.distributed.strategies as _package
 from scaletrain.distributed.env import DistEnv, dist_env
 from scaletrain.distributed.layout import Layout
 from scaletrain.distributed.strategies.base import STRATEGIES, Strategy
-from scaletrain.registry import discover
-
-discover(_package, recursive=True)     # each strategy file registers itself
 
 
 def plannable_strategies() -> tuple[str, ...]:
