@@ -89,7 +89,8 @@ def main() -> None:
     from scaletrain.tracking.store import RunStore
     store = RunStore(work / "scaletrain-runs" / "runs.db")
     store.start_run("abcd1234", name="probe", config={"model": {"name": "cnn1d"}}, environment={"device": "cpu"})
-    store.finish_run("abcd1234", "finished", summary={"epochs_run": 1})
+    # (with an accuracy: the baseline's `runs list` cannot show a run without one)
+    store.finish_run("abcd1234", "finished", summary={"epochs_run": 1, "best_val_accuracy": 0.9})
     store.close()
 
     results: dict[str, dict[str, list[float]]] = {}
