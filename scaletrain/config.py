@@ -246,6 +246,9 @@ class CheckpointConfig:
     dir: str | None = _f(None, "checkpoint folder (default: <run folder>/checkpoints)", resumable=True)
     keep: int = _f(3, "keep the newest K complete checkpoints", ge=1, resumable=True)
     resume: str | None = _f(None, "'auto' (newest complete checkpoint of the run folder) or a checkpoint folder", resumable=True)
+    async_save: bool = _f(True, "write checkpoints in the background (staged to host memory first; training waits "
+                                "only for the copy); --no-async-save: training waits for the whole write",
+                          resumable=True)
 
 
 @dataclass(kw_only=True, slots=True)

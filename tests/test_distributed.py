@@ -91,12 +91,13 @@ def _run_with_checkpoints(tmp_path, name, extra=(), nproc=2):
     return args
 
 
-def test_killed_run_resumed_equals_uninterrupted_run_bitwise(tmp_path):
-    full = run(_run_with_checkpoints(tmp_path, "full"), tmp_path)
+@pytest.mark.parametrize("saving", ["--async-save", "--no-async-save"])
+def test_killed_run_resumed_equals_uninterrupted_run_bitwise(tmp_path, saving):
+    full = run(_run_with_checkpoints(tmp_path, "full", [saving]), tmp_path)
     assert full.returncode == 0, full.stderr
     # The same run, slowed down, SIGKILLed (launcher and workers) once a mid-run checkpoint is committed.
-    kill_slowed_run_after_checkpoint(_run_with_checkpoints(tmp_path, "cut"), tmp_path, tmp_path / "cut", step=21,
-                                     delay_s=0.02)
+    kill_slowed_run_after_checkpoint(_run_with_checkpoints(tmp_path, "cut", [saving]), tmp_path, tmp_path / "cut",
+                                     step=21, delay_s=0.02)
     assert not (tmp_path / "cut" / "model.pt").exists()
     # A resume continues with the run's own model (the slow one: the same weights and arithmetic).
     resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto", "--nproc", "2"], tmp_path)
@@ -158,11 +159,12 @@ def test_bf16_gradient_compression_trains_close_to_full_precision(tmp_path):
     assert b["val_accuracy"] == pytest.approx(a["val_accuracy"], abs=0.05)
 
 
-def test_kill_during_a_checkpoint_write_leaves_the_newest_complete_one_readable(tmp_path):
+@pytest.mark.parametrize("saving", ["--async-save", "--no-async-save"])
+def test_kill_during_a_checkpoint_write_leaves_the_newest_complete_one_readable(tmp_path, saving):
     run_dir = tmp_path / "r"
     ckpts = run_dir / "checkpoints"
     args = ["train", *DIGITS_MLP, "--model-option", "hidden=[1024,1024]", "--epochs", "20", "--batch-size", "64",
-            "--checkpoint-every", "1", "--keep-checkpoints", "2", "--run-dir", str(run_dir)]
+            "--checkpoint-every", "1", "--keep-checkpoints", "2", "--run-dir", str(run_dir), saving]
 
     def caught_mid_write():
         done = committed_steps(ckpts)

@@ -6,12 +6,21 @@ Saving is collective: every rank enters `save` at the same global step (the step
 same everywhere), writes its part, and the chief then commits and prunes. Loading picks the newest
 complete checkpoint ('auto') or a named one, loads in place, and hands the trainer the loop
 position to continue from.
+
+By default a save runs in the background (DCP's `async_save`): the state is staged to host memory
+(a copy, so training may change it at once), written by a writer thread, and committed by the
+chief only when every rank's part is written; training stalls only for the copy. One save is in
+flight at a time (its copy is the memory this costs); the next save, and the end of training,
+wait for it. A crash mid-write leaves a folder without COMMITTED, exactly as a synchronous save
+would. Ranks write over a gloo group of their own, so the writer thread's collectives never
+interleave with the training's. A strategy whose checkpoint involves processes that do not train
+(`CheckpointJoining`: parameter servers) saves synchronously.
 """
 
 from __future__ import annotations
 
-import contextlib
 import shutil
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +32,11 @@ from scaletrain.checkpoint.store import CheckpointStore
 from scaletrain.errors import ConfigError, UserError
 
 
-@contextlib.contextmanager
-def _single_process_quiet():
-    """DCP warns on every call without a process group; one process is a case we mean."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process.*")
-        yield
+def _quiet_single_process() -> None:
+    """DCP warns on every call without a process group; one process is a case we mean. The filter
+    is process-wide: a background save warns on DCP's writer thread, which a `catch_warnings`
+    block (not thread-safe) would not cover."""
+    warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process.*")
 
 
 @dataclass(slots=True)
@@ -54,14 +62,26 @@ class CheckpointJoining(Protocol):
         """What this process writes of the trainer's state (training/state.py)."""
 
 
+class PendingSave:
+    """A background save: done once this rank's part is written and, on the chief, committed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.finished = threading.Event()
+        self.failure: BaseException | None = None
+
+
 class Checkpointer:
-    def __init__(self, store: CheckpointStore, every: int = 0, resume: str | None = None):
+    def __init__(self, store: CheckpointStore, every: int = 0, resume: str | None = None, background: bool = True):
         self.store = store
         self.every = every
         self.resume = resume
+        self.background = background
         self.last_saved_step: int | None = None
         self.last_saved_position: tuple[int, int] | None = None   # (epoch, step in epoch)
         self.saves = 0
+        self._pending: PendingSave | None = None
+        self._writer_group = None       # the background writes' own gloo group (several processes)
 
     def due(self, global_step: int, steps_just_run: int) -> bool:
         """True when a multiple of `every` was crossed by the last execution of steps."""
@@ -72,6 +92,7 @@ class Checkpointer:
     def save(self, trainer) -> Path:
         # DCP is imported here, not with the module: 0.5 s that only a run that saves or resumes pays.
         import torch.distributed.checkpoint as dcp
+        self.wait()         # the previous background save: one in flight at a time
         strategy = trainer.strategy
         position = trainer.position()
         path = self.store.path_for(position["global_step"])
@@ -82,19 +103,61 @@ class Checkpointer:
             shutil.rmtree(path)
         strategy.barrier()
         state, group = trainer.state_dict(), None
-        if isinstance(strategy, CheckpointJoining):   # processes that do not train write their part too
+        joining = isinstance(strategy, CheckpointJoining)
+        if joining:   # processes that do not train write their part too
             strategy.join_checkpoint(path, loading=False)
             state, group = strategy.state_to_save(state), strategy.checkpoint_group
-        with _single_process_quiet():
+        if self.background and not joining:
+            self._start_background_save(state, path, position, strategy)
+        else:
+            _quiet_single_process()
             # Returns once every rank's part and the metadata are written.
             dcp.save(state, checkpoint_id=str(path), process_group=group)
-        if strategy.is_chief:
-            self.store.commit(path, position)
-            self.store.prune()
+            if strategy.is_chief:
+                self.store.commit(path, position)
+                self.store.prune()
         self.last_saved_step = position["global_step"]
         self.last_saved_position = (position["epoch"], position["epoch_step"])
         self.saves += 1
         return path
+
+    def _start_background_save(self, state: dict, path: Path, position: dict, strategy) -> None:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        several = dist.is_available() and dist.is_initialized()
+        if several and self._writer_group is None:
+            # Collective: every rank is here, at the same step.
+            self._writer_group = dist.new_group(backend="gloo")
+        _quiet_single_process()
+        pending = PendingSave(path)
+        # Stages (copies) the state before it returns; the writing runs on DCP's writer thread.
+        future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._writer_group,
+                                no_dist=not several)
+        chief = strategy.is_chief
+
+        def finish(done) -> None:          # on the writer thread, once this rank's part is written
+            try:
+                done.result()
+                if chief:                   # the coordinator's save returns after every rank's part
+                    self.store.commit(path, position)
+                    self.store.prune()
+            except BaseException as exc:    # raised in the training thread, by wait()
+                pending.failure = exc
+            finally:
+                pending.finished.set()
+
+        self._pending = pending
+        future.add_done_callback(finish)
+
+    def wait(self) -> None:
+        """Returns once the background save in flight (if any) is written and committed; raises
+        what it raised."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.finished.wait()
+        if pending.failure is not None:
+            raise pending.failure
 
     def find(self) -> Path | None:
         """The checkpoint to resume from (verified against its manifest), or None to start fresh."""
@@ -153,9 +216,8 @@ class Checkpointer:
         if isinstance(trainer.strategy, CheckpointJoining):
             trainer.strategy.join_checkpoint(path, loading=True)
             group = trainer.strategy.checkpoint_group
-        with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
-                     process_group=group)
+        _quiet_single_process()
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(), process_group=group)
         values = trainer.load_state_dict(state, saved_world, saved_replicas)
         self.last_saved_step = values["global_step"]
         self.last_saved_position = (values["epoch"], values["epoch_step"])
@@ -175,7 +237,6 @@ def load_model_weights(path: Path, model: torch.nn.Module) -> None:
         SafeFileSystemReader(str(path)).read_metadata()
     except UnsafeCheckpoint as exc:
         raise UserError(f"checkpoint {path} was refused: {exc}") from None
-    with _single_process_quiet():
-        dcp.load({"model": model.state_dict()}, storage_reader=SafeFileSystemReader(str(path)),
-                 planner=SafeLoadPlanner())
+    _quiet_single_process()
+    dcp.load({"model": model.state_dict()}, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
 

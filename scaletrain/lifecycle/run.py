@@ -226,7 +226,8 @@ def make_checkpointer(plan: RunPlan, cfg: TrainConfig, env) -> Checkpointer | No
     resume = cfg.checkpoint.resume or ("auto" if plan.mode == "resume" or env.restart_count > 0 else None)
     if cfg.checkpoint.every <= 0 and resume is None:
         return None
-    return Checkpointer(checkpoint_store(cfg, plan.folder), every=cfg.checkpoint.every, resume=resume)
+    return Checkpointer(checkpoint_store(cfg, plan.folder), every=cfg.checkpoint.every, resume=resume,
+                        background=cfg.checkpoint.async_save)
 
 
 def open_run(plan: RunPlan, cfg: TrainConfig, env) -> Run:

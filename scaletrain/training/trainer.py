@@ -228,6 +228,10 @@ class Trainer:
             started = time.perf_counter()
             self.checkpointer.save(self)  # the final state, so a resumed finished run has nothing left to do
             self.checkpoint_time_s += time.perf_counter() - started
+        if self.checkpointer is not None:
+            started = time.perf_counter()
+            self.checkpointer.wait()      # a background save still writing: the run ends once it is committed
+            self.checkpoint_time_s += time.perf_counter() - started
         self.callbacks.call("on_train_end", self, logs)
         return self.history
 
