@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from scaletrain.errors import ConfigError
-from scaletrain.registry import Choices, Declarations
+from scaletrain.registry import Choices, Declarations, Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,24 +194,27 @@ class DistributedConfig:
                                resumable=True)
     step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast", gt=0,
                                resumable=True)
-    # The strategies' own tables ([distributed.ps], [distributed.pipeline], ...), by name.
+    # The strategies' own tables ([distributed.ps], [distributed.pipeline], ...), by name: each is
+    # registered by a module of the strategies' package that declares it (`register_table`), imported
+    # when the tables are first asked for (registry.py). Those modules import no torch.
     tables: dict = field(default_factory=lambda: {n: t.cls() for n, t in DistributedConfig.TABLES.items()},
                          repr=False, metadata={"tables": True})
-    TABLES: typing.ClassVar[dict[str, Table]] = {}
+    TABLES: typing.ClassVar[Registry] = Registry(
+        "option table", "[distributed.<name>]",
+        choices=Choices(declared=Declarations("scaletrain.distributed.strategies", "register_table")))
 
     def __getattr__(self, name: str):
         # Only reached for names that are not fields: a registered table, made on first use.
-        table = DistributedConfig.TABLES.get(name)
-        if table is None:
+        if name.startswith("__") or name not in DistributedConfig.TABLES:
             raise AttributeError(f"DistributedConfig has no field or table '{name}'")
-        return self.tables.setdefault(name, table.cls())
+        return self.tables.setdefault(name, DistributedConfig.TABLES[name].cls())
 
 
 def register_table(name: str, cls: type, owners: tuple[str, ...]) -> type:
     """Adds the option table `cls` as `[distributed.<name>]` (flags: its fields' names), read by the
-    strategies `owners`. Strategy files call this as they are imported (all are, by scaletrain's
-    package import), so configs, flags and checks see every table."""
-    DistributedConfig.TABLES[name] = Table(cls, tuple(owners))
+    strategies `owners`. Called in a module of the strategies' package that imports no torch (ps's
+    options.py, hsdp_options.py): configs, flags and `--help` find it by its declaration there."""
+    DistributedConfig.TABLES.add(name, Table(cls, tuple(owners)))
     return cls
 
 

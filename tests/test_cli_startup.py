@@ -49,3 +49,17 @@ def test_a_config_error_is_found_without_torch(tmp_path):
     assert out.stdout.split() == ["NO-TORCH", "2"]
     assert "unknown" in out.stderr or "one of" in out.stderr
     assert "mnist1d" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_strategies_option_tables_are_known_without_importing_them(tmp_path):
+    """`--shard-size`, `--stages`, `--num-ps` belong to tables the strategies own; the config and
+    the flags find them by their declarations, in modules that import no torch."""
+    probe = ("import sys\n"
+             "from scaletrain.cli.main import build_parser\n"
+             "from scaletrain.cli.train import config_from_args\n"
+             "cfg = config_from_args(build_parser('train').parse_args(['train', '--strategy', 'hsdp', '--shard-size', '2']))\n"
+             "print(cfg.distributed.hsdp.shard_size, sorted(cfg.distributed.tables), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=cli_env(),
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(maxsplit=1) == ["2", "['hsdp', 'pipeline', 'ps', 'tensor'] False\n"]

@@ -15,29 +15,12 @@ weights for export, and DCP checkpoints, which reshard by name onto any other la
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from scaletrain.config import _f, register_table
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.fsdp import FSDPStrategy
 
-
-@dataclass(kw_only=True, slots=True)
-class HSDPOptions:
-    """[distributed.hsdp]."""
-    shard_size: int = _f(0, "--strategy hsdp: ranks each parameter is sharded over; the job's ranks form groups of "
-                            "this many, replicated across groups (0: the processes of one host)", ge=0)
-
-    def group(self, world: int) -> int:
-        """The shard group's size in a job of `world` processes."""
-        return self.shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
-
-
-register_table("hsdp", HSDPOptions, owners=("hsdp",))
 
 
 @register_strategy("hsdp")
