@@ -5,8 +5,8 @@ copy to host memory; the writing and the commit run on DCP's writer thread), int
 (A B, B A, ...), fresh run folders each time.
 
 Each `Checkpointer.save` call is timed on the training thread: that is the stall. The wait at the
-end for the last background save is reported apart, and so is the steady-state images/sec, since
-a background write shares the CPU with the training.
+end for the last background save is reported apart, and so are the steady-state images/sec (a
+background write shares the CPU with the training) and the whole run's wall time.
 
   python benchmarks/checkpoint_stall.py --model vit-small --repeats 3
 """
@@ -85,12 +85,15 @@ def main() -> None:
     end_waits: dict[str, list[float]] = {s: [] for s in sides}
     speed: dict[str, list[float]] = {s: [] for s in sides}
     saved: dict[str, list[int]] = {s: [] for s in sides}
+    walls: dict[str, list[float]] = {s: [] for s in sides}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for repeat in range(args.repeats):
             for side in (("sync", "async") if repeat % 2 == 0 else ("async", "sync")):
                 with TimedSaves() as timed:
+                    start = time.perf_counter()
                     summary, _ = run_training(config(root, f"{side}-{repeat}", args, sides[side]), console=quiet)
+                    walls[side].append(time.perf_counter() - start)
                 # The final save happens after the last epoch (not a mid-training stall): leave it out.
                 stalls[side] += timed.saves[:-1] if len(timed.saves) > 1 else timed.saves
                 end_waits[side].append(sum(timed.final_wait))
@@ -104,7 +107,8 @@ def main() -> None:
         st, ips = spread(stalls[side]), spread(speed[side])
         print(f"{side:>5}: stall per mid-run save {st['median'] * 1e3:,.0f} ms (min {st['min'] * 1e3:,.0f}, "
               f"max {st['max'] * 1e3:,.0f}, n={st['n']}); end-of-run wait {spread(end_waits[side])['median'] * 1e3:,.0f} ms; "
-              f"images/sec {ips['median']:,.1f} ({ips['min']:,.1f}-{ips['max']:,.1f}); saves per run {saved[side]}")
+              f"images/sec {ips['median']:,.1f} ({ips['min']:,.1f}-{ips['max']:,.1f}); "
+              f"run wall {spread(walls[side])['median']:.1f} s; saves per run {saved[side]}")
     ratio = spread(stalls["sync"])["median"] / spread(stalls["async"])["median"]
     print(f"stall ratio (sync / async, medians): {ratio:.1f}x")
 

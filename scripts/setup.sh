@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates ./.venv and installs scaletrain into it (editable) with the extras named in $1.
+# Creates ./.venv and installs scaletrain into it (editable) with the extras named in $1
+# (uv where available, else pip).
 #
 # Torch is never pulled from the registry by accident: a torch>=2.6 already installed for the
 # system Python (the CUDA build on a GPU box) is reused through --system-site-packages; on a box
@@ -30,4 +31,18 @@ if ! has_torch .venv/bin/python; then
   echo "setup: no torch>=2.6 found; installing the CPU build torch==2.13.0"
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
 fi
-.venv/bin/python -m pip install --quiet -e ".[${extras}]"
+# scaletrain and its extras: with uv where it can be had (about 2 s instead of about 19 s for the
+# default recipe's extras on the 2-core machine), else pip. The torch in place is pinned as a
+# constraint, so uv can only keep it: if it cannot see it (a torch reused from the system), the
+# pin fails to resolve and pip, which sees it, does the install instead.
+torch_version="$(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+pin="$(mktemp)"
+trap 'rm -f "$pin"' EXIT
+echo "torch==${torch_version}" > "$pin"
+if .venv/bin/python -m pip install --quiet uv 2>/dev/null \
+    && .venv/bin/python -m uv pip install --quiet --python .venv/bin/python --constraint "$pin" -e ".[${extras}]"; then
+  echo "setup: installed scaletrain[${extras}] with uv (torch ${torch_version} kept)"
+else
+  echo "setup: installing scaletrain[${extras}] with pip"
+  .venv/bin/python -m pip install --quiet -e ".[${extras}]"
+fi
