@@ -19,6 +19,11 @@ from scaletrain.errors import ConfigError
 from scaletrain.registry import Choices, Declarations, Registry
 
 
+# Every integer a config value or flag feeds (tensor sizes, step counters, torch's C++ API) is at
+# most 64 bits wide: anything larger is refused here, not met later as an OverflowError.
+INT64_MAX = 2**63 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class Check:
     """The values a field admits, declared beside its default and checked once, at the boundary
@@ -48,6 +53,8 @@ class Check:
             return f"must be {self.rule}"
         if isinstance(value, float) and not math.isfinite(value):
             return "must be a finite number"
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX <= value <= INT64_MAX:
+            return f"must fit a 64-bit integer (at most {INT64_MAX:,})"
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             for bound, ok, words in ((self.ge, lambda b: value >= b, "at least"), (self.gt, lambda b: value > b, "greater than"),
                                      (self.le, lambda b: value <= b, "at most"), (self.lt, lambda b: value < b, "less than")):

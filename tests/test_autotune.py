@@ -116,9 +116,9 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--knobs", "nosuch"], "--knobs nosuch: not a knob for this training here; it has precision, compile"),
-    (["--trials", "0"], "--trials must be at least 1 (got 0)"),
-    (["--window-epochs", "1"], "--window-epochs must be at least 2"),
-    (["--loss-tolerance", "-1"], "--loss-tolerance must be a positive fraction"),
+    (["--trials", "0"], "--trials must be >= 1 (got 0)"),
+    (["--window-epochs", "1"], "--window-epochs must be >= 2"),
+    (["--loss-tolerance", "-1"], "--loss-tolerance must be > 0"),
     (["--nproc", "2"], "autotune measures one process per candidate"),
     (["--lr-rule", "cubic"], "--lr-rule must be one of none, linear, sqrt"),
     (["--device-memory", "lots"], "--device-memory"),

@@ -80,4 +80,4 @@ def test_the_cluster_evaluator_task_evaluates_the_run_and_bad_specs_are_one_line
     missing = run_here(["evaluate", "--watch", str(tmp_path / "none")], tmp_path)
     assert missing.returncode == 2 and "holds no run" in missing.stderr
     no_poll = run_here(["evaluate", "--watch", str(run_dir), "--poll-s", "0"], tmp_path)
-    assert no_poll.returncode == 2 and "--poll-s must be positive" in no_poll.stderr
+    assert no_poll.returncode == 2 and "--poll-s must be > 0" in no_poll.stderr

@@ -93,8 +93,8 @@ def test_ensemble_rejects_runs_without_models_or_on_other_data(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["multi", "missing.toml"], "config file missing.toml does not exist"),
     (["multi", "bad.toml"], "unknown config key 'epoch'"),
-    (["sweep", "batch-size", "8,16", "--repeats", "0", "--data", "digits"], "--repeats must be at least 1"),
-    (["sweep", "batch-size", "8,16", "--parallel", "0", "--data", "digits"], "--parallel must be at least 1"),
+    (["sweep", "batch-size", "8,16", "--repeats", "0", "--data", "digits"], "--repeats must be >= 1"),
+    (["sweep", "batch-size", "8,16", "--parallel", "0", "--data", "digits"], "--parallel must be >= 1"),
     (["runs", "list", "--store", "."], "is a folder"),
     (["train", "--data", "digits", "--sample-interval-s", "0"], "tracking.sample_interval_s"),
 ])

@@ -269,7 +269,7 @@ def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--strategy", "zero4"], "unknown strategy 'zero4'"),
-    (["--devices", "0"], "--devices must be at least 1"),
+    (["--devices", "0"], "--devices must be >= 1"),
     (["--device-memory", "eighty gigs"], "cannot read --device-memory 'eighty gigs'"),
     (["--batch-size", "10", "--devices", "4"], "does not divide over 4 devices"),
     (["--precision", "fp8"], "unknown precision 'fp8'"),

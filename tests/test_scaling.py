@@ -95,8 +95,8 @@ def test_scaling_command_predicts_parameter_servers(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--overlap", "1.5"], "--overlap must be between 0 and 1"),
-    (["--max-devices", "0"], "--max-devices must be at least 1"),
+    (["--overlap", "1.5"], "--overlap must be >= 0 and <= 1"),
+    (["--max-devices", "0"], "--max-devices must be >= 1"),
 ])
 def test_scaling_bad_inputs(argv, message, capsys):
     code = main(["scaling", "--model", "mlp", "--data", "digits", *argv])

@@ -63,7 +63,7 @@ def test_shard_command_round_trips_every_split_with_checksums(tmp_path):
     again = run(["shard", "--data", "digits", "--out", str(out)], tmp_path)
     assert again.returncode == 2 and "already holds files" in again.stderr and "Traceback" not in again.stderr
     zero = run(["shard", "--data", "digits", "--out", str(tmp_path / "z"), "--samples-per-shard", "0"], tmp_path)
-    assert zero.returncode == 2 and "--samples-per-shard must be at least 1" in zero.stderr
+    assert zero.returncode == 2 and "--samples-per-shard must be >= 1" in zero.stderr
 
 
 @pytest.mark.parametrize("shards,world", [(8, 2), (7, 2)])

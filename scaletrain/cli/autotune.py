@@ -7,15 +7,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from scaletrain.cli.flags import add_number
+
 
 def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
     g = parser.add_argument_group("autotune")
-    g.add_argument("--trials", type=int, default=12, help="candidates to measure, the given configuration "
+    add_number(g, "--trials", int, ge=1, default=12, help="candidates to measure, the given configuration "
                    "included (default 12; at most every candidate the planner lets through)")
-    g.add_argument("--steps", type=int, default=20, help="optimizer steps per epoch of each candidate's measured "
+    add_number(g, "--steps", int, ge=1, default=20, help="optimizer steps per epoch of each candidate's measured "
                    "window (default 20)")
-    g.add_argument("--window-epochs", type=int, default=3, help="epochs per candidate, the first a warm-up "
+    add_number(g, "--window-epochs", int, ge=2, default=3, help="epochs per candidate, the first a warm-up "
                    "(compilation) timed apart (default 3)")
     g.add_argument("--out", help="folder for the study, the trials, autotune.json and best.toml (default: "
                    "<run store folder>/autotune/<study name>); rerun with the same folder to go on")
@@ -32,10 +34,10 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
                    "(default: every knob that applies; the table's header names them)")
     g.add_argument("--device-memory", metavar="BYTES", help="the memory a candidate may use, e.g. 16GiB (default: "
                    "the GPU's, or the host memory free now)")
-    g.add_argument("--loss-tolerance", type=float, default=None,
+    add_number(g, "--loss-tolerance", float, gt=0, default=None,
                    help="largest relative departure of a candidate's per-epoch training loss from the given "
                         "configuration's (default 0.02)")
-    g.add_argument("--loss-tolerance-16bit", type=float, default=None,
+    add_number(g, "--loss-tolerance-16bit", float, gt=0, default=None,
                    help="the same where the candidate's precision changes the arithmetic (default 0.05)")
     add_train_arguments(parser)
 

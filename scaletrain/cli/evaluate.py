@@ -6,6 +6,7 @@ import argparse
 
 from scaletrain.console import make_console
 from scaletrain.errors import ConfigError
+from scaletrain.cli.flags import add_number
 
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,7 +14,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the run folder of a training: evaluate each checkpoint it commits, until it ends")
     parser.add_argument("--once", action="store_true",
                         help="evaluate the checkpoints committed so far and stop, instead of following the run")
-    parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks for new checkpoints")
+    add_number(parser, "--poll-s", float, gt=0, default=2.0, help="seconds between looks for new checkpoints")
     parser.add_argument("--device", default=None, help="the one device to evaluate on (default: the run's --device)")
     parser.add_argument("--store", default=None,
                         help="the run store to record into (default: the run's own, relative to this folder)")

@@ -13,20 +13,21 @@ from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.memory.units import format_bytes, parse_bytes
+from scaletrain.cli.flags import add_number
 
 
 def add_find_batch_size_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
     add_train_arguments(parser)
     g = parser.add_argument_group("batch-size search")
-    g.add_argument("--first-batch-size", type=int, default=1, help="first per-device batch tried (then doubled)")
-    g.add_argument("--max-batch-size", type=int, default=65536, help="largest per-device batch tried")
-    g.add_argument("--trial-steps", type=int, default=3, help="real training steps per trial (the first untimed)")
-    g.add_argument("--margin", type=float, default=0.1,
+    add_number(g, "--first-batch-size", int, ge=1, default=1, help="first per-device batch tried (then doubled)")
+    add_number(g, "--max-batch-size", int, ge=1, default=65536, help="largest per-device batch tried")
+    add_number(g, "--trial-steps", int, ge=1, default=3, help="real training steps per trial (the first untimed)")
+    add_number(g, "--margin", float, ge=0, lt=1, default=0.1,
                    help="safety margin: the recommended batch is this fraction below the largest that ran")
     g.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="memory budget per device, e.g. 2GB (required on CPU, optional on GPU)")
-    g.add_argument("--global-batch", type=int, default=None,
+    add_number(g, "--global-batch", int, ge=1, default=None,
                    help="hold this global batch fixed: gradient accumulation makes up what does not fit")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
 

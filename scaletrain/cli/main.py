@@ -93,9 +93,10 @@ def run_list(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and any(c.name == argv[0] for c in COMMANDS) else ""    # `--help`: no command's arguments
-    args = build_parser(only=named).parse_args(argv)
-    command = next(c for c in COMMANDS if c.name == args.command)
     try:
+        # A flag's own check (cli/flags.py) raises a ConfigError while parsing: one line, exit 2.
+        args = build_parser(only=named).parse_args(argv)
+        command = next(c for c in COMMANDS if c.name == args.command)
         return _function(command, command.run)(args, argv[1:])
     except UserError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)

@@ -10,11 +10,12 @@ from pathlib import Path
 from rich.text import Text
 
 from scaletrain.tracking.store import DEFAULT_STORE
+from scaletrain.cli.flags import add_number
 
 
 def add_multi_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("configs", nargs="+", metavar="CONFIG", help="TOML training configs, one training each")
-    parser.add_argument("--parallel", type=int, help="trainings at once (default: one per GPU, else one per core)")
+    add_number(parser, "--parallel", int, ge=1, help="trainings at once (default: one per GPU, else one per core)")
     parser.add_argument("--out", help="folder for the runs (default: a new folder under the run store's folder)")
     parser.add_argument("--group", help="the runs' group in the store (default: multi-<time>)")
     parser.add_argument("--store", help="record every run in this store (default: each config's own)")

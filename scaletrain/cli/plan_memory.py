@@ -16,16 +16,17 @@ from rich.table import Table
 
 from scaletrain.errors import ConfigError
 from scaletrain.memory.units import format_bytes, parse_bytes
+from scaletrain.cli.flags import add_number
 
 
 def add_plan_memory_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
     add_train_arguments(parser)
     g = parser.add_argument_group("memory plan")
-    g.add_argument("--devices", type=int, default=1, help="devices the global batch is split over")
+    add_number(g, "--devices", int, ge=1, default=1, help="devices the global batch is split over")
     g.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="memory of one device, e.g. 80GB or 80GiB: adds the largest batch that fits")
-    g.add_argument("--headroom", type=float, default=0.05,
+    add_number(g, "--headroom", float, ge=0, lt=1, default=0.05,
                    help="fraction of --device-memory kept free (allocator fragmentation, CUDA context)")
     g.add_argument("--json", action="store_true", help="print the plans as a JSON list")
 
@@ -58,8 +59,6 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
                               "or pipeline (alone: a row per stage)")
     for name in precisions:
         get_policy(name)
-    if args.devices < 1:
-        raise ConfigError(f"--devices must be at least 1 (got {args.devices})")
     memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory is not None else None
     shape, classes, task = sample_shape(cfg.data)
     plans = []

@@ -15,6 +15,7 @@ from scaletrain.cli.console import wide_console
 from scaletrain.errors import UserError
 from scaletrain.lifecycle.paths import check_writable_file
 from scaletrain.tracking.store import DEFAULT_STORE, RunRecord, RunStore
+from scaletrain.cli.flags import add_number
 
 
 def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +28,7 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
 
     listing = command("list", "the recorded runs, oldest first")
     listing.add_argument("--group", help="only runs of this group (a sweep, a study)")
-    listing.add_argument("--last", type=int, help="only the newest N runs")
+    add_number(listing, "--last", int, ge=1, help="only the newest N runs")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show = command("show", "one run: config, environment, summary and per-epoch metrics")
     show.add_argument("run_id", help="a run id or a unique prefix of one")
@@ -38,7 +39,7 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     report = command("report", "a self-contained HTML report with plots (opens offline)")
     report.add_argument("run_ids", nargs="*", metavar="ID", help="run ids (default: --group's runs, else the newest 10)")
     report.add_argument("--group", help="report on this group's runs")
-    report.add_argument("--last", type=int, default=10, help="without ids or --group: the newest N runs (default 10)")
+    add_number(report, "--last", int, ge=1, default=10, help="without ids or --group: the newest N runs (default 10)")
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
     report.add_argument("--title", default="scaletrain runs", help="the report's title")
 

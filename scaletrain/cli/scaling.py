@@ -9,6 +9,7 @@ import sys
 from scaletrain.console import make_console
 from rich.table import Table
 
+from scaletrain.cli.flags import add_number
 from scaletrain.errors import ConfigError
 from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
 from scaletrain.planning.scaling import (ScalingInputs, device_counts, explain, predict, predict_parameter_server,
@@ -22,17 +23,17 @@ def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--interconnect", default=None, choices=list(INTERCONNECTS),
                    help="link between devices of one host (default: nvlink-h100 on CUDA, pcie4 otherwise)")
     g.add_argument("--network", default="100g", choices=list(INTERCONNECTS), help="link between hosts")
-    g.add_argument("--devices-per-host", type=int, default=8)
-    g.add_argument("--max-devices", type=int, default=64)
-    g.add_argument("--overlap", type=float, default=0.8,
+    add_number(g, "--devices-per-host", int, ge=1, default=8)
+    add_number(g, "--max-devices", int, ge=1, default=64)
+    add_number(g, "--overlap", float, ge=0, le=1, default=0.8,
                    help="largest fraction of the all-reduce that can hide behind the backward pass")
-    g.add_argument("--measure-steps", type=int, default=20, help="timed steps on one device")
-    g.add_argument("--step-time-ms", type=float, default=None,
+    add_number(g, "--measure-steps", int, ge=2, default=20, help="timed steps on one device")
+    add_number(g, "--step-time-ms", float, gt=0, default=None,
                    help="use this single-device step time instead of the measured one (e.g. from a GPU run)")
-    g.add_argument("--assume-h100-mfu", type=float, default=None, metavar="FRACTION",
+    add_number(g, "--assume-h100-mfu", float, gt=0, le=1, default=None, metavar="FRACTION",
                    help="instead of measuring, assume an H100 at this fraction of its dense peak for the "
                         "precision (step time from the counted FLOPs)")
-    g.add_argument("--workers", type=int, default=8,
+    add_number(g, "--workers", int, ge=1, default=8,
                    help="with --strategy ps: the workers the parameter servers serve (one row per server count)")
     g.add_argument("--json", action="store_true", help="print one JSON record per device count")
 
@@ -41,12 +42,6 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
     from scaletrain.planning.measure import measure_single_device
     cfg = config_from_args(args)
-    for name, value, low in (("--devices-per-host", args.devices_per_host, 1), ("--max-devices", args.max_devices, 1),
-                             ("--measure-steps", args.measure_steps, 2), ("--workers", args.workers, 1)):
-        if value < low:
-            raise ConfigError(f"{name} must be at least {low} (got {value})")
-    if not 0 <= args.overlap <= 1:
-        raise ConfigError(f"--overlap must be between 0 and 1 (got {args.overlap})")
     # The table has nine columns: give it room when the output is not a terminal (logs, CI).
     console = make_console(quiet=args.json, width=None if sys.stdout.isatty() else 140)
     given = args.step_time_ms is not None or args.assume_h100_mfu is not None

@@ -11,6 +11,7 @@ from rich.table import Table
 from scaletrain.console import make_console
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.paths import check_new_output_dir
+from scaletrain.cli.flags import add_number
 
 
 def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +19,7 @@ def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)
     g = parser.add_argument_group("shards")
     g.add_argument("--out", required=True, metavar="DIR", help="a new folder for the shards and their manifest")
-    g.add_argument("--samples-per-shard", type=int, default=1000, metavar="N",
+    add_number(g, "--samples-per-shard", int, ge=1, default=1000, metavar="N",
                    help="most samples in one shard (a split's shards are balanced to within one sample)")
 
 
@@ -26,8 +27,6 @@ def run_shard(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
     from scaletrain.data import load_dataset
     from scaletrain.data.shard_set import shards_package
-    if args.samples_per_shard < 1:
-        raise ConfigError(f"--samples-per-shard must be at least 1 (got {args.samples_per_shard})")
     cfg = config_from_args(args)
     if cfg.data.name == "shards":
         raise ConfigError("--data shards is already sharded; name the data set to convert (e.g. --data mnist1d)")

@@ -6,6 +6,8 @@ import argparse
 from datetime import datetime
 from pathlib import Path
 
+from scaletrain.cli.flags import add_number
+
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
@@ -14,11 +16,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                            help="throughput and time to accuracy across batch sizes (seed 003's lab), "
                                 "each point its own process and its own run")
     batch.add_argument("sizes", metavar="SIZES", help="comma-separated batch sizes, e.g. 8,16,32,64,128,256,512,700")
-    batch.add_argument("--repeats", type=int, default=1, help="runs per batch size (seeds seed, seed+1, ...); "
+    add_number(batch, "--repeats", int, ge=1, default=1, help="runs per batch size (seeds seed, seed+1, ...); "
                        "the plots show the median and the min-max spread")
     batch.add_argument("--lr-scaling", dest="sweep_lr_scaling", default="none", choices=("none", "linear", "sqrt"),
                        help="scale the learning rate with the batch size relative to --batch-size (default none)")
-    batch.add_argument("--parallel", type=int, default=1, help="points at once, one per device (default 1: "
+    add_number(batch, "--parallel", int, ge=1, default=1, help="points at once, one per device (default 1: "
                        "throughput is measured on an otherwise idle device)")
     batch.add_argument("--out", help="folder for the CSV tables and PNG plots (default: a new folder "
                        "under the run store's folder)")

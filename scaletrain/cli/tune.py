@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from scaletrain.cli.flags import add_number
+
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
     parser.add_argument("--space", required=True, help="TOML file: one table per parameter (type float|int|"
                         "categorical, low/high/log/step or choices)")
-    parser.add_argument("--trials", type=int, default=20, help="trials in the whole study, counting finished "
+    add_number(parser, "--trials", int, ge=1, default=20, help="trials in the whole study, counting finished "
                         "ones of earlier or other invocations (default 20)")
-    parser.add_argument("--parallel", type=int, default=1, help="trials at once, each on its own device "
+    add_number(parser, "--parallel", int, ge=1, default=1, help="trials at once, each on its own device "
                         "(a GPU, or an equal share of the CPU cores) (default 1)")
     parser.add_argument("--metric", default="val_accuracy", help="what to optimise: a per-epoch metric (its best "
                         "epoch) or a run summary field such as time_to_target_s (default val_accuracy)")
@@ -24,9 +26,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         "trials from several hosts (default: sqlite:///<out>/study.db)")
     parser.add_argument("--pruner", default="median", choices=("median", "none"),
                         help="stop trials whose metric trails the median of earlier trials at the same epoch")
-    parser.add_argument("--prune-startup-trials", type=int, default=3,
+    add_number(parser, "--prune-startup-trials", int, ge=0, default=3,
                         help="trials that finish before any pruning (default 3)")
-    parser.add_argument("--prune-warmup-epochs", type=int, default=1,
+    add_number(parser, "--prune-warmup-epochs", int, ge=0, default=1,
                         help="epochs of each trial before it can be pruned (default 1)")
     add_train_arguments(parser)
 

@@ -90,8 +90,17 @@ def replica_lr_scale(rule: str, replicas: int) -> float:
     raise ConfigError(f"unknown lr_scaling '{rule}'; choose one of: none, linear, sqrt")
 
 
+# The schedule is read from a table of one float32 per optimizer step on the device (no host
+# sync in the step): 100 M steps is a 400 MB table, and far longer than any run we know of.
+MAX_SCHEDULE_STEPS = 100_000_000
+
+
 def build_schedule(cfg, steps_per_epoch: int, epochs: int, replicas: int = 1) -> LRSchedule:
     """Turns the epoch-denominated OptimConfig into a step-denominated schedule."""
+    if steps_per_epoch * epochs > MAX_SCHEDULE_STEPS:
+        raise ConfigError(f"--epochs {epochs} x {steps_per_epoch} steps per epoch is {steps_per_epoch * epochs:,} "
+                          f"optimizer steps; the learning-rate schedule holds at most {MAX_SCHEDULE_STEPS:,} "
+                          "(one value per step on the device): lower --epochs")
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     if cfg.lr_schedule == "onecycle" and warmup == 0:
         warmup = round(0.3 * steps_per_epoch * epochs)  # torch OneCycleLR's pct_start
