@@ -173,3 +173,49 @@ def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     result = train(str(folder))
     assert result.returncode == 2 and "lists no training shards" in result.stderr
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("x_dtype", "object", "x_dtype must be one of"),
+    ("y_dtype", "<U8", "y_dtype must be one of"),
+    ("sample_shape", [1, -40], "sample_shape must be a list of sizes of at least 1"),
+    ("sample_shape", [], "sample_shape must be a list of sizes"),
+    ("num_classes", 0, "num_classes must be a whole number of at least 1"),
+    ("num_classes", "3", "num_classes must be a whole number"),
+    ("task", "poetry", "task must be one of"),
+    ("mean", [float("nan")], "mean must be 1 finite numbers"),
+    ("std", [0.0], "std must be positive"),
+    ("extra", 1, "unknown fields ['extra']"),
+    ("shard name", "../outside.tar", "is not a file inside the folder"),
+    ("shard name", "/etc/passwd", "is not a file inside the folder"),
+    ("shard split", "holdout", "split must be one of"),
+    ("shard samples", -1, "samples and bytes must be whole numbers"),
+    ("shard sha256", "abc", "sha256 must be 64 hexadecimal digits"),
+])
+def test_a_manifest_is_read_through_its_schema(tmp_path, field, value, problem):
+    write_shards(_numbered(48), tmp_path / "s", samples_per_shard=48)
+    path = tmp_path / "s" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    if field.startswith("shard "):
+        manifest["shards"][0][field.split()[1]] = value
+    else:
+        manifest[field] = value
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(DataError) as caught:
+        Manifest.read(tmp_path / "s")
+    assert str(path) in str(caught.value) and problem in str(caught.value)
+
+
+def test_labels_beyond_the_manifests_classes_and_a_missing_folder_are_one_line(tmp_path):
+    write_shards(_numbered(96), tmp_path / "s", samples_per_shard=48)        # labels 0, 1, 2
+    path = tmp_path / "s" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["num_classes"] = 2
+    path.write_text(json.dumps(manifest))
+    common = ["train", "--model", "mlp", "--data", "shards", "--no-progress", "--epochs", "1", "--batch-size", "16",
+              "--run-dir", str(tmp_path / "r")]
+    result = run([*common, "--data-dir", str(tmp_path / "s")], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "has the label 2, outside the manifest's 2 classes" in result.stderr and "Traceback" not in result.stderr
+    result = run([*common, "--data-dir", "does-not-exist"], tmp_path)
+    assert result.returncode == 2 and "--data-dir does-not-exist: no such folder" in result.stderr

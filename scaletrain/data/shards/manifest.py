@@ -11,6 +11,8 @@ sizes and SHA-256 checksums, the sample layout and the training split's statisti
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,69 @@ from scaletrain.errors import DataError
 MANIFEST = "manifest.json"
 FORMAT = "scaletrain-shards/1"
 SPLITS = ("train", "val", "test")
+
+
+# The dtypes a shard's arrays may have: plain numbers (an object array would need unpickling).
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
+TASKS = ("classification", "regression", "language-model")
+FIELDS = {"dataset", "task", "num_classes", "sample_shape", "x_dtype", "y_shape", "y_dtype", "stats_shape", "mean",
+          "std", "shards"}
+SHARD_FIELDS = {"name", "split", "samples", "bytes", "sha256"}
+
+
+def _count(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _shape(value, empty_ok: bool) -> bool:
+    return isinstance(value, list) and (empty_ok or len(value) > 0) and all(_count(d, 1) for d in value)
+
+
+def schema_problem(body: dict) -> str | None:
+    """What is wrong with a manifest's fields (types, ranges, shard names inside the folder), or
+    None: the one schema every manifest is read through, before any shard is opened."""
+    unknown, missing = set(body) - FIELDS, FIELDS - {"stats_shape", "mean", "std"} - set(body)
+    if unknown or missing:
+        return f"unknown fields {sorted(unknown)}" if unknown else f"missing fields {sorted(missing)}"
+    if not isinstance(body["dataset"], str):
+        return "dataset must be a name"
+    if body["task"] not in TASKS:
+        return f"task must be one of {', '.join(TASKS)} (got {body['task']!r})"
+    if not _count(body["num_classes"], 1):
+        return f"num_classes must be a whole number of at least 1 (got {body['num_classes']!r})"
+    for key, empty_ok in (("sample_shape", False), ("y_shape", True)):
+        if not _shape(body[key], empty_ok):
+            return f"{key} must be a list of sizes of at least 1 (got {body[key]!r})"
+    for key in ("x_dtype", "y_dtype"):
+        if body[key] not in DTYPES:
+            return f"{key} must be one of {', '.join(DTYPES)} (got {body[key]!r})"
+    stats = [body.get(k) for k in ("stats_shape", "mean", "std")]
+    if any(v is not None for v in stats):
+        shape, mean, std = stats
+        if not _shape(shape, False):
+            return f"stats_shape must be a list of sizes of at least 1 (got {shape!r})"
+        size = math.prod(shape)
+        for key, values in (("mean", mean), ("std", std)):
+            if not (isinstance(values, list) and len(values) == size
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+                return f"{key} must be {size} finite numbers (stats_shape {shape})"
+        if any(v <= 0 for v in std):
+            return "std must be positive"
+    if not isinstance(body["shards"], list):
+        return "shards must be a list"
+    for shard in body["shards"]:
+        if not isinstance(shard, dict) or set(shard) != SHARD_FIELDS:
+            return f"a shard entry must have exactly the fields {sorted(SHARD_FIELDS)}"
+        name = shard["name"]
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            return f"shard name {name!r} is not a file inside the folder"
+        if shard["split"] not in SPLITS:
+            return f"shard {name}: split must be one of {', '.join(SPLITS)} (got {shard['split']!r})"
+        if not _count(shard["samples"], 0) or not _count(shard["bytes"], 0):
+            return f"shard {name}: samples and bytes must be whole numbers of at least 0"
+        if not (isinstance(shard["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", shard["sha256"])):
+            return f"shard {name}: sha256 must be 64 hexadecimal digits"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +139,15 @@ class Manifest:
                             f"{folder}` (a folder whose writing was cut off has none either)")
         try:
             body = json.loads(file.read_text())
-            if body.pop("format", None) != FORMAT:
+            if not isinstance(body, dict) or body.pop("format", None) != FORMAT:
                 raise ValueError(f"not a {FORMAT} manifest")
+            problem = schema_problem(body)
+            if problem:
+                raise ValueError(problem)
             shards = [ShardFile(**s) for s in body.pop("shards")]
             manifest = cls(folder=folder, shards=shards, **body)
         except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise DataError(f"{file} is not a readable shard manifest ({exc}); rewrite the shards with "
+            raise DataError(f"{file} is not a valid shard manifest ({exc}); rewrite the shards with "
                             "`scaletrain shard`") from None
         if not manifest.split("train"):
             raise DataError(f"{file} lists no training shards; rewrite the shards with `scaletrain shard`")

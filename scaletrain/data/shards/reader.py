@@ -119,8 +119,15 @@ class BatchDecoder:
 
     def __call__(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.manifest
-        return (self._stack([s[0] for s in samples], self.x_header, m.sample_shape, m.x_dtype),
-                self._stack([s[1] for s in samples], self.y_header, m.y_shape, m.y_dtype))
+        x = self._stack([s[0] for s in samples], self.x_header, m.sample_shape, m.x_dtype)
+        y = self._stack([s[1] for s in samples], self.y_header, m.y_shape, m.y_dtype)
+        if m.task != "regression" and y.numel() and (int(y.min()) < 0 or int(y.max()) >= m.num_classes):
+            # A class id past the output layer would index out of range on the device (a CUDA
+            # assert far from here); on the host, in the loader, it is one line naming the data.
+            bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
+            raise DataError(f"a sample in {m.folder} has the label {bad}, outside the manifest's {m.num_classes} "
+                            "classes (num_classes); rewrite the shards with `scaletrain shard`")
+        return x, y
 
 
 def read_split(manifest: Manifest, split: str) -> ArraySplit:

@@ -48,6 +48,10 @@ def resolve(data_dir: str | None) -> tuple[Manifest, tuple[ShardFile, ...]]:
     if len({f.parent for f in files}) != 1:
         raise ConfigError(f"--data-dir {data_dir}: the shards of one pattern must lie in one folder (the one "
                           "holding manifest.json)")
+    if files == [path] and not path.exists():     # no pattern: a folder that is not there
+        raise ConfigError(f"--data-dir {data_dir}: no such folder; pass the folder `scaletrain shard --out` wrote")
+    if not files[0].parent.is_dir():
+        raise ConfigError(f"--data-dir {data_dir}: the folder {files[0].parent} does not exist")
     manifest = Manifest.read(files[0].parent)
     return manifest, _select(manifest, [f.name for f in files])
 
