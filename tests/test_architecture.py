@@ -154,20 +154,25 @@ def test_no_list_in_the_code_repeats_a_registry():
     assert repeats == []
 
 
+def _plugin(tmp_path, monkeypatch, package: str, module: str, source: str) -> None:
+    """A user's package `package` with one module, importable for the test's duration."""
+    folder = tmp_path / package
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / module).write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
 def test_every_registry_is_filled_by_discovering_its_package(tmp_path, monkeypatch):
     """A new model, data set, task or strategy is one decorated definition in one new file: the
     package's discovery imports it, and the config's choices grow with it."""
     import sys
     from scaletrain.config import DATA_SETS
     from scaletrain.registry import discover
-    package = tmp_path / "ring_plugin"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "ring.py").write_text(
-        "from scaletrain.data import register_dataset\n"
-        "@register_dataset('ring-test', sample=((2,), 2, 'classification'))\n"
-        "def ring(cfg, seed):\n    raise NotImplementedError\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _plugin(tmp_path, monkeypatch, "ring_plugin", "ring.py",
+            "from scaletrain.data import register_dataset\n"
+            "@register_dataset('ring-test', sample=((2,), 2, 'classification'))\n"
+            "def ring(cfg, seed):\n    raise NotImplementedError\n")
     from scaletrain.data import DATA_SOURCES
     try:
         discover(__import__("ring_plugin"))
@@ -197,13 +202,9 @@ def test_a_registered_name_that_is_not_a_literal_is_not_declared(tmp_path, monke
     """The reader only takes what it can read: a computed name is left out (and the test above
     then fails for our own packages), never guessed."""
     from scaletrain.registry import Declarations
-    package = tmp_path / "computed_plugin"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "things.py").write_text(
-        "SIZES = {'s': 1, 'm': 2}\nNAME = 'two'\n"
-        "@register_thing('one', variants=tuple(SIZES))\ndef one(): pass\n"
-        "@register_thing(NAME)\ndef two(): pass\n"
-        "register_thing('three', variants='D-K')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _plugin(tmp_path, monkeypatch, "computed_plugin", "things.py",
+            "SIZES = {'s': 1, 'm': 2}\nNAME = 'two'\n"
+            "@register_thing('one', variants=tuple(SIZES))\ndef one(): pass\n"
+            "@register_thing(NAME)\ndef two(): pass\n"
+            "register_thing('three', variants='D-K')\n")
     assert Declarations("computed_plugin", "register_thing").variants() == {"one": ("s", "m"), "three": "D-K"}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from scaletrain.config import TASKS
 from scaletrain.errors import DataError
 
 MANIFEST = "manifest.json"
@@ -27,7 +28,6 @@ SPLITS = ("train", "val", "test")
 
 # The dtypes a shard's arrays may have: plain numbers (an object array would need unpickling).
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
-TASKS = ("classification", "regression", "language-model")
 FIELDS = {"dataset", "task", "num_classes", "sample_shape", "x_dtype", "y_shape", "y_dtype", "stats_shape", "mean",
           "std", "shards"}
 SHARD_FIELDS = {"name", "split", "samples", "bytes", "sha256"}
@@ -49,8 +49,9 @@ def schema_problem(body: dict) -> str | None:
         return f"unknown fields {sorted(unknown)}" if unknown else f"missing fields {sorted(missing)}"
     if not isinstance(body["dataset"], str):
         return "dataset must be a name"
-    if body["task"] not in TASKS:
-        return f"task must be one of {', '.join(TASKS)} (got {body['task']!r})"
+    tasks = [t for t in TASKS if t != "auto"]      # the registered tasks (config.py's list)
+    if body["task"] not in tasks:
+        return f"task must be one of {', '.join(tasks)} (got {body['task']!r})"
     if not _count(body["num_classes"], 1):
         return f"num_classes must be a whole number of at least 1 (got {body['num_classes']!r})"
     for key, empty_ok in (("sample_shape", False), ("y_shape", True)):
