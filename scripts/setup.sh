@@ -35,7 +35,7 @@ fi
 # default recipe's extras on the 2-core machine), else pip. The torch in place is pinned as a
 # constraint, so uv can only keep it: if it cannot see it (a torch reused from the system), the
 # pin fails to resolve and pip, which sees it, does the install instead.
-torch_version="$(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+torch_version="$(.venv/bin/python -W ignore -c 'import torch; print(torch.__version__)')"  # (numpy may not be there yet)
 pin="$(mktemp)"
 trap 'rm -f "$pin"' EXIT
 echo "torch==${torch_version}" > "$pin"
