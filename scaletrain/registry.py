@@ -105,7 +105,8 @@ class Choices:
         return self._names | set(self.declared or ())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._fixed or name in self._names or name in self._all()
+        declared = self.declared.variants() if self.declared is not None else {}
+        return name in self._fixed or name in self._names or name in declared
 
     def __iter__(self) -> Iterator[str]:
         return iter((*self._fixed, *sorted(self._all() - set(self._fixed))))
