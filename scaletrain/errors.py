@@ -28,3 +28,14 @@ class RunPruned(Exception):
 
 
 PRUNED_EXIT_CODE = 3
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler's stop, `kill`, torchrun stopping a job's other workers), raised in the
+    main thread so a run ends as it does on Ctrl-C: recorded as interrupted, its folder's lock
+    released, exit TERMINATED_EXIT_CODE. A BaseException, as KeyboardInterrupt is, so no
+    `except Exception` swallows it."""
+
+
+INTERRUPTED_EXIT_CODE = 130   # 128 + SIGINT, what a shell reports for Ctrl-C
+TERMINATED_EXIT_CODE = 143    # 128 + SIGTERM

@@ -176,16 +176,20 @@ def test_a_damaged_checkpoint_is_skipped_for_the_next_older_one(checkpointed_run
     assert f"resumed from {Path('a') / 'checkpoints' / older.name}" in resumed.stdout
 
 
-def test_no_usable_checkpoint_is_one_line_and_exit_2(checkpointed_run, tmp_path):
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_no_usable_checkpoint_is_one_line_and_exit_2(checkpointed_run, tmp_path, nproc):
+    """Under --nproc 2 the launcher verifies the checkpoint before any worker starts."""
     import shutil
     folder = tmp_path / "a"
     shutil.copytree(checkpointed_run, folder)
     for checkpoint in _checkpoints(folder):
         _truncate(next(checkpoint.glob("*.distcp")))
-    resumed = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "3"], cwd=tmp_path)
+    resumed = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "3", "--nproc", nproc], cwd=tmp_path)
     assert resumed.returncode == 2
     errors = [line for line in resumed.stderr.splitlines() if line.startswith("scaletrain: error")]
     assert len(errors) == 1 and "no usable checkpoint" in errors[0] and "Traceback" not in resumed.stderr
+    assert resumed.stderr.splitlines()[-1] == errors[0]
+    assert "torch/distributed/run.py" not in resumed.stderr   # torchrun never started
 
 
 # -- 4. files from elsewhere never run code -------------------------------------------------------

@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 
-from scaletrain.errors import DIVERGED_EXIT_CODE, PRUNED_EXIT_CODE, NonFiniteLossError, RunPruned, UserError
+from scaletrain.distributed.env import hand_to_launcher
+from scaletrain.errors import (DIVERGED_EXIT_CODE, INTERRUPTED_EXIT_CODE, PRUNED_EXIT_CODE, TERMINATED_EXIT_CODE,
+                               NonFiniteLossError, RunPruned, Terminated, UserError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,26 +94,40 @@ def run_list(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _end(line: str, code: int) -> int:
+    """Ends with `line` on stderr; a torchrun worker hands it to its launcher instead, which prints
+    the job's first failure once (distributed/env.py)."""
+    if not hand_to_launcher(line):
+        print(line, file=sys.stderr)
+    return code
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and any(c.name == argv[0] for c in COMMANDS) else ""    # `--help`: no command's arguments
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM ends a command the way Ctrl-C does: every phase's cleanup runs (train.py records
+        # the run as interrupted), then one line and exit 143.
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         # A flag's own check (cli/flags.py) raises a ConfigError while parsing: one line, exit 2.
         args = build_parser(only=named).parse_args(argv)
         command = next(c for c in COMMANDS if c.name == args.command)
         return _function(command, command.run)(args, argv[1:])
     except UserError as exc:
-        print(f"scaletrain: error: {exc}", file=sys.stderr)
-        return 2
+        return _end(f"scaletrain: error: {exc}", 2)
     except NonFiniteLossError as exc:
-        print(f"scaletrain: training diverged: {exc}", file=sys.stderr)
-        return DIVERGED_EXIT_CODE
+        return _end(f"scaletrain: training diverged: {exc}", DIVERGED_EXIT_CODE)
     except RunPruned as exc:
-        print(f"scaletrain: {exc}", file=sys.stderr)
-        return PRUNED_EXIT_CODE
+        return _end(f"scaletrain: {exc}", PRUNED_EXIT_CODE)
     except KeyboardInterrupt:
-        print("scaletrain: interrupted", file=sys.stderr)
-        return 130
+        return _end("scaletrain: interrupted", INTERRUPTED_EXIT_CODE)
+    except Terminated:
+        return _end("scaletrain: terminated", TERMINATED_EXIT_CODE)
     except BrokenPipeError:
         # The reader went away (`scaletrain runs show ID --json | head -1`): end quietly, and keep
         # Python from complaining again when it flushes stdout at exit.

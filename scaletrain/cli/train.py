@@ -171,8 +171,13 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         cfg.run_dir = str(source.path)
         cfg.validate()
     if cfg.distributed.nproc > 1 and not inside_worker():
+        from scaletrain.lifecycle import make_checkpointer
+        from scaletrain.training.preflight import preflight
         plan = plan_run(cfg, env)
-        return launch_from_config(cfg, list(argv), str(plan.folder.path), plan.run_id)
+        # Everything the workers would refuse, refused here in one line before any of them starts.
+        layout = preflight(cfg, cfg.distributed.nproc * (spec.world_size if spec else 1),
+                           make_checkpointer(plan, cfg, env))
+        return launch_from_config(cfg, layout, list(argv), str(plan.folder.path), plan.run_id)
     # A trial of `scaletrain tune` reports each epoch's metric to its study, which may prune it.
     pruning = trial_pruning_from_env()
     run_training(cfg, callbacks=[pruning] if pruning is not None else [])

@@ -3,7 +3,9 @@ spec) describes it through environment variables."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass
 
 from scaletrain.distributed.cluster import cluster_from_env
@@ -39,3 +41,22 @@ def dist_env(environ=None) -> DistEnv:
         run_id=environ.get("TORCHELASTIC_RUN_ID"),
         under_elastic="TORCHELASTIC_RUN_ID" in environ,
     )
+
+
+def hand_to_launcher(line: str) -> bool:
+    """Inside a worker of torchrun's elastic agent: leaves the line this process ends with in the
+    agent's error file for this worker (TORCHELASTIC_ERROR_FILE) instead of printing it, and says
+    so. The launcher then prints one line for the whole job, the first failure's (launch.py),
+    where every rank would otherwise print its own copy. Outside a worker: False."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            # The form torch's ProcessFailure reads: a message string and the time it happened.
+            json.dump({"message": line, "timestamp": int(time.time())}, f)
+        os.replace(tmp, path)
+    except OSError:
+        return False
+    return True

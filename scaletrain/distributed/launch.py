@@ -10,7 +10,9 @@ first address as the rendezvous endpoint.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import signal
 import sys
 
 import torch
@@ -57,16 +59,10 @@ def torchrun_arguments(nproc: int, max_restarts: int, worker_argv: list[str], co
     return args + ["-m", "scaletrain", command, *strip_launcher_flags(worker_argv)]
 
 
-def launch_from_config(cfg, argv: list[str], run_dir: str, run_id: str) -> int:
-    """Checks what every worker would check, then launches. `argv`: the user's `train` arguments;
-    `run_dir` and `run_id`: the run the caller planned, which every worker and every restart shares."""
-    from scaletrain.distributed.batching import plan_batch
-    from scaletrain.distributed.strategies.registry import build_layout
-    spec = cluster_from_env()
-    # The layout every worker will build, checked here first: its errors are one line, before any worker starts.
-    layout = build_layout(cfg.distributed, cfg.distributed.nproc * (spec.world_size if spec else 1))
-    plan_batch(cfg.batch_size, cfg.per_replica_batch_size, layout.replicas, cfg.optim.grad_accum_steps,
-               cfg.accumulate_to_global)
+def launch_from_config(cfg, layout, argv: list[str], run_dir: str, run_id: str) -> int:
+    """Launches the job `cfg` describes, laid out as `layout` (checked by the caller: see
+    training/preflight.py). `argv`: the user's `train` arguments; `run_dir` and `run_id`: the run
+    the caller planned, which every worker and every restart shares."""
     if cfg.distributed.max_restarts > 0 and cfg.checkpoint.every <= 0:
         print("scaletrain: note: --max-restarts without --checkpoint-every: a restarted group starts over",
               file=sys.stderr)
@@ -78,6 +74,7 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
            role=lambda rank: f"worker rank {rank}") -> int:
     """Runs the elastic agent in this process, each worker running `scaletrain COMMAND
     WORKER_ARGV`; returns the job's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -89,12 +86,34 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
     # new workers can read the dead ones' addresses from it (pytorch/pytorch#135712, #167288:
     # gloo/NCCL then fail with "connection refused"). A store per attempt avoids that.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # The host's cores shared among its workers (torchrun would give each one thread, and say so).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     args = get_args_parser().parse_args(torchrun_arguments(nproc, max_restarts, worker_argv, command))
+    # The agent logs each failed and stopped worker; the job's failure is reported below, once.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
         run(args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        print(f"scaletrain: error: {role(rank)} failed with exit code {failure.exitcode} "
-              f"(after {max_restarts} allowed restart(s)); its output is above", file=sys.stderr)
-        return 1
+        return _report_failure(role(rank), failure, max_restarts)
+    except SignalException as exc:
+        # The agent stopped its workers (each recorded its run as interrupted) and re-raised the signal.
+        interrupted = exc.sigval == signal.SIGINT
+        print("scaletrain: interrupted" if interrupted else f"scaletrain: terminated ({exc.sigval.name})",
+              file=sys.stderr)
+        return 128 + int(exc.sigval)
     return 0
+
+
+def _report_failure(who: str, failure, max_restarts: int) -> int:
+    """One line for the job, the last it prints, and the exit code the first failing worker had:
+    its own line where it handed one over (an error it met: env.hand_to_launcher), else which
+    worker failed and how."""
+    code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode   # a signal: 128 + its number
+    message = failure.message if isinstance(failure.message, str) else ""
+    if message.startswith("scaletrain:"):
+        print(message, file=sys.stderr)
+    else:
+        print(f"scaletrain: error: {who} failed with exit code {failure.exitcode} "
+              f"(after {max_restarts} allowed restart(s)); its output is above", file=sys.stderr)
+    return code

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from scaletrain.config import TrainConfig, to_mapping
-from scaletrain.errors import RunPruned, UserError
+from scaletrain.errors import RunPruned, Terminated, UserError
 from scaletrain.tracking.environment import capture_environment
 from scaletrain.tracking.recorder import RunRecorder
 from scaletrain.tracking.store import RunStore
@@ -24,7 +24,7 @@ from scaletrain.tracking.system_monitor import SystemMonitor
 def ending_status(exc: BaseException) -> str:
     if isinstance(exc, RunPruned):
         return "pruned"
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, (KeyboardInterrupt, Terminated)):
         return "interrupted"
     return "failed"
 

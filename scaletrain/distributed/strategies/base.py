@@ -68,6 +68,13 @@ class Strategy(ABC):
         """A rule of this strategy's about process counts that `layout` breaks (one line, with the fix)."""
         return None
 
+    @classmethod
+    def model_problem(cls, model: nn.Module, layout: Layout, config, block_classes=()) -> str | None:
+        """A rule of this strategy's about the model that `model` breaks under `layout` (one line,
+        with the fix). It reads only the module structure, so the launcher asks it of a model built
+        on the meta device before any worker starts (training/preflight.py); `wrap` asks again."""
+        return None
+
     # -- where this process sits (the layout owns it; these read it)
     @property
     def rank(self) -> int:

@@ -47,9 +47,21 @@ class FSDPStrategy(ProcessGroupStrategy):
         """How many of `devices` one parameter is sharded over (the planner's view)."""
         return devices
 
+    @classmethod
+    def model_problem(cls, model, layout, config, block_classes=()) -> str | None:
+        if config.sync_batchnorm:
+            return f"--sync-batchnorm is not supported with --strategy {cls.name}; use --strategy ddp"
+        if block_classes:
+            try:
+                find_blocks(model, block_classes)
+            except ConfigError as exc:
+                return f"--block-classes: {exc}"
+        return None
+
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
-        if self.config.sync_batchnorm:
-            raise ConfigError(f"--sync-batchnorm is not supported with --strategy {self.name}; use --strategy ddp")
+        problem = self.model_problem(model, self.layout, self.config, block_classes)
+        if problem:
+            raise ConfigError(problem)
         policy = policy or get_policy("fp32")
         mp, fp32 = policy.sharded(self.config.grad_compression), policy.sharded_float32()
         try:

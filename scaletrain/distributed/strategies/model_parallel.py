@@ -63,21 +63,34 @@ class StageModule(nn.Module):
         return x
 
 
+def tensor_parallel_problem(model: nn.Module, ways: int, block_classes=()) -> str | None:
+    """Why `model`'s repeated blocks cannot be split `ways` ways (no blocks, no TP_PLAN, a width
+    the degree does not divide), or None."""
+    try:
+        blocks = find_blocks(model, block_classes)
+    except ConfigError as exc:
+        return f"--strategy tensor/--tensor-parallel splits repeated blocks: {exc}"
+    for block in blocks:
+        if getattr(block, "TP_PLAN", None) is None:
+            return (f"{type(block).__name__} states no tensor-parallel plan (a TP_PLAN of its column- and "
+                    "row-wise Linear layers); --tensor-parallel supports the gpt models")
+        problem = getattr(block, "tensor_parallel_problem", lambda n: None)(ways)
+        if problem:
+            return problem
+    return None
+
+
 def apply_tensor_parallel(model: nn.Module, mesh, block_classes=()) -> int:
     """Splits every repeated block of `model` over the 1-D `mesh` by the block's `TP_PLAN`
     ({submodule: "colwise" | "rowwise"}); returns how many blocks were split."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    problem = tensor_parallel_problem(model, mesh.size(), block_classes)
+    if problem:
+        raise ConfigError(problem)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     blocks = find_blocks(model, block_classes)
     for block in blocks:
-        plan = getattr(block, "TP_PLAN", None)
-        if plan is None:
-            raise ConfigError(f"{type(block).__name__} states no tensor-parallel plan (a TP_PLAN of its column- and "
-                              "row-wise Linear layers); --tensor-parallel supports the gpt models")
-        problem = getattr(block, "tensor_parallel_problem", lambda n: None)(mesh.size())
-        if problem:
-            raise ConfigError(problem)
-        parallelize_module(block, mesh, {name: styles[style]() for name, style in plan.items()})
+        parallelize_module(block, mesh, {name: styles[style]() for name, style in block.TP_PLAN.items()})
     return len(blocks)
 
 
@@ -103,6 +116,21 @@ class ModelParallelStrategy(ProcessGroupStrategy):
     def degrees(cls, config) -> Degrees:
         return Degrees(stages=config.pipeline.stages, tensor=config.tensor.tensor_parallel)
 
+    @classmethod
+    def model_problem(cls, model, layout, config, block_classes=()) -> str | None:
+        if config.sync_batchnorm:
+            return f"--sync-batchnorm is not supported with --strategy {cls.name}; use --strategy ddp"
+        if layout.tensor > 1:
+            problem = tensor_parallel_problem(model, layout.tensor, block_classes)
+            if problem:
+                return problem
+        if layout.stages > 1:
+            try:
+                stage_layers(model, config.pipeline.pipeline_stages(), config.pipeline.split_points)
+            except ConfigError as exc:
+                return str(exc)
+        return None
+
     def setup(self, device_request: str) -> torch.device:
         device = super().setup(device_request)
         # Row-major, as the layout counts: `Layout.stage_rank` etc. are this mesh's local ranks.
@@ -116,8 +144,9 @@ class ModelParallelStrategy(ProcessGroupStrategy):
 
     # -- the model
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
-        if self.config.sync_batchnorm:
-            raise ConfigError(f"--sync-batchnorm is not supported with --strategy {self.name}; use --strategy ddp")
+        problem = self.model_problem(model, self.layout, self.config, block_classes)
+        if problem:
+            raise ConfigError(problem)
         if self.tp > 1:
             apply_tensor_parallel(model, self.mesh["tp"], block_classes)
         self.model = model

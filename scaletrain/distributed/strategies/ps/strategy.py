@@ -127,6 +127,14 @@ class ParameterServerStrategy(ProcessGroupStrategy):
                     f"worker(s); use at most {layout.workers - 1}")
         return None
 
+    @classmethod
+    def model_problem(cls, model, layout, config, block_classes=()) -> str | None:
+        tensors = sum(1 for p in model.parameters() if p.requires_grad)
+        if layout.servers > tensors:
+            return (f"--num-ps {layout.servers} is more than the model's {tensors} parameter tensors (a server "
+                    f"holds whole tensors); use --num-ps {tensors} or fewer")
+        return None
+
     @property
     def checkpoint_group(self):
         return self.everyone_group

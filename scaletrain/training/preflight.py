@@ -1,0 +1,56 @@
+"""What a launch checks before any worker starts: a mistake is then one line and exit 2 in the
+launching process, not the same traceback from every rank.
+
+    layout (Layout.build) -> batch plan -> the model on the meta device against the strategy's
+    model rules (Strategy.model_problem) and the memory options -> the checkpoint a resume loads
+
+Each check is the one the workers run as they build (a job started by plain torchrun has no
+launcher of ours), asked earlier: nothing here has a rule of its own, and nothing here allocates
+a parameter (the model is built on the meta device) or writes a file.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scaletrain.config import TrainConfig
+from scaletrain.data.registry import sample_shape
+from scaletrain.distributed.batching import plan_batch
+from scaletrain.distributed.layout import Layout
+from scaletrain.distributed.strategies.registry import strategy_class
+from scaletrain.errors import ConfigError
+from scaletrain.models import build_model
+from scaletrain.models.blocks import find_blocks
+
+
+def meta_model(cfg: TrainConfig) -> torch.nn.Module:
+    """The model `cfg` trains, built on the meta device: its structure without its memory."""
+    input_shape, outputs, _ = sample_shape(cfg.data)
+    with torch.device("meta"):
+        return build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
+
+
+def model_problem(cfg: TrainConfig, model: torch.nn.Module, layout: Layout) -> str | None:
+    """Why `model` cannot be trained as `cfg` and `layout` ask (one line, with the fix), or None."""
+    block_classes = tuple(cfg.memory.block_classes)
+    if cfg.memory.activation_checkpointing:
+        try:
+            find_blocks(model, block_classes)
+        except ConfigError as exc:
+            return f"--activation-checkpointing recomputes repeated blocks: {exc}"
+    return strategy_class(cfg.distributed, layout.world).model_problem(model, layout, cfg.distributed, block_classes)
+
+
+def preflight(cfg: TrainConfig, world: int, checkpointer=None) -> Layout:
+    """Checks a job of `world` processes before it starts; returns its layout. `checkpointer`: the
+    run's (None: nothing to resume), whose choice of checkpoint is verified here. Raises
+    ConfigError/UserError."""
+    layout = Layout.build(strategy_class(cfg.distributed, world), cfg.distributed, world)
+    plan_batch(cfg.batch_size, cfg.per_replica_batch_size, layout.replicas, cfg.optim.grad_accum_steps,
+               cfg.accumulate_to_global)
+    problem = model_problem(cfg, meta_model(cfg), layout)
+    if problem:
+        raise ConfigError(problem)
+    if checkpointer is not None:
+        checkpointer.find()   # verified against its manifest: raises UserError when none can be trusted
+    return layout
