@@ -7,6 +7,8 @@ Every field has a default and a one-line doc (the `doc` metadata), which the CLI
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import re
 import types
@@ -535,3 +537,10 @@ def write_toml(cfg: TrainConfig, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps(to_mapping(cfg)))
     return path
+
+
+def config_digest(mapping: dict) -> str:
+    """The SHA-256 of a configuration mapping in canonical JSON (sorted keys, no spaces): what binds
+    a run's saved config.json to the run (run.json and the run store keep it), whatever the
+    file's layout."""
+    return hashlib.sha256(json.dumps(mapping, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -396,3 +396,84 @@ def test_experiment_outputs_are_checked_first_and_never_merged(tmp_path):
         line = _one_error_line(run(argv, cwd=tmp_path))
         assert message in line, line
     assert (tmp_path / "done" / "points.csv").read_text() == "batch_size\n16\n"
+
+
+# -- 7. a run's record is what ran (issue 26, item 4) ---------------------------------------------
+
+def test_a_hand_edited_config_is_refused_on_resume(tmp_path):
+    made = run(["train", *DIGITS_MLP, "--epochs", "1", "--checkpoint-every", "5", "--run-dir", "a"], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    saved = tmp_path / "a" / "config.json"
+    digest = json.loads((tmp_path / "a" / "run.json").read_text())["config_sha256"]
+    run_id = (tmp_path / "a" / "run_id").read_text().strip()
+    with _store(tmp_path) as store:
+        assert store.get(run_id).environment["config_sha256"] == digest   # the store names the same config
+    config = json.loads(saved.read_text())
+    config["optim"]["lr"] = 0.5
+    saved.write_text(json.dumps(config, indent=2))
+    resumed = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "2"], cwd=tmp_path)
+    line = _one_error_line(resumed)
+    assert f"{Path('a') / 'config.json'} was changed after run {run_id} started" in line
+    # Undoing the edit (any layout of the same values) continues the run.
+    config["optim"]["lr"] = 0.003
+    saved.write_text(json.dumps(config))
+    resumed = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "2"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def _signal_once(proc, sig, ready, what: str) -> subprocess.CompletedProcess:
+    try:
+        from tests.processes import wait_for
+        wait_for(ready, 120, what, poll=0.05)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            from tests.processes import kill_group
+            kill_group(proc)
+    return proc
+
+
+@pytest.mark.parametrize("sig, code, line", [(signal.SIGTERM, 143, "scaletrain: terminated"),
+                                             (signal.SIGINT, 130, "scaletrain: interrupted")])
+def test_a_signal_mid_training_ends_the_run_interrupted_in_one_line(tmp_path, sig, code, line):
+    log = tmp_path / "log"
+    proc = start(["train", *DIGITS_MLP, "--epochs", "200", "--run-dir", "a"], tmp_path, log)
+    metrics = tmp_path / "a" / "metrics.jsonl"
+    _signal_once(proc, sig, lambda: metrics.is_file() and metrics.read_text().strip(), "the first epoch")
+    out = log.read_text()
+    assert proc.returncode == code, out[-2000:]
+    assert out.strip().splitlines()[-1] == line and "Traceback" not in out, out[-2000:]
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["status"] == "interrupted"
+    run_id = (tmp_path / "a" / "run_id").read_text().strip()
+    with _store(tmp_path) as store:
+        assert store.get(run_id).status == "interrupted"
+    assert not (tmp_path / "a" / ".lock").exists() or run(["train", *DIGITS_MLP, "--epochs", "1", "--run-dir", "a",
+                                                          "--overwrite"], cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_parameter_servers_start_is_one_line_no_traceback(tmp_path, sig, code):
+    """The launcher (torchrun's agent) takes the signal, stops workers and servers, and the job
+    ends in one line; the run folder is either gone (no step ran) or says interrupted."""
+    from tests.processes import descendants
+    log = tmp_path / "log"
+    proc = start(["train", *DIGITS_MLP, "--epochs", "50", "--nproc", "3", "--strategy", "ps", "--num-ps", "1",
+                  "--batch-size", "126", "--run-dir", "a"], tmp_path, log)
+
+    def starting():
+        # Past the interpreter's own start-up (a signal inside its first import of `site` is
+        # Python's to report): the processes import torch and meet over gloo.
+        if len(descendants(proc.pid)) < 3:
+            return False
+        time.sleep(0.6)
+        return True
+    _signal_once(proc, sig, starting, "the workers and the server")
+    out = log.read_text()
+    assert proc.returncode == code, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert out.strip().splitlines()[-1] == ("scaletrain: interrupted" if sig == signal.SIGINT
+                                            else "scaletrain: terminated"), out[-3000:]
+    assert [line for line in out.splitlines() if line.startswith("scaletrain:")] == [out.strip().splitlines()[-1]]
+    folder = tmp_path / "a"
+    assert not folder.exists() or json.loads((folder / "run.json").read_text())["status"] == "interrupted"

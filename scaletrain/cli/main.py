@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from scaletrain.distributed.env import hand_to_launcher
+from scaletrain.distributed.env import hand_to_launcher, under_launcher
 from scaletrain.errors import (DIVERGED_EXIT_CODE, INTERRUPTED_EXIT_CODE, PRUNED_EXIT_CODE, TERMINATED_EXIT_CODE,
                                NonFiniteLossError, RunPruned, Terminated, UserError)
 
@@ -102,8 +102,28 @@ def _end(line: str, code: int) -> int:
     return code
 
 
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
+_STOPS_RECEIVED: list[int] = []
+
+
+def _on_stop_signal(signum, frame) -> None:
+    """SIGINT and SIGTERM: remembered (see _stopping), then raised as KeyboardInterrupt/Terminated."""
+    _STOPS_RECEIVED.append(signum)
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+def _handlers_ran() -> None:
+    """Nothing: calling a Python function runs any signal handler still pending."""
+
+
+def _stopping() -> bool:
+    """Whether this process was told to stop. A worker blocked in a collective when its launcher
+    stops the job (Ctrl-C, SIGTERM) often fails next with a peer gone before its own signal's
+    handler has run; that failure is the stop, not an error."""
+    try:
+        _handlers_ran()
+    except (KeyboardInterrupt, Terminated):
+        return True
+    return bool(_STOPS_RECEIVED)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         # SIGTERM ends a command the way Ctrl-C does: every phase's cleanup runs (train.py records
         # the run as interrupted), then one line and exit 143.
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGTERM, _on_stop_signal)
+        signal.signal(signal.SIGINT, _on_stop_signal)
     try:
         # A flag's own check (cli/flags.py) raises a ConfigError while parsing: one line, exit 2.
         args = build_parser(only=named).parse_args(argv)
@@ -133,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         # Python from complaining again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception:
+        if under_launcher() and _stopping():
+            # A worker of a job its launcher is stopping: the launcher says so, once.
+            return INTERRUPTED_EXIT_CODE if signal.SIGINT in _STOPS_RECEIVED else TERMINATED_EXIT_CODE
+        raise
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from scaletrain.config import FLAG_NAMES, TrainConfig, field_docs, from_mapping, load_toml
 from scaletrain.lifecycle.resume import merge_mappings
-from scaletrain.errors import ConfigError
+from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, ConfigError
 
 DEFAULT_RECIPE = "mnist1d-cnn"
 TOP_LEVEL_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
@@ -177,7 +177,11 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         # Everything the workers would refuse, refused here in one line before any of them starts.
         layout = preflight(cfg, cfg.distributed.nproc * (spec.world_size if spec else 1),
                            make_checkpointer(plan, cfg, env))
-        return launch_from_config(cfg, layout, list(argv), str(plan.folder.path), plan.run_id)
+        code = launch_from_config(cfg, layout, list(argv), str(plan.folder.path), plan.run_id)
+        if code not in (0, INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE):
+            from scaletrain.lifecycle.run import record_job_failure
+            record_job_failure(plan, cfg, f"a worker failed with exit code {code}")
+        return code
     # A trial of `scaletrain tune` reports each epoch's metric to its study, which may prune it.
     pruning = trial_pruning_from_env()
     run_training(cfg, callbacks=[pruning] if pruning is not None else [])

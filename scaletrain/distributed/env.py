@@ -43,13 +43,18 @@ def dist_env(environ=None) -> DistEnv:
     )
 
 
+def under_launcher() -> bool:
+    """Whether this process is a worker of torchrun's elastic agent (ours or a plain torchrun)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 def hand_to_launcher(line: str) -> bool:
     """Inside a worker of torchrun's elastic agent: leaves the line this process ends with in the
     agent's error file for this worker (TORCHELASTIC_ERROR_FILE) instead of printing it, and says
     so. The launcher then prints one line for the whole job, the first failure's (launch.py),
     where every rank would otherwise print its own copy. Outside a worker: False."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path or "TORCHELASTIC_RUN_ID" not in os.environ:
+    if not path or not under_launcher():
         return False
     try:
         tmp = f"{path}.{os.getpid()}.tmp"

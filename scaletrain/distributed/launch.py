@@ -18,7 +18,7 @@ import sys
 import torch
 
 from scaletrain.distributed.cluster import cluster_from_env
-from scaletrain.errors import ConfigError
+from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, ConfigError
 
 WORKER_MARK = "TORCHELASTIC_RUN_ID"  # set by the agent in every worker's environment
 
@@ -94,15 +94,23 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
     try:
         run(args)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        rank, failure = _first_failure(exc.failures)
         return _report_failure(role(rank), failure, max_restarts)
     except SignalException as exc:
         # The agent stopped its workers (each recorded its run as interrupted) and re-raised the signal.
-        interrupted = exc.sigval == signal.SIGINT
-        print("scaletrain: interrupted" if interrupted else f"scaletrain: terminated ({exc.sigval.name})",
-              file=sys.stderr)
+        words = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+        print(f"scaletrain: {words.get(exc.sigval, f'terminated ({exc.sigval.name})')}", file=sys.stderr)
         return 128 + int(exc.sigval)
     return 0
+
+
+def _first_failure(failures: dict) -> tuple[int, object]:
+    """The failure that ended the job: the earliest of those that were not the agent stopping the
+    rest (torch's own pick, by a timestamp in whole seconds, often names a worker it stopped)."""
+    stopped = {INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, -signal.SIGINT, -signal.SIGTERM}
+    causes = {rank: f for rank, f in failures.items() if f.exitcode not in stopped} or failures
+    rank = min(causes, key=lambda r: (causes[r].timestamp, r))
+    return rank, causes[rank]
 
 
 def _report_failure(who: str, failure, max_restarts: int) -> int:

@@ -2,7 +2,8 @@
 
     <run folder>/
         .lock            held while a training uses the folder (lock.py)
-        run.json         id, status (running/finished/failed/interrupted/pruned), created, launch identity
+        run.json         id, status (running/finished/failed/interrupted/pruned), created, launch identity,
+                         the SHA-256 of config.json's configuration (a hand edit is refused)
         run_id           the id alone, for shells (`cat run_id`)
         config.json      the full configuration, written when the run starts: resume reads it
         metrics.jsonl    per-epoch metrics (or metrics.csv)
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from scaletrain.checkpoint.store import write_atomically
+from scaletrain.config import config_digest
 from scaletrain.errors import UserError
 from scaletrain.lifecycle.lock import LOCK_FILE
 
@@ -54,8 +56,16 @@ class RunFolder:
         return value
 
     def config(self) -> dict | None:
-        """The configuration the run was started with (None: not recorded)."""
-        return self._read_json(CONFIG)
+        """The configuration the run runs with (None: not recorded), checked against the digest
+        run.json keeps: a hand-edited config.json is refused, never continued as if it had run."""
+        config = self._read_json(CONFIG)
+        expected = self.meta().get("config_sha256") if config is not None else None
+        if expected and config_digest(config) != expected:
+            raise UserError(f"{self.path / CONFIG} was changed after run {self.run_id or '?'} started (its SHA-256 "
+                            f"differs from the one {META} keeps); a run continues only with the configuration it ran "
+                            "with: undo the edit, or start a new run with the new settings (another --run-dir, or "
+                            "--overwrite)")
+        return config
 
     def meta(self) -> dict:
         meta = self._read_json(META) or {}
@@ -75,11 +85,13 @@ class RunFolder:
         """Records a run as running: its id, launch identity and configuration."""
         meta = self.meta() if self.holds_run() else {}
         now = time.time()
-        meta.update({"run_id": run_id, "status": "running", "updated_at": now, "launch": launch})
+        meta.update({"run_id": run_id, "status": "running", "updated_at": now, "launch": launch,
+                     "config_sha256": config_digest(config)})
         meta.setdefault("created_at", now)
+        # The configuration first, then run.json, which binds it (its digest) and says the run is running.
+        write_atomically(self.path / CONFIG, json.dumps(config, indent=2))
         write_atomically(self.path / META, json.dumps(meta, indent=2))
         write_atomically(self.path / RUN_ID, run_id + "\n")
-        write_atomically(self.path / CONFIG, json.dumps(config, indent=2))
 
     def set_status(self, status: str) -> None:
         meta = self.meta()

@@ -27,7 +27,7 @@ from scaletrain.lifecycle.folder import RunFolder
 from scaletrain.lifecycle.lock import FolderLock
 from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
 from scaletrain.lifecycle.resume import describe_differences, locked_differences
-from scaletrain.tracking.store import new_run_id
+from scaletrain.tracking.store import RunStore, new_run_id
 
 RUNS_ROOT = Path("scaletrain-runs")
 
@@ -218,6 +218,18 @@ class Run:
                 self.folder.set_status(status)
         finally:
             self.lock.release()
+
+
+def record_job_failure(plan: RunPlan, cfg: TrainConfig, error: str) -> None:
+    """The launcher's word on a job whose workers failed: a worker the agent stopped after another
+    failed recorded the run as interrupted (or could not record it at all); the job failed."""
+    folder = plan.folder
+    if folder.holds_run() and folder.status in ("running", "interrupted"):
+        folder.set_status("failed")
+    if cfg.tracking.record and Path(cfg.tracking.store).is_file():
+        with RunStore(cfg.tracking.store) as store:
+            if store.exists(plan.run_id) and store.get(plan.run_id).status in ("running", "interrupted"):
+                store.record_failure(plan.run_id, error)
 
 
 def make_checkpointer(plan: RunPlan, cfg: TrainConfig, env) -> Checkpointer | None:

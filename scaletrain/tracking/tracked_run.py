@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.config import TrainConfig, to_mapping
+from scaletrain.config import TrainConfig, config_digest, to_mapping
 from scaletrain.errors import RunPruned, Terminated, UserError
 from scaletrain.tracking.environment import capture_environment
 from scaletrain.tracking.recorder import RunRecorder
@@ -48,8 +48,10 @@ class TrackedRun:
 
     def on_train_begin(self, trainer) -> None:
         """Called before the recorder's own on_train_begin (it starts the sampling clock)."""
+        config = to_mapping(self.cfg)
+        # The digest run.json binds the run's config.json with: the store names the same configuration.
         self.store.start_run(self.run_id, name=self.name, group=self.cfg.tracking.group, run_dir=str(self.run_dir),
-                             config=to_mapping(self.cfg), environment=self.environment)
+                             config=config, environment={**self.environment, "config_sha256": config_digest(config)})
         if self.resumed:
             offset = self.store.continue_run(self.run_id, len(trainer.history))
             self.recorder.wall_start -= offset   # elapsed times continue the earlier processes'
