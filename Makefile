@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up ./.venv first (scripts/setup.sh).
-.PHONY: train test setup
+.PHONY: train test doc-test setup
 
 setup:
 	bash scripts/setup.sh all
@@ -15,3 +15,8 @@ test:
 	bash scripts/setup.sh dev
 	bash scripts/setup-system.sh
 	.venv/bin/python -m pytest -q tests
+
+# Every command in README.md and docs/, run as written (shortened as doctests/ says); CI runs it after `test`.
+doc-test:
+	bash scripts/setup.sh dev
+	.venv/bin/python -m pytest -q doctests

@@ -1,0 +1,254 @@
+"""Every command in README.md and docs/*.md, run as written: a doc line that stops working fails CI.
+
+The commands are read from the files' ```bash blocks (a line ending in `\\` continues), in order,
+one working folder per file, so a line can use what an earlier one made (`runs/a`, `shards/`, the
+run store). What the harness may change is agreed here, and nothing else:
+
+- shorter: `SHORTER` appends flags per command (one epoch, a few trials), and the data the
+  lines name by folder is small and made here (`~` is a fresh home holding `data/fashion` and
+  `cifar`; `DIR` is that folder for the line's `--data`); the TOML files lines name are written
+  here (`FILES`);
+- placeholders: `[--flag ...]` marks optional flags (the line runs without them); `3f9a 7c21
+  b0d4` stand for the ids of runs recorded by earlier lines; a `...` in a command is filled by
+  the directive before its block, `<!-- doc-test: ... = FLAGS -->` (or `... in "TEXT" = FLAGS`
+  for the lines containing TEXT);
+- not run here: `<!-- doc-test: skip TEXT :: WHY -->` before a block skips its lines containing
+  TEXT; WHY names what needs another machine and where the same thing is tested.
+
+A command passes when it exits 0 and prints no traceback. A trailing `&` runs it in the
+background; the file's last line waits for every one.
+
+Run with `make doc-test` (CI runs it after `make test`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shlex
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+STARTS = ("scaletrain ", "make ", "torchrun ", "bash ", "SCALETRAIN_")
+
+SHORTER = {
+    "train": ["--epochs", "1", "--no-progress"],
+    "sweep": ["--epochs", "1", "--repeats", "1"],
+    "tune": ["--trials", "2", "--epochs", "1"],
+    "autotune": ["--trials", "2", "--steps", "3"],
+}
+FILES = {
+    "run.toml": 'epochs = 1\n[model]\nname = "cnn1d"\n[data]\nname = "mnist1d"\n',
+    "space.toml": '[optim.lr]\nlow = 0.001\nhigh = 0.1\nlog = true\n',
+    "a.toml": 'epochs = 1\nprogress = false\n[model]\nname = "mlp"\n[data]\nname = "digits"\n',
+    "b.toml": 'epochs = 1\nprogress = false\n[model]\nname = "mlp"\n[data]\nname = "digits"\n[optim]\nlr = 0.003\n',
+    "c.toml": 'epochs = 1\nprogress = false\n[model]\nname = "cnn1d"\n[data]\nname = "mnist1d"\n',
+}
+RUN_IDS = ("3f9a", "7c21", "b0d4")
+TIMEOUT_S = 900
+
+
+@dataclass
+class Command:
+    file: Path
+    line: int
+    text: str                       # as the doc writes it (continuations joined)
+    fill: str | None = None         # what a `...` stands for
+    skip: str | None = None         # why it does not run here
+
+    @property
+    def id(self) -> str:
+        return f"{self.file.relative_to(REPO)}:{self.line}"
+
+
+@dataclass
+class Directives:
+    fills: list[tuple[str, str]] = field(default_factory=list)    # (selector, flags)
+    skips: list[tuple[str, str]] = field(default_factory=list)    # (selector, why)
+
+    def apply(self, command: Command) -> Command:
+        for selector, why in self.skips:
+            if selector in command.text:
+                command.skip = why
+        for selector, flags in self.fills:
+            if selector in command.text:
+                command.fill = flags
+        return command
+
+
+def _directive(body: str, pending: Directives) -> None:
+    skip = re.fullmatch(r"skip (.+?) :: (.+)", body)
+    fill = re.fullmatch(r'\.\.\.(?: in "(.+?)")? = ?(.*)', body)
+    if skip:
+        pending.skips.append((skip.group(1), skip.group(2)))
+    elif fill:
+        pending.fills.append((fill.group(1) or "", fill.group(2)))
+    else:
+        raise ValueError(f"unknown doc-test directive: {body}")
+
+
+def commands(path: Path) -> list[Command]:
+    """The commands of one file's bash blocks, with the directives before each block applied."""
+    found, pending, block, joined, start = [], Directives(), None, "", 0
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        stripped = raw.strip()
+        if block is None:
+            match = re.fullmatch(r"<!--\s*doc-test:\s*(.*?)\s*-->", stripped)
+            if match:
+                _directive(match.group(1), pending)
+            elif stripped.startswith("```"):
+                block = stripped[3:]
+            continue
+        if stripped.startswith("```"):
+            block, pending = None, Directives()
+            continue
+        if block not in ("bash", "sh"):
+            continue
+        if not joined:
+            start = number
+        joined += " " + stripped[:-1] if stripped.endswith("\\") else " " + stripped
+        if stripped.endswith("\\"):
+            continue
+        text, joined = _without_comment(joined.strip()), ""
+        if text.startswith(STARTS):
+            found.append(pending.apply(Command(path, start, text)))
+    return found
+
+
+def _without_comment(text: str) -> str:
+    """The line without its trailing `# comment` (a `#` outside quotes after a space)."""
+    quote = None
+    for i, ch in enumerate(text):
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote else ch
+        elif ch == "#" and quote is None and (i == 0 or text[i - 1] == " "):
+            return text[:i].rstrip()
+    return text
+
+
+ALL = [c for f in DOC_FILES for c in commands(f)]
+
+
+# -- running them ---------------------------------------------------------------------------------
+
+def _fake_fashion(folder: Path, n_train: int = 760, n_test: int = 32) -> None:
+    import gzip
+    import struct
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        for kind, magic, array in (("images-idx3", 2051, rng.integers(0, 256, (n, 28, 28))),
+                                   ("labels-idx1", 2049, rng.integers(0, 10, (n,)))):
+            header = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape)
+            (folder / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
+
+
+def _fake_cifar(folder: Path, per_batch: int = 40) -> None:
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(folder / name, "wb") as fh:   # the real files' form (a pickled dict of arrays)
+            pickle.dump({b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                         b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]}, fh)
+
+
+class Workspace:
+    """One doc file's working folder, home and background commands."""
+
+    def __init__(self, root: Path):
+        self.root, self.home = root / "work", root / "home"
+        self.root.mkdir()
+        _fake_fashion(self.home / "data" / "fashion")
+        _fake_cifar(self.home / "cifar")
+        for name, text in FILES.items():
+            (self.root / name).write_text(text)
+        self.background: list[tuple[str, subprocess.Popen]] = []
+        bin_dir = str(Path(sys.executable).parent)
+        self.env = {**os.environ, "HOME": str(self.home), "PATH": bin_dir + os.pathsep + os.environ["PATH"],
+                    "PYTHONUNBUFFERED": "1"}
+
+    def run_ids(self) -> list[str]:
+        """Runs of the default recipe's model and data recorded so far, oldest first (the docs'
+        `runs` and `ensemble` lines compare and average like runs)."""
+        store = self.root / "scaletrain-runs" / "runs.db"
+        if not store.is_file():
+            return []
+        with sqlite3.connect(store) as conn:
+            rows = conn.execute("SELECT id, config FROM runs WHERE status = 'finished' ORDER BY created_at").fetchall()
+        return [rid for rid, config in rows if '"name": "cnn1d"' in config and '"name": "mnist1d"' in config]
+
+    def resolve(self, command: Command) -> str:
+        text = re.sub(r"\s*\[[^\]]*\]", "", command.text)          # optional flags: the base form
+        if "..." in text:
+            assert command.fill is not None, f"{command.id}: a '...' with no `doc-test: ... =` directive"
+            text = text.replace("...", command.fill)
+        data_dir = str(self.home / ("cifar" if "--data cifar10" in text else "data/fashion"))
+        text = re.sub(r"(?<=\s)DIR(?=\s|$)", data_dir, text)
+        ids = self.run_ids()
+        for placeholder in RUN_IDS:
+            if re.search(rf"\b{placeholder}\b", text):
+                assert ids, f"{command.id}: no recorded run to stand for {placeholder}"
+                text = re.sub(rf"\b{placeholder}\b", ids[RUN_IDS.index(placeholder) % len(ids)], text)
+        words = shlex.split(text.rstrip("&").strip(), posix=True)
+        verb = next((w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)), "")
+        sub = words[words.index(verb) + 1] if verb == "scaletrain" and len(words) > 1 else ""
+        extra = SHORTER.get(sub, [])
+        background = text.endswith("&")
+        base = text.rstrip("&").strip()
+        return f"{base} {' '.join(extra)}" + (" &" if background else "")
+
+    def run(self, command: Command) -> None:
+        text = self.resolve(command)
+        if text.endswith("&"):
+            proc = subprocess.Popen(["bash", "-c", text[:-1]], cwd=self.root, env=self.env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            self.background.append((text, proc))
+            return
+        result = subprocess.run(["bash", "-c", text], cwd=self.root, env=self.env, text=True,
+                                capture_output=True, timeout=TIMEOUT_S)
+        _check(text, result.returncode, result.stdout + result.stderr)
+
+    def wait(self) -> None:
+        for text, proc in self.background:
+            out, _ = proc.communicate(timeout=TIMEOUT_S)
+            _check(text, proc.returncode, out)
+        self.background.clear()
+
+
+def _check(text: str, code: int, output: str) -> None:
+    assert code == 0 and "Traceback" not in output, f"`{text}` exited {code}:\n{output[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def workspaces(tmp_path_factory):
+    made: dict[Path, Workspace] = {}
+    yield lambda file: made.setdefault(file, Workspace(tmp_path_factory.mktemp(file.stem)))
+    for space in made.values():
+        for _, proc in space.background:
+            proc.kill()
+
+
+@pytest.mark.parametrize("command", ALL, ids=[c.id for c in ALL])
+def test_doc_command_runs(command, workspaces):
+    if command.skip:
+        pytest.skip(command.skip)
+    space = workspaces(command.file)
+    space.run(command)
+    if command is [c for c in ALL if c.file == command.file][-1]:
+        space.wait()
+
+
+def test_every_doc_file_was_read():
+    """A file whose commands the reader missed (a block in another form) would pass silently."""
+    assert {c.file.name for c in ALL} >= {"README.md", "data.md", "distributed.md", "model-parallel.md",
+                                          "autotune.md", "scaling-predictor.md"}
+    assert len(ALL) >= 60
