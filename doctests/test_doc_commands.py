@@ -18,7 +18,7 @@ run store). What the harness may change is agreed here, and nothing else:
 A command passes when it exits 0 and prints no traceback. A trailing `&` runs it in the
 background; the file's last line waits for every one.
 
-Run with `make doc-test` (CI runs it after `make test`).
+Run with `make doc-test`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 STARTS = ("scaletrain ", "make ", "torchrun ", "bash ", "SCALETRAIN_")
 
 SHORTER = {
-    "train": ["--epochs", "1", "--no-progress"],
+    "train": ["--epochs", "1", "--no-progress", "--train-subset", "512"],
+    "scaling": ["--measure-steps", "2"],
     "sweep": ["--epochs", "1", "--repeats", "1"],
     "tune": ["--trials", "2", "--epochs", "1"],
     "autotune": ["--trials", "2", "--steps", "3"],
@@ -208,12 +209,14 @@ class Workspace:
 
     def run(self, command: Command) -> None:
         text = self.resolve(command)
+        # The repository's own commands (make, its scripts) run where a user runs them: its root.
+        cwd = REPO if text.startswith(("make ", "bash scripts/")) else self.root
         if text.endswith("&"):
-            proc = subprocess.Popen(["bash", "-c", text[:-1]], cwd=self.root, env=self.env, text=True,
+            proc = subprocess.Popen(["bash", "-c", text[:-1]], cwd=cwd, env=self.env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             self.background.append((text, proc))
             return
-        result = subprocess.run(["bash", "-c", text], cwd=self.root, env=self.env, text=True,
+        result = subprocess.run(["bash", "-c", text], cwd=cwd, env=self.env, text=True,
                                 capture_output=True, timeout=TIMEOUT_S)
         _check(text, result.returncode, result.stdout + result.stderr)
 
