@@ -129,11 +129,20 @@ def _stopping() -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and any(c.name == argv[0] for c in COMMANDS) else ""    # `--help`: no command's arguments
-    if threading.current_thread() is threading.main_thread():
-        # SIGTERM ends a command the way Ctrl-C does: every phase's cleanup runs (train.py records
-        # the run as interrupted), then one line and exit 143.
-        signal.signal(signal.SIGTERM, _on_stop_signal)
-        signal.signal(signal.SIGINT, _on_stop_signal)
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv, named)
+    # SIGTERM ends a command the way Ctrl-C does: every phase's cleanup runs (train.py records the
+    # run as interrupted), then one line and exit 143. The caller's handlers come back after (a
+    # test or a notebook calling main()).
+    previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _main(argv, named)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: list[str], named: str) -> int:
     try:
         # A flag's own check (cli/flags.py) raises a ConfigError while parsing: one line, exit 2.
         args = build_parser(only=named).parse_args(argv)
