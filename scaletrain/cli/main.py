@@ -163,10 +163,13 @@ def _main(argv: list[str], named: str) -> int:
         # Python from complaining again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception:
+    except Exception as exc:
         if under_launcher() and _stopping():
             # A worker of a job its launcher is stopping: the launcher says so, once.
             return INTERRUPTED_EXIT_CODE if signal.SIGINT in _STOPS_RECEIVED else TERMINATED_EXIT_CODE
+        # A bug keeps its traceback; a worker also tells its launcher when it failed, so the
+        # launcher names the rank that failed first, not a peer that failed because of it.
+        hand_to_launcher(f"{type(exc).__name__}: {exc}")
         raise
 
 

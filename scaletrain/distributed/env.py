@@ -59,8 +59,10 @@ def hand_to_launcher(line: str) -> bool:
     try:
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            # The form torch's ProcessFailure reads: a message string and the time it happened.
-            json.dump({"message": line, "timestamp": int(time.time())}, f)
+            # The form torch's ProcessFailure reads (a message string, the time in whole seconds),
+            # and the time in ns: whole seconds cannot order two ranks failing in one second.
+            now = time.time_ns()
+            json.dump({"message": line, "timestamp": now // 1_000_000_000, "time_ns": now}, f)
         os.replace(tmp, path)
     except OSError:
         return False

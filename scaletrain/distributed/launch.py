@@ -109,7 +109,14 @@ def _first_failure(failures: dict) -> tuple[int, object]:
     rest (torch's own pick, by a timestamp in whole seconds, often names a worker it stopped)."""
     stopped = {INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, -signal.SIGINT, -signal.SIGTERM}
     causes = {rank: f for rank, f in failures.items() if f.exitcode not in stopped} or failures
-    rank = min(causes, key=lambda r: (causes[r].timestamp, r))
+
+    def when_ns(failure) -> int:
+        # A worker of ours wrote its time in ns (env.hand_to_launcher); one killed outright has
+        # the agent's whole-second stamp of when it noticed, which then sorts first.
+        data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+        return data["time_ns"] if isinstance(data.get("time_ns"), int) else failure.timestamp * 1_000_000_000
+
+    rank = min(causes, key=lambda r: (when_ns(causes[r]), r))
     return rank, causes[rank]
 
 
