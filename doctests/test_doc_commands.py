@@ -24,7 +24,6 @@ Run with `make doc-test`.
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import shlex
 import sqlite3
@@ -33,8 +32,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from tests.test_data import make_cifar_folder, make_idx_folder
 
 REPO = Path(__file__).resolve().parent.parent
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -141,35 +141,14 @@ ALL = [c for f in DOC_FILES for c in commands(f)]
 
 # -- running them ---------------------------------------------------------------------------------
 
-def _fake_fashion(folder: Path, n_train: int = 760, n_test: int = 32) -> None:
-    import gzip
-    import struct
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        for kind, magic, array in (("images-idx3", 2051, rng.integers(0, 256, (n, 28, 28))),
-                                   ("labels-idx1", 2049, rng.integers(0, 10, (n,)))):
-            header = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape)
-            (folder / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
-
-
-def _fake_cifar(folder: Path, per_batch: int = 40) -> None:
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        with open(folder / name, "wb") as fh:   # the real files' form (a pickled dict of arrays)
-            pickle.dump({b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                         b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]}, fh)
-
-
 class Workspace:
     """One doc file's working folder, home and background commands."""
 
     def __init__(self, root: Path):
         self.root, self.home = root / "work", root / "home"
         self.root.mkdir()
-        _fake_fashion(self.home / "data" / "fashion")
-        _fake_cifar(self.home / "cifar")
+        make_idx_folder(self.home / "data" / "fashion", n_train=760, n_test=32)
+        make_cifar_folder(self.home / "cifar", per_batch=40)
         for name, text in FILES.items():
             (self.root / name).write_text(text)
         self.background: list[tuple[str, subprocess.Popen]] = []

@@ -22,7 +22,7 @@ def write_idx(path, array, magic, gz=False, cut=0):
 
 def make_idx_folder(folder, n_train=64, n_test=16, gz=True, **breakage):
     rng = np.random.default_rng(0)
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
         suffix = ".gz" if gz else ""
         write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)), 2051, gz)
@@ -87,12 +87,19 @@ def test_download_verifies_the_checksum_and_keeps_nothing_bad(tmp_path):
         download("mnist", target, base_url=(tmp_path / "missing").as_uri() + "/")
 
 
-def test_cifar10_batches(tmp_path):
+def make_cifar_folder(folder, per_batch=20):
+    """CIFAR-10's python-batch folder (data_batch_1..5, test_batch) in the real files' form."""
     rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        with open(tmp_path / name, "wb") as fh:
-            pickle.dump({b"data": rng.integers(0, 256, (20, 3072), dtype=np.uint8),
-                         b"labels": list(rng.integers(0, 10, 20))}, fh)
+        with open(folder / name, "wb") as fh:
+            pickle.dump({b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                         b"labels": list(rng.integers(0, 10, per_batch))}, fh)
+    return folder
+
+
+def test_cifar10_batches(tmp_path):
+    make_cifar_folder(tmp_path)
     ds = load_dataset(DataConfig(name="cifar10", data_dir=str(tmp_path)))
     assert ds.train.x.shape == (90, 3, 32, 32) and ds.val.x.shape == (10, 3, 32, 32) and ds.mean.shape == (3, 1, 1)
     (tmp_path / "data_batch_3").write_bytes(b"garbage")

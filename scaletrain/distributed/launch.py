@@ -18,13 +18,11 @@ import sys
 import torch
 
 from scaletrain.distributed.cluster import cluster_from_env
+from scaletrain.distributed.env import under_launcher
 from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, ConfigError
 
-WORKER_MARK = "TORCHELASTIC_RUN_ID"  # set by the agent in every worker's environment
-
-
-def inside_worker() -> bool:
-    return WORKER_MARK in os.environ
+# Whether this process is one of the agent's workers (which must not launch again).
+inside_worker = under_launcher
 
 
 LAUNCHER_FLAGS = ("--nproc", "--max-restarts")

@@ -23,9 +23,10 @@ from scaletrain.models import build_model
 from scaletrain.models.blocks import find_blocks
 
 
-def meta_model(cfg: TrainConfig) -> torch.nn.Module:
-    """The model `cfg` trains, built on the meta device: its structure without its memory."""
-    input_shape, outputs, _ = sample_shape(cfg.data)
+def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module:
+    """The model `cfg` trains, built on the meta device: its structure without its memory.
+    `sample`: (input shape, output size) where the caller has them (else read from the data set)."""
+    input_shape, outputs = sample if sample is not None else sample_shape(cfg.data)[:2]
     with torch.device("meta"):
         return build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
 

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig, get_path, set_path
-from scaletrain.models import build_model
 from scaletrain.models.blocks import has_repeated_blocks
 from scaletrain.precision import POLICIES
+from scaletrain.training.preflight import meta_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +47,7 @@ class ModelFacts:
 
 
 def model_facts(cfg: TrainConfig, input_shape, outputs: int) -> ModelFacts:
-    with torch.device("meta"):
-        model = build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
+    model = meta_model(cfg, (input_shape, outputs))
     return ModelFacts(repeated_blocks=bool(cfg.memory.block_classes) or has_repeated_blocks(model),
                       convolutions_2d=any(isinstance(m, nn.Conv2d) for m in model.modules()))
 
