@@ -4,7 +4,8 @@ The commands are read from the files' ```bash blocks (a line ending in `\\` cont
 one working folder per file, so a line can use what an earlier one made (`runs/a`, `shards/`, the
 run store). What the harness may change is agreed here, and nothing else:
 
-- shorter: `SHORTER` appends flags per command (one epoch, a few trials), and the data the
+- shorter: `SHORTER` appends flags per command (one epoch, a few trials; no training subset of
+  streamed shards, which would cut whole shards), and the data the
   lines name by folder is small and made here (`~` is a fresh home holding `data/fashion` and
   `cifar`; `DIR` is that folder for the line's `--data`); the TOML files lines name are written
   here (`FILES`);
@@ -182,6 +183,9 @@ class Workspace:
         verb = next((w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)), "")
         sub = words[words.index(verb) + 1] if verb == "scaletrain" and len(words) > 1 else ""
         extra = SHORTER.get(sub, [])
+        if "--data shards" in text:
+            # Streamed shards are cut to a subset by whole shards: the README's own shards are small.
+            extra = [flag for flag in extra if flag not in ("--train-subset", "512")]
         background = text.endswith("&")
         base = text.rstrip("&").strip()
         return f"{base} {' '.join(extra)}" + (" &" if background else "")
