@@ -34,7 +34,8 @@ from scaletrain.training import Trainer, build_training
 
 def run_training(cfg: TrainConfig, console: Console | None = None,
                  callbacks=()) -> tuple[RunSummary | None, Trainer | None]:
-    """Trains one run. `callbacks`: extra callbacks for the chief (a tuner's pruning callback).
+    """Trains one run. `callbacks`: extra callbacks, on every rank (a tuner's pruning callback, whose
+    stop every rank must take: it asks the chief and follows its answer).
     A process that serves rather than trains (a parameter server) returns (None, None)."""
     cfg.validate()
     env = dist_env()
@@ -107,7 +108,8 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
                 callbacks.append(ProgressBar(console))
             if cfg.tracking.tensorboard:
                 callbacks.append(TensorBoardLogger(run.path / "tensorboard"))
-            callbacks += extra_callbacks
+        # Last, so the epoch is recorded before one of them stops the run.
+        callbacks += extra_callbacks
         built = build_training(cfg, strategy=strategy, dataset=dataset, task=task, callbacks=callbacks,
                           checkpointer=make_checkpointer(plan, cfg, env))
         return _fit(cfg, env, console, built.trainer, dataset, plan, run, tracked, wall_start)

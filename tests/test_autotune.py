@@ -3,13 +3,14 @@ Optuna study in SQLite, the real planner and run store."""
 
 import importlib.util
 import json
+import re
 import signal
 import time
 
 import pytest
 
 from scaletrain.tracking.store import RunStore
-from tests.processes import run, start
+from tests.processes import run, run_here, start
 
 pytest.importorskip("optuna")
 
@@ -40,10 +41,19 @@ def test_a_candidate_that_learns_differently_is_refused_and_the_best_toml_trains
     assert _result(out)["best"] == {"threads": None}
     if importlib.util.find_spec("matplotlib"):     # the report extra draws the speed/memory plot
         assert (out / "speed_memory.png").read_bytes()[:4] == b"\x89PNG"
-    # Both trials are runs in the store, under the autotune's group.
+    # Both trials are runs in the store, under the autotune's group, the best marked as its choice.
     store = RunStore(str(tmp_path / "runs.db"))
     assert sorted(r.group for r in store.runs()) == ["autotune-autotune"] * 2
+    assert store.chosen("autotune-autotune") == baseline[0]["run_id"]
     store.close()
+    if importlib.util.find_spec("matplotlib"):     # `runs report` stars it in the speed/memory plot
+        report = run_here(["runs", "report", "--group", "autotune-autotune", "-o", str(tmp_path / "r.html"),
+                           "--store", str(tmp_path / "runs.db")], tmp_path)
+        assert report.returncode == 0, report.stderr
+        page = (tmp_path / "r.html").read_text()
+        # (matplotlib's SVG keeps each text as a comment beside its glyphs: here the legend's entry)
+        assert "Throughput against peak memory" in page and page.count("(chosen) -->") == 1
+        assert re.search(rf"<!-- {baseline[0]['run_id']} [^>]*\(chosen\) -->", page)
     # The best configuration is a plain training config: it trains as written.
     again = run(["train", "--config", str(out / "best.toml"), "--epochs", "1", "--run-dir", str(tmp_path / "again"),
                  "--store", str(tmp_path / "runs.db")], tmp_path)
@@ -84,6 +94,28 @@ def test_the_planner_discards_what_will_not_fit_before_anything_runs(tmp_path):
     assert not (out / "trials" / "trial-0001").exists()      # nothing else ran
 
 
+def test_under_nproc_the_strategy_is_searched_and_the_model_rules_discard_before_anything_runs(tmp_path):
+    out = tmp_path / "tuned"
+    # Sync batch norm: the sharding strategies refuse it (their model rule), ddp and zero1 keep it.
+    done = run(["autotune", "--model", "cnn1d", "--data", "mnist1d", "--batch-size", "64", "--steps", "4",
+                "--window-epochs", "2", "--no-progress", "--nproc", "2", "--sync-batchnorm", "--knobs", "strategy",
+                "--trials", "2", "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    discarded = {r["params"]["distributed.strategy"]: r["why"] for r in _rows(out, "discarded")}
+    assert set(discarded) == {"zero2", "fsdp", "hsdp"}
+    assert all("--sync-batchnorm is not supported with --strategy" in why for why in discarded.values())
+    measured = {r["params"]["distributed.strategy"]: r for r in _rows(out, "measured")}
+    assert set(measured) == {"auto", "zero1"}
+    # Both trained the same seeded steps under two processes: ZeRO-1 only shards the optimizer state.
+    assert measured["zero1"]["departure"] < 1e-3
+    store = RunStore(str(tmp_path / "runs.db"))
+    for row in measured.values():
+        record = store.get(row["run_id"])
+        assert record.config["distributed"]["nproc"] == 2 and record.summary_value("world_size") == 2
+    store.close()
+    assert 'nproc = 2' in (out / "best.toml").read_text()
+
+
 def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     out = tmp_path / "tuned"
     # Each training forward sleeps 0.2 s, so a trial lasts long enough to be killed in the middle.
@@ -119,13 +151,11 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     (["--trials", "0"], "--trials must be >= 1 (got 0)"),
     (["--window-epochs", "1"], "--window-epochs must be >= 2"),
     (["--loss-tolerance", "-1"], "--loss-tolerance must be > 0"),
-    (["--nproc", "2"], "autotune measures one process per candidate"),
     (["--lr-rule", "cubic"], "--lr-rule must be one of none, linear, sqrt"),
     (["--device-memory", "lots"], "--device-memory"),
     (["--objective", "time-to-target", "--config", "{tmp}/no_target.toml"], "--objective time-to-target needs a target"),
 ])
 def test_bad_autotune_flags_are_one_line_before_anything_runs(tmp_path, flags, message):
-    from tests.processes import run_here
     (tmp_path / "no_target.toml").write_text('[model]\nname = "mlp"\n[data]\nname = "digits"\n')
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     done = run_here(["autotune", "--model", "mlp", "--data", "digits", "--out", str(tmp_path / "t"),

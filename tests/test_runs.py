@@ -195,7 +195,7 @@ def test_report_renders_offline_in_headless_chromium_with_its_plots(recorded, tm
     out = run(["runs", "report", "-o", str(tmp_path / "report.html")], cwd)
     assert out.returncode == 0, out.stderr
     page = (tmp_path / "report.html").read_text()
-    assert page.count("<svg") == 5  # inline: nothing to fetch, no script to run
+    assert page.count("<svg") == 6  # inline: nothing to fetch, no script to run
     assert not any(ref in page for ref in ("<script", "<link", 'src="http', "url(http", "<img"))
     shot = tmp_path / "shot.png"
     subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

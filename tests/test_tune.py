@@ -182,9 +182,11 @@ def test_tune_rejects_a_missing_space_file_and_a_bad_metric(tmp_path, capsys):
     assert "--metric accuracy is not something a run reports" in capsys.readouterr().err
 
 
-def test_a_trial_process_is_pruned_through_the_real_cli(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_trial_process_is_pruned_through_the_real_cli(tmp_path, nproc):
     """The tuner's pruning reaches a trial's `train` process: a trial trailing a finished one at
-    every epoch is stopped (exit 3) and recorded as pruned."""
+    every epoch is stopped (exit 3) and recorded as pruned. Under --nproc every rank stops with
+    the chief (a rank left training would wait on it until the collective timeout)."""
     import json as _json
 
     import optuna
@@ -198,10 +200,10 @@ def test_a_trial_process_is_pruned_through_the_real_cli(tmp_path):
     trial = study.ask()
     spec = {"storage": storage, "study": "s", "trial_id": trial._trial_id, "metric": "val_accuracy",
             "pruner": {"kind": "median", "startup_trials": 1, "warmup_epochs": 0}}
-    result = run(["train", *DIGITS_MLP, "--epochs", "5", "--run-id", "trial1", "--target-accuracy", "0.9999"],
-                 tmp_path, **{TRIAL_ENV: _json.dumps(spec)})
+    result = run(["train", *DIGITS_MLP, "--epochs", "5", "--run-id", "trial1", "--target-accuracy", "0.9999",
+                  "--nproc", str(nproc), "--step-timeout-s", "60"], tmp_path, timeout=50, **{TRIAL_ENV: _json.dumps(spec)})
     assert result.returncode == 3, result.stderr
-    assert "pruned after epoch 1" in result.stderr
+    assert result.stderr.count("pruned after epoch 1") == 1 and "failed" not in result.stderr, result.stderr
     with RunStore(tmp_path / "scaletrain-runs" / "runs.db", create=False) as store:
         assert store.get("trial1").status == "pruned"
 

@@ -1,6 +1,7 @@
 """`scaletrain autotune [train options] [--trials N] [--steps S] [--out DIR]`: the fastest system
-settings for this training on this machine, each candidate measured in its own process and
-checked to train the same as the given configuration (experiments/autotune/)."""
+settings for this training on this machine, each candidate measured as its own job (its own
+process, or --nproc workers under the launcher, where the strategy is searched too) and checked
+to train the same as the given configuration (experiments/autotune/)."""
 
 from __future__ import annotations
 
@@ -51,9 +52,6 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
     from scaletrain.memory.units import parse_bytes
     cfg = config_from_args(args)
-    if cfg.distributed.nproc > 1:
-        raise UserError("autotune measures one process per candidate in this version; drop --nproc "
-                        "(strategies are tuned where several processes are measured: not yet)")
     out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "autotune" / args.study_name
     check_writable_dir(out, "--out")
     check_writable_file(cfg.tracking.store, "run store (--store)")
@@ -68,7 +66,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     rows = tuner.run()
     best_path, table = tuner.write_results(rows)
     console.print(table)
-    if settings.objective.name == "throughput":
+    if settings.objective.name == "throughput" and any(k.numerics for k in tuner.knobs):
         console.print("* changes the arithmetic (checked against the baseline's loss with the 16-bit tolerance)")
     if best_path is None:
         console.print(f"no candidate was measured; see the trials' train.log files under {out / 'trials'}")
@@ -78,6 +76,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
               else f"{best.value:.2f} s of training and warm-up to {cfg.target_metric} {cfg.target}")
     console.print(f"best: {figure} with "
                   f"{', '.join(f'{k}={v}' for k, v in best.params.items())}; its config: {best_path} "
-                  f"(scaletrain train --config {best_path}); trials in the store under group {tuner.group}",
+                  f"(scaletrain train --config {best_path}); trials in the store under group {tuner.group} "
+                  f"(scaletrain runs report --group {tuner.group})",
                   soft_wrap=True)
     return 0

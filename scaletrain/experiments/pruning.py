@@ -28,13 +28,18 @@ class TrialPruning:
         self.metric = metric
 
     def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
+        # Under several processes the chief alone reports and asks, and every rank follows its
+        # answer: ranks asking on their own could part ways (one stops, the rest wait on it).
+        verdict = None
         value = logs.get(self.metric)
-        if value is None:
-            return
-        self.trial.report(float(value), step=epoch + 1)
-        if self.trial.should_prune():
-            raise RunPruned(f"trial {self.trial.number} pruned after epoch {epoch + 1}: "
-                            f"{self.metric} {float(value):.4f} trails the median of earlier trials")
+        if trainer.strategy.is_chief and value is not None:
+            self.trial.report(float(value), step=epoch + 1)
+            if self.trial.should_prune():
+                verdict = (f"trial {self.trial.number} pruned after epoch {epoch + 1}: "
+                           f"{self.metric} {float(value):.4f} trails the median of earlier trials")
+        verdict = trainer.strategy.broadcast_object(verdict)
+        if verdict:
+            raise RunPruned(verdict)
 
 
 def trial_pruning_from_env() -> TrialPruning | None:

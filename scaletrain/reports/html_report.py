@@ -1,6 +1,7 @@
 """`scaletrain runs report`: one self-contained HTML file (inline SVG plots, inline CSS, no
 scripts, nothing fetched) that opens offline in any browser. Plots: accuracy and loss against
-wall time, throughput, memory over time, and seed 001's training-time-vs-loss scatter."""
+wall time, throughput, memory over time, throughput against peak memory (an autotune's choice
+starred), and seed 001's training-time-vs-loss scatter."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class RunData:
 
     def __init__(self, store: RunStore, record: RunRecord, index: int, label_keys: list[str]):
         self.record, self.colour = record, colour(index)
+        self.chosen = store.chosen(record.group) == record.id     # an experiment's pick (autotune's best)
         self.epochs = store.epochs(record.id)
         self.samples = store.samples(record.id)
         flat = flatten_mapping(record.config)
@@ -126,6 +128,23 @@ def _time_vs_loss(runs: list[RunData]) -> str:
     return to_svg(figure)
 
 
+def _speed_memory(runs: list[RunData]) -> str | None:
+    """Throughput against peak memory, one point per run; the run an experiment chose (autotune's
+    best among its candidates) starred."""
+    points = [(run, run.record.summary_value("images_per_sec"), run.record.summary_value("peak_memory_bytes"))
+              for run in runs]
+    points = [(run, speed, peak / 2**20) for run, speed, peak in points if speed and peak]
+    if not points:
+        return None
+    figure, axes = _figure(runs)
+    for run, speed, mib in points:
+        axes.scatter([mib], [speed], color=run.colour, s=220 if run.chosen else 40, marker="*" if run.chosen else "o",
+                     label=run.label + (" (chosen)" if run.chosen else ""), zorder=3 if run.chosen else 2)
+    style(axes, "Throughput against peak memory (star: the run an autotune chose)", "peak memory (MiB)",
+          "images/sec")
+    return to_svg(figure)
+
+
 def _staleness(runs: list[RunData]) -> str | None:
     """Parameter-server runs: how stale the applied gradients were (seed 002), over all epochs."""
     figure, axes = None, None
@@ -146,7 +165,7 @@ def _staleness(runs: list[RunData]) -> str | None:
     return to_svg(figure)
 
 
-PLOTS = [_accuracy, _loss, _throughput, _memory, _time_vs_loss, _staleness]
+PLOTS = [_accuracy, _loss, _throughput, _memory, _speed_memory, _time_vs_loss, _staleness]
 
 
 def _table(runs: list[RunData]) -> str:

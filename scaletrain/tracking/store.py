@@ -258,7 +258,21 @@ class RunStore:
                        error = excluded.error""",
                 (run_id, now, now, group, name, _dumps(config), error))
 
+    def set_chosen(self, group: str, run_id: str) -> None:
+        """Records `run_id` as the run an experiment picked among its group's (autotune's winner,
+        starred in `runs report`); a resumed experiment may pick again."""
+        with self._write() as conn:
+            conn.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                         (f"chosen:{group}", run_id))
+
     # -- reading ------------------------------------------------------------------------------
+
+    def chosen(self, group: str | None) -> str | None:
+        """The run an experiment picked among `group`'s runs (set_chosen), if any."""
+        if group is None:
+            return None
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (f"chosen:{group}",)).fetchone()
+        return row[0] if row else None
 
     _COLUMNS = "id, created_at, updated_at, status, group_name, name, run_dir, host, pid, config, environment, summary, error"
 

@@ -42,16 +42,24 @@ def model_problem(cfg: TrainConfig, model: torch.nn.Module, layout: Layout) -> s
     return strategy_class(cfg.distributed, layout.world).model_problem(model, layout, cfg.distributed, block_classes)
 
 
+def check_job(cfg: TrainConfig, world: int, model: torch.nn.Module | None = None) -> Layout:
+    """The layout of a job of `world` processes training `cfg`, checked: its process counts, its
+    batch plan and the strategy's rules about the model (`model`: built on the meta device, or
+    None to build it here). Raises ConfigError. Autotune asks it of every candidate."""
+    layout = Layout.build(strategy_class(cfg.distributed, world), cfg.distributed, world)
+    plan_batch(cfg.batch_size, cfg.per_replica_batch_size, layout.replicas, cfg.optim.grad_accum_steps,
+               cfg.accumulate_to_global)
+    problem = model_problem(cfg, model if model is not None else meta_model(cfg), layout)
+    if problem:
+        raise ConfigError(problem)
+    return layout
+
+
 def preflight(cfg: TrainConfig, world: int, checkpointer=None) -> Layout:
     """Checks a job of `world` processes before it starts; returns its layout. `checkpointer`: the
     run's (None: nothing to resume), whose choice of checkpoint is verified here. Raises
     ConfigError/UserError."""
-    layout = Layout.build(strategy_class(cfg.distributed, world), cfg.distributed, world)
-    plan_batch(cfg.batch_size, cfg.per_replica_batch_size, layout.replicas, cfg.optim.grad_accum_steps,
-               cfg.accumulate_to_global)
-    problem = model_problem(cfg, meta_model(cfg), layout)
-    if problem:
-        raise ConfigError(problem)
+    layout = check_job(cfg, world)
     if checkpointer is not None:
         checkpointer.find()   # verified against its manifest: raises UserError when none can be trusted
     return layout

@@ -2,8 +2,12 @@
 learns. Each is a config key with the values worth trying for this model on this machine; the
 given configuration's own value always comes first, so the baseline is a candidate like any other.
 
-A knob that changes the arithmetic (precision) is marked `numerics`: its candidates are compared
-with the baseline's loss under a looser tolerance (search.py) and flagged in the table.
+A knob that changes the arithmetic (precision, 16-bit gradient all-reduce) is marked `numerics`:
+its candidates are compared with the baseline's loss under a looser tolerance (search.py) and
+flagged in the table. Under --nproc the strategy is a knob too: every data-parallel layout the
+memory planner knows (ddp, ZeRO stages, FSDP, HSDP) trains the same model with the same steps,
+only their memory and communication differ; search.py drops those the model or the process count
+rule out, with the strategy's own reason.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig, get_path, set_path
+from scaletrain.distributed.strategies.registry import plannable_strategies, strategy_class
 from scaletrain.models.blocks import has_repeated_blocks
 from scaletrain.precision import POLICIES
 from scaletrain.training.preflight import meta_model
@@ -32,6 +37,14 @@ class Knob:
     def label(self) -> str:
         """The knob's short name (--knobs, the table): the key's last part, `precision` for its policy."""
         return "precision" if self.key == "precision.policy" else self.key.rsplit(".", 1)[-1]
+
+
+def _strategies(cfg: TrainConfig) -> tuple:
+    """The given strategy first (`auto` stands for ddp here), then every other data-parallel
+    layout the planner can lay out."""
+    own = cfg.distributed.strategy
+    same = strategy_class(cfg.distributed, cfg.distributed.nproc).name
+    return (own, *(name for name in plannable_strategies() if name not in (own, same)))
 
 
 def _with_baseline_first(cfg: TrainConfig, key: str, values) -> tuple:
@@ -81,10 +94,14 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
         knobs.append(Knob("data.num_workers", _with_baseline_first(cfg, "data.num_workers", (0, 2))))
     if facts.convolutions_2d:
         knobs.append(Knob("channels_last", _with_baseline_first(cfg, "channels_last", (False, True))))
-    if not cuda:
+    if cfg.distributed.nproc > 1:
+        knobs.append(Knob("distributed.strategy", _strategies(cfg)))
+        knobs.append(Knob("distributed.grad_compression",
+                          _with_baseline_first(cfg, "distributed.grad_compression", ("none", "bf16")), numerics=True))
+    elif not cuda:
+        # torch's default (None) is one thread per core; fewer can win for small models (less
+        # sync). Under --nproc the launcher gives each worker its share of the cores.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        # torch's default is one thread per core; fewer can win for small models (less sync).
-        # torch's default (None) is one thread per core; fewer can win for small models (less sync).
         values = (1,) if cfg.threads in (None, cores) else (1, cores)
         knobs.append(Knob("threads", _with_baseline_first(cfg, "threads", values)))
     return [k for k in knobs if len(k.values) > 1]

@@ -31,8 +31,9 @@ from rich.table import Table
 
 from scaletrain.config import TrainConfig, write_toml
 from scaletrain.distributed.strategies import resolve_device
+from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.data import sample_shape
-from scaletrain.errors import PRUNED_EXIT_CODE, UserError
+from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
 from scaletrain.experiments.autotune.knobs import Knob, apply, candidates, model_facts, system_knobs
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV
@@ -197,32 +198,46 @@ class AutoTuner:
         return psutil.virtual_memory().available
 
     def plan(self) -> tuple[list[dict], list[Row]]:
-        """(candidates the planner lets through, rows for those it discards)."""
+        """(candidates the checks and the planner let through, rows for those they discard)."""
+        from scaletrain.training.preflight import check_job, meta_model
+        nproc = self.base.distributed.nproc
+        model = meta_model(self.base, (self.shape, self.outputs))
+        # Each process's share: the GPU is its own; a CPU host's memory is shared by all of them.
+        memory = self.memory if self.device.type == "cuda" else self.memory // nproc
         planners: dict[tuple, Planner] = {}
         kept, discarded = [], []
         for params in self.grid:
             cfg = self.configure(params)
-            if (cfg.per_replica_batch_size or cfg.batch_size) % cfg.optim.grad_accum_steps:
-                continue      # micro-batches that do not divide this batch: not a candidate
+            try:
+                # What a launch would refuse (the strategy's rules about this model and process
+                # count, micro-batches that do not divide the batch) is not a candidate.
+                check_job(cfg, nproc, model)
+            except ConfigError as exc:
+                discarded.append(Row(params, "discarded", why=str(exc)))
+                continue
             micro = cfg.batch_size // cfg.optim.grad_accum_steps
+            strategy = strategy_class(cfg.distributed, nproc)
+            # One process per candidate plans as ddp on one device (plan-memory's rule).
+            plan_as = strategy.name if strategy.plannable else "ddp"
             key = (cfg.precision.policy, cfg.memory.activation_checkpointing)
             if key not in planners:
                 planners[key] = Planner(PlanRequest(
                     model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=self.shape,
                     num_classes=self.outputs, task=self.task, batch_size=micro, precision=cfg.precision.policy,
-                    devices=1, activation_checkpointing=cfg.memory.activation_checkpointing,
+                    devices=nproc, activation_checkpointing=cfg.memory.activation_checkpointing,
                     block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
-                    device_memory=self.memory, distributed=cfg.distributed))
-            # One process per candidate: one device, planned as ddp on one device (plan-memory's rule).
-            plan = planners[key].plan("ddp", 1, micro)
+                    device_memory=memory, distributed=cfg.distributed))
+            plan = planners[key].plan(plan_as, nproc, micro)
             if plan.fits:
                 kept.append(params)
             else:
                 discarded.append(Row(params, "discarded", why=f"planner: needs {format_bytes(plan.total_bytes)} of "
-                                                              f"{format_bytes(self.memory)}"))
+                                                              f"{format_bytes(memory)}"
+                                                              + (" per process" if nproc > 1 else "")))
         if not kept or kept[0] != self.grid[0]:
-            raise UserError(f"the given configuration is predicted not to fit ({discarded[0].why}); "
-                            "make it fit first (scaletrain plan-memory shows what does), then tune its speed")
+            why = next((r.why for r in discarded if r.params == self.grid[0]), "")
+            raise UserError(f"the given configuration is not a candidate ({why}); make it run and fit first "
+                            "(scaletrain plan-memory shows what fits), then tune its speed")
         return kept, discarded
 
     # -- the study ------------------------------------------------------------------------------
@@ -432,6 +447,8 @@ class AutoTuner:
         plot_speed_against_memory(rows, best, self.s.out / "speed_memory.png")
         if best is None:
             return None, table
+        with RunStore(self.base.tracking.store) as store:
+            store.set_chosen(self.group, best.run_id)     # starred in `runs report --group`
         return write_toml(self.best_config(best), self.s.out / "best.toml"), table
 
 
