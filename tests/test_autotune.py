@@ -112,6 +112,8 @@ def test_under_nproc_the_strategy_is_searched_and_the_model_rules_discard_before
     for row in measured.values():
         record = store.get(row["run_id"])
         assert record.config["distributed"]["nproc"] == 2 and record.summary_value("world_size") == 2
+        # The launcher shared the cores out: one thread per worker here, not a slot's whole share each.
+        assert record.environment["device"].endswith(", 1 threads)"), record.environment["device"]
     store.close()
     assert 'nproc = 2' in (out / "best.toml").read_text()
 

@@ -59,6 +59,12 @@ def device_slots(parallel: int, device: str = "auto") -> list[Slot]:
     return slots
 
 
+def machine_slot() -> Slot:
+    """One slot holding the whole machine, for a job that spreads its own processes over it: a
+    `train --nproc` launch shares the cores (and the GPUs) out among its workers itself."""
+    return Slot(0, "this machine", {})
+
+
 @dataclass(slots=True)
 class Job:
     name: str

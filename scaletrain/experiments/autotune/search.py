@@ -37,7 +37,7 @@ from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
 from scaletrain.experiments.autotune.knobs import Knob, apply, candidates, model_facts, system_knobs
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV
-from scaletrain.experiments.slots import SlotPool, device_slots
+from scaletrain.experiments.slots import SlotPool, device_slots, machine_slot
 from scaletrain.experiments.sweep import LR_SCALINGS, scaled_lr
 from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open_storage, require_optuna
 from scaletrain.memory.planner import Planner, PlanRequest
@@ -297,7 +297,9 @@ class AutoTuner:
         allowed = {_key(p) for p in kept}
         rows = self._rows_so_far(study)
         store = RunStore(self.base.tracking.store)
-        pool = SlotPool(device_slots(1, self.base.device))
+        # One candidate at a time, so none is timed beside another; a multi-process one gets the
+        # whole machine (a one-slot share would pin all its workers to one GPU, or give each all cores).
+        pool = SlotPool([machine_slot()] if self.base.distributed.nproc > 1 else device_slots(1, self.base.device))
         repeats = 0
         try:
             while sum(1 for r in rows.values() if r.outcome != "discarded") < budget and repeats < 50:
