@@ -23,13 +23,13 @@ def _evaluations(run_dir) -> list[dict]:
 
 def test_sidecar_equals_in_loop_evaluation_survives_a_kill_and_stops_with_the_run(tmp_path):
     run_dir = tmp_path / "r"
+    # The sidecar may start first (the README's `train ... &` then `evaluate --watch`): it waits for the run.
+    first = start(["evaluate", "--watch", str(run_dir), "--poll-s", "0.2"], tmp_path, tmp_path / "eval1.log")
     # digits: 1294 training samples, 20 steps of 64 an epoch; a checkpoint at every epoch's end.
     training = start(["train", *DIGITS_MLP, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.05",
                       "--epochs", "4", "--batch-size", "64", "--checkpoint-every", "20", "--keep-checkpoints", "10",
                       "--run-dir", str(run_dir)], tmp_path, tmp_path / "train.log")
     try:
-        wait_for(lambda: (run_dir / "config.json").is_file(), 60, "the run to start")
-        first = start(["evaluate", "--watch", str(run_dir), "--poll-s", "0.2"], tmp_path, tmp_path / "eval1.log")
         wait_for(lambda: _evaluations(run_dir), 120, "a first evaluation")
         first.send_signal(signal.SIGKILL)   # an evaluator killed mid-run
         first.wait(timeout=30)
@@ -77,7 +77,8 @@ def test_the_cluster_evaluator_task_evaluates_the_run_and_bad_specs_are_one_line
     assert [e["step"] for e in json.loads(shown.stdout)["evaluations"]] == committed_steps(run_dir / "checkpoints")
     no_dir = run(["train", *DIGITS_MLP], tmp_path, SCALETRAIN_CLUSTER=spec)
     assert no_dir.returncode == 2 and "needs --run-dir" in no_dir.stderr and "Traceback" not in no_dir.stderr
-    missing = run_here(["evaluate", "--watch", str(tmp_path / "none")], tmp_path)
+    missing = run_here(["evaluate", "--watch", str(tmp_path / "none"), "--start-timeout-s", "0.3"], tmp_path)
     assert missing.returncode == 2 and "holds no run" in missing.stderr
+    assert "waiting for a training to start" in missing.stdout
     no_poll = run_here(["evaluate", "--watch", str(run_dir), "--poll-s", "0"], tmp_path)
     assert no_poll.returncode == 2 and "--poll-s must be > 0" in no_poll.stderr
