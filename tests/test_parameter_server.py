@@ -74,7 +74,7 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     report = run(["runs", "report", "-o", str(tmp_path / "report.html")], tmp_path)
     assert report.returncode == 0, report.stderr
     page = (tmp_path / "report.html").read_text()
-    assert page.count("<svg") == 6 and "Staleness of the applied gradients" in page
+    assert page.count("<svg") == 7 and "Staleness of the applied gradients" in page
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
