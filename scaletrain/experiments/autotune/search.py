@@ -43,6 +43,7 @@ from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open
 from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes
 from scaletrain.tracking.store import RunStore
+from scaletrain.training.preflight import check_job, meta_model
 
 PARAMS_ATTR, OUTCOME_ATTR = "params", "outcome"
 # The per-epoch mean training loss of a candidate may differ from the baseline's by this fraction
@@ -199,7 +200,6 @@ class AutoTuner:
 
     def plan(self) -> tuple[list[dict], list[Row]]:
         """(candidates the checks and the planner let through, rows for those they discard)."""
-        from scaletrain.training.preflight import check_job, meta_model
         nproc = self.base.distributed.nproc
         model = meta_model(self.base, (self.shape, self.outputs))
         # Each process's share: the GPU is its own; a CPU host's memory is shared by all of them.
