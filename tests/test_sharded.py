@@ -111,6 +111,17 @@ def test_fsdp_with_checkpointed_blocks_and_bf16_trains_a_vit(tmp_path):
     assert single["accuracy"] == pytest.approx(epoch["val_accuracy"], abs=1 / len(built.dataset.val))
 
 
+def test_batch_size_finders_cap_counts_the_replicas(tmp_path):
+    # Two fsdp replicas each take a batch: 1,294 digits allow 647 per device, not 1,294.
+    result = run(["find-batch-size", "--model", "mlp", "--data", "digits", "--nproc", "2", "--strategy", "fsdp",
+                  "--memory-limit", "4GB", "--first-batch-size", "512", "--json", "--no-progress"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout[result.stdout.index("{"):])
+    assert found["replicas"] == 2 and found["max_batch_size"] == 1294 // 2
+    assert found["limited_by"] == "the training set's 1294 samples over 2 replicas"
+    assert [t["batch_size"] for t in found["trials"]] == [512, 647]
+
+
 def test_batch_size_finder_takes_the_same_branch_on_every_rank(tmp_path):
     # Only rank 1 runs out of memory above 48 samples; the all-reduced flag makes rank 0 agree.
     result = run(["find-batch-size", "--model", "faulty_models:oom_mlp", "--model-option", "above=48",

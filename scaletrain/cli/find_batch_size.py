@@ -82,7 +82,7 @@ def _print(result, cfg) -> None:
     line = (f"largest batch that ran: {result.max_batch_size} per device; recommended with a "
             f"{result.margin:.0%} margin: {result.recommended_batch_size} per device")
     if result.grad_accum_steps:
-        line += (f"; global batch {result.global_batch_size} = {result.devices} x {result.recommended_batch_size} "
+        line += (f"; global batch {result.global_batch_size} = {result.replicas} replica(s) x {result.recommended_batch_size} "
                  f"x {result.grad_accum_steps} accumulation steps")
     if result.limited_by:
         line += f"; the search stopped at {result.limited_by}, which still fit (a larger batch may too)"

@@ -39,7 +39,8 @@ class Trial:
 class BatchSizeResult:
     max_batch_size: int             # per device: the largest that ran
     recommended_batch_size: int     # per device, after the safety margin (a multiple of 8 where >= 8)
-    devices: int
+    devices: int                    # processes that train
+    replicas: int                   # data-parallel replicas: each takes a batch (== devices without model parallelism)
     margin: float
     memory_limit: int | None
     trials: list[Trial] = field(default_factory=list)
@@ -89,13 +90,18 @@ class BatchSizeFinder:
         if start < 1 or max_batch < start:
             raise ConfigError(f"need 1 <= --first-batch-size ({start}) <= --max-batch-size ({max_batch})")
         t = self.trainer
-        # A batch larger than the training set is never a useful answer (every step would repeat samples).
+        # A global batch larger than the training set is never a useful answer (every step would
+        # repeat samples); the search is per device, and every data-parallel replica takes a batch.
+        replicas = t.layout.replicas
         samples = len(self.dataset.train)
-        if start > samples:
-            raise ConfigError(f"--first-batch-size {start} is larger than the {samples} training samples")
+        cap = samples // replicas
+        over = f" over {replicas} replicas" if replicas > 1 else ""
+        if start > cap:
+            raise ConfigError(f"--first-batch-size {start} per device is larger than the {samples} training "
+                              f"samples{over}; use at most {max(cap, 1)}")
         limit_name = f"--max-batch-size {max_batch}"
-        if max_batch > samples:
-            max_batch, limit_name = samples, f"the training set's {samples} samples"
+        if max_batch > cap:
+            max_batch, limit_name = cap, f"the training set's {samples} samples{over}"
         snapshot = TrainingSnapshot(t.model, t.optimizer, {**t.counters.tensors(),
                                                           **(t.scaler.state_tensors() if t.scaler else {})})
         try:
@@ -118,11 +124,11 @@ class BatchSizeFinder:
             raise ConfigError(f"even a batch of {start} per device does not fit"
                               + (f" in --memory-limit {self.memory_limit} bytes" if self.memory_limit else ""))
         result = BatchSizeResult(max_batch_size=good, recommended_batch_size=recommended(good, self.margin),
-                                 devices=t.strategy.world_size, margin=self.margin, memory_limit=self.memory_limit,
+                                 devices=t.layout.workers, replicas=replicas, margin=self.margin, memory_limit=self.memory_limit,
                                  trials=[self.trials[k] for k in sorted(self.trials)],
                                  limited_by=limit_name if good == max_batch else None)
         if global_batch is not None:
-            micro, accum = accumulation_for(global_batch, t.strategy.world_size, result.recommended_batch_size)
+            micro, accum = accumulation_for(global_batch, replicas, result.recommended_batch_size)
             result.global_batch_size, result.grad_accum_steps = global_batch, accum
             result.recommended_batch_size = micro
         return result
@@ -212,7 +218,7 @@ class BatchSizeFinder:
         t.counters.resize(steps)
         t.counters.applied_steps.zero_()  # the schedule table's index
         peak, elapsed = self._measure(step, x, y, steps)
-        return peak, size * t.strategy.world_size * (steps - 1) / max(elapsed, 1e-9)
+        return peak, size * t.layout.replicas * (steps - 1) / max(elapsed, 1e-9)
 
     def _measure(self, step: TrainStep, x, y, steps: int) -> tuple[int, float]:
         t = self.trainer
