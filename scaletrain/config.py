@@ -112,6 +112,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 class ModelConfig:
     name: str = _f("cnn1d", "model from the registry, e.g. cnn1d, mlp, resnet, wrn-16-10, vit-tiny")
     options: dict = _f({}, "model-specific keyword arguments, e.g. {channels = 64}")
+    init_from: str | None = _f(None, "start from these weights (a model.pt a run saved): weights only, in a new run "
+                               "with a fresh optimizer and schedule; to continue a run exactly, use --resume")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -334,6 +336,9 @@ class TrainConfig:
         problem = _table_problem(self.distributed, self)
         if problem:
             raise ConfigError(problem)
+        if self.model.init_from is not None and not Path(self.model.init_from).is_file():
+            raise ConfigError(f"--init-from {self.model.init_from}: no such file; pass the model.pt of a run "
+                              "(in its run folder)")
         if self.checkpoint.resume not in (None, "auto") and not Path(self.checkpoint.resume).is_dir():
             raise ConfigError(f"--resume {self.checkpoint.resume}: no such checkpoint folder; pass 'auto' or the "
                               "folder of a complete checkpoint (one holding a COMMITTED file)")

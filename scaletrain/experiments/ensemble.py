@@ -3,15 +3,12 @@ models trained side by side), evaluated on their data set's test split."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from pathlib import Path
 
-import torch
-
-from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.checkpoint.weights import load_weights
 from scaletrain.data import load_dataset
 from scaletrain.errors import UserError
+from scaletrain.serving.saved import saved_model_path, saved_run_config
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
 
@@ -26,23 +23,12 @@ class MemberResult:
     accuracy: float
 
 
-def _member_config(record: RunRecord, device: str, data_dir: str | None) -> TrainConfig:
-    cfg = from_mapping(TrainConfig, copy.deepcopy(record.config))
-    cfg.device, cfg.distributed.strategy, cfg.distributed.nproc = device, "single", 1
-    cfg.compile, cfg.cuda_graphs = False, False
-    if data_dir:
-        cfg.data.data_dir = data_dir
-    return cfg
-
-
 def check_members(records: list[RunRecord]) -> None:
     if len(records) < 2:
         raise UserError("an ensemble needs at least two runs")
     first = records[0]
     for record in records:
-        if not record.run_dir or not (Path(record.run_dir) / "model.pt").is_file():
-            raise UserError(f"run {record.id} has no saved model ({record.run_dir or '?'}/model.pt): it failed, ran "
-                            "with --no-save-model, or its folder moved")
+        saved_model_path(record)
         for key in SAME_DATA_KEYS:
             a, b = first.config.get("data", {}).get(key), record.config.get("data", {}).get(key)
             if a != b:
@@ -53,23 +39,18 @@ def check_members(records: list[RunRecord]) -> None:
 def evaluate_ensemble(records: list[RunRecord], device: str = "auto",
                       data_dir: str | None = None) -> tuple[list[MemberResult], float]:
     check_members(records)
-    first_cfg = _member_config(records[0], device, data_dir)
+    first_cfg = saved_run_config(records[0], device, data_dir)
     dataset = load_dataset(first_cfg.data, seed=first_cfg.seed)
     labels = dataset.test.y.long()
     members, total = [], None
     for record in records:
-        cfg = _member_config(record, device, data_dir)
+        cfg = saved_run_config(record, device, data_dir)
         with build_training(cfg, dataset=dataset) as built:
             trainer = built.trainer
             if trainer.task.name != "classification":
                 raise UserError(f"run {record.id} trained a {trainer.task.name} model; an ensemble averages "
                                 "class probabilities, so every member must be a classifier")
-            try:
-                weights = torch.load(Path(record.run_dir) / "model.pt", map_location="cpu", weights_only=True)
-                trainer.model.load_state_dict(weights)
-            except (RuntimeError, OSError, EOFError, ValueError) as exc:
-                raise UserError(f"run {record.id}: cannot load {record.run_dir}/model.pt "
-                                f"({str(exc).splitlines()[0]})") from None
+            load_weights(trainer.model, saved_model_path(record), f"run {record.id}'s model")
             trainer.evaluate(dataset)  # sets the input normalisation from the training split, as in training
             probabilities = trainer.predict(dataset.test.x)
         accuracy = (probabilities.argmax(-1) == labels).float().mean().item()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scaletrain.checkpoint.weights import load_weights
 from scaletrain.config import TrainConfig
 from scaletrain.data import Dataset, load_dataset
 from scaletrain.distributed import Strategy, build_strategy
@@ -59,5 +60,7 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     # The same initial weights for every precision, fusing choice, strategy and rank.
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.name, dataset.input_shape, task.output_size(dataset), **cfg.model.options)
+    if cfg.model.init_from is not None:   # before the strategy wraps or shards it: every rank reads the whole file
+        load_weights(model, cfg.model.init_from, "--init-from")
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)
     return TrainingParts(trainer, dataset)

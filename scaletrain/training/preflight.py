@@ -2,7 +2,8 @@
 launching process, not the same traceback from every rank.
 
     layout (Layout.build) -> batch plan -> the model on the meta device against the strategy's
-    model rules (Strategy.model_problem) and the memory options -> the checkpoint a resume loads
+    model rules (Strategy.model_problem) and the memory options -> the weights --init-from reads
+    -> the checkpoint a resume loads
 
 Each check is the one the workers run as they build (a job started by plain torchrun has no
 launcher of ours), asked earlier: nothing here has a rule of its own, and nothing here allocates
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from scaletrain.checkpoint.weights import check_fits, read_weights
 from scaletrain.config import TrainConfig
 from scaletrain.data.registry import sample_shape
 from scaletrain.distributed.batching import plan_batch
@@ -59,7 +61,10 @@ def preflight(cfg: TrainConfig, world: int, checkpointer=None) -> Layout:
     """Checks a job of `world` processes before it starts; returns its layout. `checkpointer`: the
     run's (None: nothing to resume), whose choice of checkpoint is verified here. Raises
     ConfigError/UserError."""
-    layout = check_job(cfg, world)
+    model = meta_model(cfg)
+    layout = check_job(cfg, world, model)
+    if cfg.model.init_from is not None:   # the weights fit the model (names and shapes), read on the host
+        check_fits(model, read_weights(cfg.model.init_from, "--init-from"), cfg.model.init_from, "--init-from")
     if checkpointer is not None:
         checkpointer.find()   # verified against its manifest: raises UserError when none can be trusted
     return layout

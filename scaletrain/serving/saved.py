@@ -1,0 +1,32 @@
+"""A finished run's model, rebuilt from its record: the config it trained with (on one device,
+unfused) and its saved weights. `ensemble` and `export` both start here."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.errors import UserError
+from scaletrain.lifecycle.folder import MODEL
+from scaletrain.tracking.store import RunRecord
+
+
+def saved_model_path(record: RunRecord) -> Path:
+    """The run's model.pt; a one-line error when the run saved none."""
+    path = Path(record.run_dir or "?") / MODEL
+    if not record.run_dir or not path.is_file():
+        raise UserError(f"run {record.id} has no saved model ({path}): it failed, ran with --no-save-model, "
+                        "or its folder moved")
+    return path
+
+
+def saved_run_config(record: RunRecord, device: str = "auto", data_dir: str | None = None) -> TrainConfig:
+    """The run's config for rebuilding its model here: one process, no compile or CUDA graphs
+    (what the weights mean does not depend on how the steps ran), the data where it is now."""
+    cfg = from_mapping(TrainConfig, copy.deepcopy(record.config))
+    cfg.device, cfg.distributed.strategy, cfg.distributed.nproc = device, "single", 1
+    cfg.compile, cfg.cuda_graphs, cfg.model.init_from = False, False, None
+    if data_dir:
+        cfg.data.data_dir = data_dir
+    return cfg

@@ -1,0 +1,94 @@
+"""A saved model in and out (seed 002 saves from one strategy and loads into another):
+`--init-from` starts a new run from a run's weights, checked before any worker starts, and
+`scaletrain export` writes a program for serving that predicts what the trained model does."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.training import build_training
+from tests.processes import DIGITS_MLP, run, run_here
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """(working folder, model.pt) of one short run."""
+    cwd = tmp_path_factory.mktemp("serving")
+    result = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-id", "src"], cwd)
+    assert result.returncode == 0, result.stderr
+    (folder,) = [p for p in (cwd / "scaletrain-runs").iterdir() if p.is_dir()]
+    return cwd, folder / "model.pt"
+
+
+def _reference(model_pt: Path):
+    """(test inputs, the trained model's predictions on them) through the Python API, the
+    weights put in by --init-from."""
+    cfg = from_mapping(TrainConfig, json.loads((model_pt.parent / "config.json").read_text()))
+    cfg.model.init_from = str(model_pt)
+    with build_training(cfg) as built:
+        built.trainer.adopt(built.dataset)
+        x = torch.as_tensor(built.dataset.test.x[:37])      # not the export's example batch size
+        return x, built.trainer.predict(x)
+
+
+def test_init_from_puts_the_saved_weights_into_a_new_run(trained):
+    _, model_pt = trained
+    saved = torch.load(model_pt, weights_only=True)
+    cfg = from_mapping(TrainConfig, json.loads((model_pt.parent / "config.json").read_text()))
+    with build_training(cfg) as built:
+        fresh = built.trainer.model.state_dict()
+    assert any(not torch.equal(fresh[k], saved[k]) for k in saved)   # training changed them
+    cfg.model.init_from = str(model_pt)
+    with build_training(cfg) as built:
+        loaded = built.trainer.model.state_dict()
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved)
+
+
+def test_init_from_refuses_what_does_not_fit_before_any_worker_starts(trained):
+    cwd, model_pt = trained
+    (cwd / "damaged.pt").write_bytes(model_pt.read_bytes()[:200])
+    (cwd / "list.pt").write_bytes(b"")
+    torch.save([torch.zeros(2)], cwd / "list.pt")
+    cases = [(["--model-option", "hidden=[32]"], "body.1.weight is (64, 64) there, (32, 64) here"),
+             (["--init-from", str(cwd / "damaged.pt")], "cannot be read as saved weights"),
+             (["--init-from", str(cwd / "list.pt")], "holds a list, not a model's state dict"),
+             (["--init-from", str(cwd / "none.pt")], "--init-from " + str(cwd / "none.pt") + ": no such file")]
+    for extra, words in cases:
+        args = ["train", *DIGITS_MLP, "--init-from", str(model_pt), "--nproc", "2", "--epochs", "1", *extra]
+        result = run_here(args, cwd)
+        assert result.returncode == 2 and words in result.stderr, (extra, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "worker" not in result.stderr
+
+
+def test_export_predicts_what_the_trained_model_does(trained):
+    cwd, model_pt = trained
+    result = run(["export", "src"], cwd)
+    assert result.returncode == 0, result.stderr
+    exported = model_pt.with_suffix(".pt2")
+    assert f"exported run src to {exported.relative_to(cwd)}" in result.stdout
+    x, expected = _reference(model_pt)
+    got = torch.export.load(exported).module()(x)
+    assert (got - expected).abs().max().item() < 1e-5
+    before = exported.read_bytes()
+    again = run_here(["export", "src"], cwd)            # an export is a result: never overwritten
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert exported.read_bytes() == before and not list(model_pt.parent.glob(".*tmp*"))
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript", "onnxruntime")),
+                    reason="the onnx extra is not installed")
+def test_onnx_export_runs_in_onnxruntime_like_the_trained_model(trained):
+    import onnxruntime
+    cwd, model_pt = trained
+    result = run(["export", "src", "--format", "onnx", "--out", "served/model.onnx"], cwd)
+    assert result.returncode == 0, result.stderr
+    session = onnxruntime.InferenceSession(str(cwd / "served/model.onnx"), providers=["CPUExecutionProvider"])
+    x, expected = _reference(model_pt)
+    got = session.run(None, {session.get_inputs()[0].name: x.to(torch.float32).numpy()})[0]
+    assert abs(torch.from_numpy(got) - expected).max().item() < 1e-5
