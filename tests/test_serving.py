@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -92,3 +93,26 @@ def test_onnx_export_runs_in_onnxruntime_like_the_trained_model(trained):
     x, expected = _reference(model_pt)
     got = session.run(None, {session.get_inputs()[0].name: x.to(torch.float32).numpy()})[0]
     assert abs(torch.from_numpy(got) - expected).max().item() < 1e-5
+
+
+def test_predict_splits_the_samples_over_the_replicas_and_equals_one_device(trained):
+    cwd, model_pt = trained
+    x, expected = _reference(model_pt)
+    np.save(cwd / "x.npy", x.numpy())
+    one = run(["predict", "src", "--split", "test", "--out", "one.npy"], cwd)
+    assert one.returncode == 0, one.stderr
+    # fsdp: each replica's forwards gather parameters, so the ranks must run as many (the split is uneven).
+    two = run(["predict", "src", "--input", "x.npy", "--out", "two.npy", "--nproc", "2", "--strategy", "fsdp"], cwd)
+    assert two.returncode == 0, two.stderr
+    assert "37 samples of run src in 2 process(es), split over 2 replica(s) (fsdp)" in two.stdout
+    assert abs(np.load(cwd / "two.npy") - expected.numpy()).max() < 1e-6
+    cfg = from_mapping(TrainConfig, json.loads((model_pt.parent / "config.json").read_text()))
+    with build_training(cfg) as built:
+        test_x = built.dataset.test.x
+    assert np.load(cwd / "one.npy").shape == (len(test_x), 10)
+    assert abs(np.load(cwd / "one.npy")[:37] - expected.numpy()).max() < 1e-6
+    np.save(cwd / "wrong.npy", np.zeros((3, 4), dtype=np.float32))
+    bad = run_here(["predict", "src", "--input", "wrong.npy", "--out", "w.npy", "--nproc", "2"], cwd)
+    assert bad.returncode == 2 and "samples of shape (4,)" in bad.stderr and not (cwd / "w.npy").exists()
+    again = run_here(["predict", "src", "--split", "test", "--out", "one.npy"], cwd)
+    assert again.returncode == 2 and "already exists" in again.stderr

@@ -51,6 +51,8 @@ COMMANDS = [
             "run independent trainings side by side, one per device, each a run in the store"),
     Command("ensemble", "multi", "add_ensemble_arguments", "run_ensemble",
             "evaluate the averaged predictions of saved models on the test split"),
+    Command("predict", "predict", "add_predict_arguments", "run_predict",
+            "a run's predictions for new samples or a split, split over the replicas of --nproc processes"),
     Command("export", "export", "add_export_arguments", "run_export",
             "write a run's model as a self-contained program for serving (torch.export, or ONNX), checked against it"),
     Command("evaluate", "evaluate", "add_evaluate_arguments", "run_evaluate",

@@ -67,9 +67,14 @@ def _option_parser(text: str):
     return key.strip(), parsed
 
 
-def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
+                        only: tuple[str, ...] | None = None) -> None:
     """Every config field as a flag; `exclude` names dotted keys whose flag a command uses for
-    something else (a sweep's --lr-scaling)."""
+    something else (a sweep's --lr-scaling); `only`: just the fields whose dotted key starts with
+    one of these (a command that changes part of a saved run's config, e.g. `predict`)."""
+    if only is not None:
+        _add_field_flags(parser, exclude, only)
+        return
     if parser.description is None:
         parser.description = ("Every option below overrides one key of the default recipe "
                               f"({DEFAULT_RECIPE}: the 1-D CNN on MNIST-1D, 6 epochs, AdamW one-cycle at lr 0.01, "
@@ -83,8 +88,13 @@ def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...
                         "--target FRACTION --target-metric accuracy")
     parser.add_argument("--model-option", action="append", type=_option_parser, dest="model_options",
                         metavar="KEY=VALUE", help="a model option, e.g. --model-option channels=32")
+    _add_field_flags(parser, exclude)
+
+
+def _add_field_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...],
+                     only: tuple[str, ...] = ("",)) -> None:
     for key, (tp, doc) in field_docs(TrainConfig).items():
-        if key == "model.options" or key in exclude:
+        if key == "model.options" or key in exclude or not key.startswith(only):
             continue
         flag = FLAG_NAMES.get(key, "--" + key.split(".")[-1].replace("_", "-"))
         scalar = _scalar_type(tp)

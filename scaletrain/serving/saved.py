@@ -22,10 +22,11 @@ def saved_model_path(record: RunRecord) -> Path:
 
 
 def saved_run_config(record: RunRecord, device: str = "auto", data_dir: str | None = None) -> TrainConfig:
-    """The run's config for rebuilding its model here: one process, no compile or CUDA graphs
-    (what the weights mean does not depend on how the steps ran), the data where it is now."""
+    """The run's config for rebuilding its model here: one process (strategy auto, so a caller
+    that sets more processes gets the default data-parallel one), no compile or CUDA graphs (what
+    the weights mean does not depend on how the steps ran), the data where it is now."""
     cfg = from_mapping(TrainConfig, copy.deepcopy(record.config))
-    cfg.device, cfg.distributed.strategy, cfg.distributed.nproc = device, "single", 1
+    cfg.device, cfg.distributed.strategy, cfg.distributed.nproc = device, "auto", 1   # auto: single on one process
     cfg.compile, cfg.cuda_graphs, cfg.model.init_from = False, False, None
     if data_dir:
         cfg.data.data_dir = data_dir

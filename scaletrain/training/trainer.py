@@ -41,6 +41,9 @@ from scaletrain.training.step import TrainStep
 __all__ = ["Trainer", "resolve_device"]
 
 
+MAX_PREDICTION_DIMS = 7   # a prediction's dimensions after the batch's (classes; tokens x vocabulary; ...)
+
+
 class Trainer:
     def __init__(self, model: nn.Module, config: TrainConfig | None = None, callbacks=(),
                  strategy: Strategy | None = None, checkpointer=None, task: Task | None = None):
@@ -390,7 +393,9 @@ class Trainer:
     def predict(self, x, batch_size: int | None = None) -> torch.Tensor:
         """The task's predictions (class probabilities; values for regression), float32 on the
         host, for raw samples shaped like the training data. NumPy float64 input is converted to
-        float32 explicitly."""
+        float32 explicitly. Under data parallelism each replica predicts its own contiguous range
+        of `x` (the ranges evaluation uses) and every process returns the whole result, equal to
+        one device's."""
         if self.normalizer is None:
             raise ConfigError("predict() needs the training statistics: call fit() or evaluate() first")
         if self.normalizer.mean is None:   # token ids: indices, not features
@@ -399,8 +404,28 @@ class Trainer:
             x = as_features(np.asarray(x) if not isinstance(x, torch.Tensor) else x, "predict input")
         batch_size = batch_size or self.config.data.val_batch_size or self.config.batch_size
         normalizer = self.normalizer.to(self.device)
+        start, end = self.layout.evaluation_range(len(x))
         self.model.eval()
-        chunks = ((normalizer(chunk.to(self.device)), None) for chunk in x.split(batch_size))
-        out = [self.task.predictions(output).cpu()
-               for output, _ in self.strategy.evaluate(chunks, self._eval_forward, self._pad_input)]
-        return torch.cat(out) if out else torch.empty(0)
+        chunks = ((normalizer(chunk.to(self.device)), None) for chunk in x[start:end].split(batch_size))
+        pad = normalizer(x[:1].to(self.device)) if len(x) else None   # forwards a share without samples still runs
+        out = [self.task.predictions(output) for output, _ in self.strategy.evaluate(chunks, self._eval_forward, pad)]
+        mine = torch.cat(out) if out and self.layout.records else None
+        if self.strategy.world_size == 1:
+            return mine.cpu() if mine is not None else torch.empty(0)
+        return self._assemble(mine, start, len(x)).cpu()
+
+    def _assemble(self, mine: torch.Tensor | None, start: int, samples: int) -> torch.Tensor:
+        """Every replica's predictions in every process: each process that records puts its range
+        into zeros and one sum all-reduce adds them up (exact: every element is one value plus
+        zeros). The per-sample shape comes from the processes that have one."""
+        shape = torch.zeros(1 + MAX_PREDICTION_DIMS, dtype=torch.float64, device=self.device)
+        if mine is not None:
+            shape[0] = mine.dim()
+            shape[1:mine.dim()] = torch.tensor(mine.shape[1:], dtype=torch.float64)
+        self.strategy.all_reduce_max_(shape)
+        dims = [int(d) for d in shape[1:int(shape[0])].tolist()]
+        whole = torch.zeros(samples, *dims, dtype=torch.float32, device=self.device)
+        if mine is not None:
+            whole[start:start + len(mine)] = mine.float()
+        self.strategy.all_reduce_sum_(whole)
+        return whole
