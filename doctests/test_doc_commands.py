@@ -50,7 +50,7 @@ SHORTER = {
 }
 FILES = {
     "run.toml": 'epochs = 1\n[model]\nname = "cnn1d"\n[data]\nname = "mnist1d"\n',
-    "space.toml": '[optim.lr]\nlow = 0.001\nhigh = 0.1\nlog = true\n',
+    "space.toml": '["optim.lr"]\ntype = "float"\nlow = 0.001\nhigh = 0.1\nlog = true\n',
     "a.toml": 'epochs = 1\nprogress = false\n[model]\nname = "mlp"\n[data]\nname = "digits"\n',
     "b.toml": 'epochs = 1\nprogress = false\n[model]\nname = "mlp"\n[data]\nname = "digits"\n[optim]\nlr = 0.003\n',
     "c.toml": 'epochs = 1\nprogress = false\n[model]\nname = "cnn1d"\n[data]\nname = "mnist1d"\n',

@@ -160,6 +160,7 @@ def test_a_postgresql_study_shared_by_two_processes(tmp_path, postgres):
     ('[weight_decay]\ntype = "float"\nlow = -1.0\nhigh = 0.1\nlog = true\n', "a log scale needs low > 0"),
     ('[lr]\ntype = "float"\nlo = 0.1\nhigh = 1.0\n', "unknown setting(s) lo"),
     ('[lr]\ntype = "real"\nlow = 0.1\nhigh = 1.0\n', "type must be one of float, int, categorical"),
+    ('[optim.lr]\ntype = "float"\nlow = 0.1\nhigh = 1.0\n', 'write ["optim.lr"] (quoted)'),
     ('[epochs]\ntype = "int"\nlow = 1.5\nhigh = 4\n', "low must be an integer"),
     ('[optimizer]\ntype = "categorical"\nchoices = []\n', "non-empty list"),
     ('[batch_size]\ntype = "categorical"\nchoices = [32, "big"]\n', "expects int"),

@@ -98,6 +98,10 @@ def _parameter(name: str, spec, path: Path) -> Parameter:
     if not isinstance(spec, dict):
         raise ConfigError(f"{where} must be a table ([{name}] with type = ...)")
     kind = spec.get("type")
+    if kind is None and spec and all(isinstance(v, dict) for v in spec.values()):
+        inner = next(iter(spec))
+        raise ConfigError(f"space file {path}: [{name}.{inner}] is a table inside [{name}] in TOML, not the key "
+                          f"{name}.{inner}; write [\"{name}.{inner}\"] (quoted) or [{inner}], with type = ...")
     if kind not in TYPES:
         raise ConfigError(f"{where}: type must be one of {', '.join(TYPES)} (got {kind!r})")
     unknown = set(spec) - SETTINGS[kind]
