@@ -60,6 +60,7 @@ class RunSummary:
     val_metrics: dict | None = None     # the last epoch's validation metrics, by name
     test_metrics: dict | None = None    # every metric of the test split, by name
     run_id: str | None = None       # the run's id in the run store (None when not recorded)
+    alloc_retries: int = 0          # CUDA allocator retries during training (memory nearly full)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -120,6 +121,7 @@ def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None,
         target_metric=stopper.monitor[4:] if stopper else None,
         val_metrics={k[4:]: history[-1][k] for k in val_names} if history else None,
         test_metrics={k[5:]: v for k, v in trainer.test_logs.items()} or None,
+        alloc_retries=trainer.peak_memory.retries(),
     )
 
 
@@ -155,6 +157,8 @@ def print_summary(s: RunSummary, console: Console) -> None:
         table.add_row("checkpoint time", f"{_fmt_time(s.checkpoint_time_s)} ({s.checkpoints_saved} saved)")
     table.add_row("compile / warm-up", _fmt_time(s.warmup_s))
     table.add_row("peak memory", f"{s.peak_memory_bytes / 2**20:,.1f} MiB ({s.peak_memory_kind})")
+    if s.alloc_retries:
+        table.add_row("allocator retries", f"{s.alloc_retries} (memory nearly full: each one stalled a step)")
     table.add_row("precision", s.precision)
     table.add_row("strategy", f"{s.strategy} x {s.world_size} (per-replica batch {s.per_replica_batch_size})")
     if s.restarts or s.resumed_from:

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from scaletrain.console import make_console
 
-from scaletrain.callbacks import EarlyStopping, MetricsLog, ProgressBar, StopAtTarget, Throughput, TotalTime
+from scaletrain.callbacks import AllocatorRetries, EarlyStopping, MetricsLog, ProgressBar, StopAtTarget, Throughput, TotalTime
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig, from_mapping, to_mapping
 from scaletrain.data import load_dataset
@@ -106,6 +106,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
             callbacks.append(MetricsLog(run.path / f"metrics.{cfg.metrics_format}", cfg.metrics_format))
             if cfg.progress:
                 callbacks.append(ProgressBar(console))
+            callbacks.append(AllocatorRetries(console))   # silent where there is no CUDA allocator
             if cfg.tracking.tensorboard:
                 callbacks.append(TensorBoardLogger(run.path / "tensorboard"))
         # Last, so the epoch is recorded before one of them stops the run.
@@ -135,7 +136,7 @@ def _fit(cfg: TrainConfig, env: DistEnv, console: Console, trainer: Trainer, dat
     console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
     if strategy.describe():
         console.print(f"layout: {strategy.describe()}", soft_wrap=True)
-    for advice in trainer.alignment_advice:
+    for advice in trainer.advice:
         console.print(f"note: {advice}", soft_wrap=True)
     replicas = strategy.layout.replicas
     scale = replica_lr_scale(cfg.optim.lr_scaling, replicas)

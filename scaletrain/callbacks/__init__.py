@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 from scaletrain.lazy import lazy_exports
 
 _EXPORTS = {
+    "AllocatorRetries": "scaletrain.callbacks.reporting",
     "HOOKS": "scaletrain.callbacks.base",
     "CallbackList": "scaletrain.callbacks.base",
     "EarlyStopping": "scaletrain.callbacks.measure",
@@ -20,4 +21,4 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:
     from scaletrain.callbacks.base import HOOKS, CallbackList
     from scaletrain.callbacks.measure import EarlyStopping, StopAtTarget, Throughput, TotalTime
-    from scaletrain.callbacks.reporting import MetricsLog, ProgressBar
+    from scaletrain.callbacks.reporting import AllocatorRetries, MetricsLog, ProgressBar

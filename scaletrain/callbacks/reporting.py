@@ -82,3 +82,20 @@ class MetricsLog:
                 self.columns = list(record)
                 csv.DictWriter(fh, self.columns).writeheader()
             csv.DictWriter(fh, self.columns, extrasaction="ignore").writerow(record)
+
+
+class AllocatorRetries:
+    """Says once per epoch in which the CUDA caching allocator had to retry allocations (seed
+    004: memory nearly full stalls the step). Reads a host-side counter at epoch end only."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or make_console()
+        self.seen = 0
+
+    def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
+        from scaletrain.precision.hardware import allocator_retry_warning
+        retries = trainer.peak_memory.retries()
+        warning = allocator_retry_warning(self.seen, retries)
+        self.seen = retries
+        if warning:
+            self.console.print(f"note: epoch {epoch + 1}: {warning}", soft_wrap=True)

@@ -12,6 +12,7 @@ import torch
 class PeakMemory:
     def __init__(self, device: torch.device):
         self.device = device
+        self._retries_at_reset = 0
 
     @property
     def kind(self) -> str:
@@ -20,6 +21,18 @@ class PeakMemory:
     def reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        self._retries_at_reset = self._alloc_retries()
+
+    def retries(self) -> int:
+        """Allocations the CUDA caching allocator retried since the reset (it freed its cache and
+        synchronised to find room: memory was nearly full); 0 on a CPU. A host-side counter:
+        reading it does not synchronise the device."""
+        return self._alloc_retries() - self._retries_at_reset
+
+    def _alloc_retries(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
 
     def read(self) -> int:
         if self.device.type == "cuda":

@@ -29,6 +29,7 @@ from scaletrain.errors import ConfigError, NonFiniteLossError
 from scaletrain.optim import LRSchedule, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
+from scaletrain.precision.hardware import device_facts, precision_warnings
 from scaletrain.tasks import Task, build_task
 from scaletrain.training.clock import DeviceClock
 from scaletrain.training.counters import DeviceCounters
@@ -70,9 +71,10 @@ class Trainer:
         prepared = parallelize(model, cfg, strategy, self.policy)
         self.model, self.forward, self.eval_forward = prepared.model, prepared.train_forward, prepared.eval_forward
         self.checkpointed_blocks = prepared.checkpointed_blocks
-        # Tensor-core shapes under 16-bit precisions; run_training prints these once.
-        self.alignment_advice = alignment_warnings(self.model, self.policy.name, self.batch.per_replica
-                                                   // self.batch.accum_steps)
+        # What this device does with the policy, and tensor-core shapes under 16-bit precisions;
+        # run_training prints these once.
+        self.advice = (precision_warnings(self.policy, device_facts(self.device))
+                       + alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps))
         self.callbacks = CallbackList(callbacks)
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)

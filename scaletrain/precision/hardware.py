@@ -1,0 +1,87 @@
+"""What the device can do for a precision policy, and the warnings the seeds teach.
+
+Seeds 000 and 001: mixed precision is fast on hardware with dedicated 16-bit units (NVIDIA's
+tensor cores, compute capability 7.0 and newer); elsewhere fp16 saves memory but not time. bf16
+has native GPU units from Ampere (8.0) on, and TF32 exists only there. On a CPU, bf16 is fast
+where the cores have bf16 dot-product instructions (AVX-512 BF16, AMX); without them oneDNN
+converts and computes in float32, usually slower than plain float32.
+
+Seed 004: the caching allocator retrying an allocation (it freed its whole cache and synchronised
+to find room) means memory is near full; each retry stalls the step.
+
+Every rule reads a `DeviceFacts` value, so it is tested with the facts of devices we do not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from scaletrain.precision.policies import PrecisionPolicy
+
+TENSOR_CORES = (7, 0)      # Volta: the first fp16 tensor cores
+NATIVE_BF16 = (8, 0)       # Ampere: bf16 and TF32 tensor cores
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    kind: str                                   # "cuda" or "cpu" (torch.device.type)
+    name: str
+    capability: tuple[int, int] | None = None   # CUDA compute capability
+    cpu_flags: frozenset[str] = frozenset()     # /proc/cpuinfo's flags (Linux); empty where unknown
+
+
+def device_facts(device: torch.device) -> DeviceFacts:
+    """The facts of this process's device, read once."""
+    if device.type == "cuda":
+        return DeviceFacts("cuda", torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    return DeviceFacts(device.type, device.type, cpu_flags=_cpu_flags())
+
+
+def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def precision_warnings(policy: PrecisionPolicy, facts: DeviceFacts) -> list[str]:
+    """One line per way this device defeats the policy's purpose (empty when it does not)."""
+    out = []
+    dtypes = {policy.autocast_dtype, policy.param_dtype}
+    if facts.kind == "cuda" and facts.capability is not None:
+        cc = ".".join(map(str, facts.capability))
+        if torch.float16 in dtypes and facts.capability < TENSOR_CORES:
+            out.append(f"{facts.name} (compute capability {cc}) has no tensor cores: {policy.name} saves memory "
+                       "but expect little or no speed-up over fp32 (tensor cores need 7.0, Volta, or newer)")
+        if torch.bfloat16 in dtypes and facts.capability < NATIVE_BF16:
+            out.append(f"{facts.name} (compute capability {cc}) has no native bfloat16: {policy.name} is emulated "
+                       "and slower than fp32; use fp16-mixed (bf16 needs 8.0, Ampere, or newer)")
+        elif policy.allow_tf32 and not policy.computes_in_16_bit and facts.capability < NATIVE_BF16:
+            out.append(f"{facts.name} (compute capability {cc}) has no TF32: {policy.name} runs as fp32 there "
+                       "(TF32 needs 8.0, Ampere, or newer)")
+    elif facts.kind == "cpu":
+        if torch.bfloat16 in dtypes and facts.cpu_flags and not facts.cpu_flags & CPU_BF16_FLAGS:
+            out.append(f"this CPU has no bfloat16 instructions (avx512_bf16 or amx_bf16): {policy.name} is "
+                       "converted to float32 inside every kernel and usually slower than fp32")
+        if torch.float16 in dtypes:
+            out.append(f"{policy.name} on a CPU: fp16 has no fast CPU kernels; use bf16-mixed where the CPU has "
+                       "bfloat16 instructions, else fp32")
+    return out
+
+
+def allocator_retry_warning(retries_before: int, retries_after: int) -> str | None:
+    """A line when the CUDA caching allocator had to retry allocations (torch.cuda.memory_stats'
+    `num_alloc_retries`) between two reads; None when it did not."""
+    new = retries_after - retries_before
+    if new <= 0:
+        return None
+    return (f"the CUDA allocator retried {new} allocation(s) after freeing its cache (memory is nearly full; "
+            "each retry synchronises the device): lower --batch-size, turn on --activation-checkpointing, or set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
