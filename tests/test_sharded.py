@@ -24,7 +24,7 @@ STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 def worker_results(tmp_path_factory):
     """Each strategy's 2-rank run of the digits MLP (tests/plugins/sharded_worker.py)."""
     out = {}
-    for strategy in STRATEGIES:
+    for strategy in (*STRATEGIES, "fsdp+offload"):
         folder = tmp_path_factory.mktemp(strategy)
         result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                  "2", str(PLUGINS / "sharded_worker.py"), strategy, str(folder)],
@@ -42,6 +42,36 @@ def test_sharded_strategies_match_ddp(worker_results, strategy):
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
     for name, value in ddp["weights"].items():
         assert torch.allclose(value, sharded["weights"][name], atol=1e-6), name
+
+
+def test_cpu_offload_trains_exactly_like_fsdp(worker_results):
+    """FSDP2's CPUOffloadPolicy steps the optimizer on the host shards: the same arithmetic."""
+    fsdp, offload = worker_results["fsdp"][0], worker_results["fsdp+offload"][0]
+    for a, b in zip(fsdp["history"], offload["history"], strict=True):
+        for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+    for name, value in fsdp["weights"].items():
+        assert torch.allclose(value, offload["weights"][name], atol=1e-6), name
+    assert offload["offload_policies"] == ["CPUOffloadPolicy"] and fsdp["offload_policies"] == ["OffloadPolicy"]
+    # The shards it holds are fsdp's (on a CPU both live in host memory).
+    assert worker_results["fsdp+offload"][0]["held"] == fsdp["held"]
+
+
+def test_planner_puts_cpu_offloads_shards_on_the_host(worker_results):
+    from scaletrain.config import DistributedConfig
+    params = [ParamInfo(shape, -1) for shape in worker_results["fsdp"][0]["shapes"]]
+    offload = DistributedConfig(strategy="fsdp")
+    offload.fsdp.cpu_offload = True
+    for strategy in ("fsdp", "zero2", "hsdp"):
+        plain = model_state(params, strategy, devices=2, storage_bytes=4, compute_bytes=4)
+        moved = model_state(params, strategy, devices=2, storage_bytes=4, compute_bytes=4, distributed=offload)
+        assert (moved.param_bytes, moved.grad_bytes, moved.optimizer_bytes) == (0, 0, 0)
+        assert moved.host_bytes == plain.param_bytes + plain.grad_bytes + plain.optimizer_bytes > 0
+        assert moved.gathered_param_bytes == plain.gathered_param_bytes
+        assert plain.host_bytes == 0
+    # The held bytes the offloaded shards really are (the planner's host column).
+    held = max(sum(r["held"].values()) for r in worker_results["fsdp+offload"])
+    assert model_state(params, "fsdp", 2, 4, 4, distributed=offload).host_bytes == held
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

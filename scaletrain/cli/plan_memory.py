@@ -50,8 +50,8 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     if named in STRATEGIES and STRATEGIES[named].traffic == "pipeline":
         return _plan_pipeline(config_from_args(args), args)     # a row per stage of one replica
     strategy_list, precision_list = values.pop("distributed.strategy", "auto"), values.pop("precision.policy", None)
-    cfg = config_from_args(args)
     strategies = _choices(strategy_list, PLAN_STRATEGIES)
+    cfg = _config_for_any(args, strategies)
     precisions = _choices(precision_list or cfg.precision.policy, (cfg.precision.policy,))
     for name in strategies:
         if name not in PLAN_STRATEGIES:
@@ -81,26 +81,51 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _config_for_any(args: argparse.Namespace, strategies: list[str]):
+    """The config under the first listed strategy it is valid for: a strategy's own option (e.g.
+    --cpu-offload) is checked against the strategies that read it, and the rows of the others
+    ignore it."""
+    from scaletrain.cli.train import config_from_args
+    first_error = None
+    for name in strategies or ["auto"]:
+        vars(args)["distributed.strategy"] = name
+        try:
+            return config_from_args(args)
+        except ConfigError as exc:
+            first_error = first_error or exc
+        finally:
+            vars(args).pop("distributed.strategy", None)
+    raise first_error
+
+
 def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
     console = make_console(width=None if sys.stdout.isatty() else 160)
     ac = "with" if cfg.memory.activation_checkpointing else "without"
     table = Table(title=f"{cfg.model.name}: {plans[0].params / 1e6:.2f}M parameters, global batch {cfg.batch_size} "
                         f"over {devices} device(s), {cfg.optim.optimizer}, {ac} activation checkpointing "
                         "(bytes per device)")
+    host = any(p.host_bytes for p in plans)
     for col in ("precision", "strategy", "params", "grads", "optimizer", "gathered", "activations", "total"):
         table.add_column(col, justify="right" if col not in ("precision", "strategy") else "left")
+    if host:
+        table.add_column("on the host (cpu offload)", justify="right")
     if memory is not None:
         table.add_column(f"max batch in {format_bytes(memory)}", justify="right")
     for p in plans:
         row = [p.precision, p.strategy, format_bytes(p.param_bytes), format_bytes(p.grad_bytes),
                format_bytes(p.optimizer_bytes), format_bytes(p.gathered_param_bytes), format_bytes(p.activation_bytes),
                format_bytes(p.total_bytes) + ("" if p.fits in (None, True) else " (does not fit)")]
+        if host:
+            row.append(format_bytes(p.host_bytes))
         if memory is not None:
             row.append(f"{p.max_batch_size} ({p.max_per_device_batch_size}/device)")
         table.add_row(*row)
     console.print(table)
     console.print("total = params + grads + optimizer + gathered + activations + 32 MiB cuBLAS workspace; "
                   "activations traced on fake tensors (one forward/backward), not estimated", soft_wrap=True)
+    if host:
+        console.print("--cpu-offload: each rank's parameter, gradient and optimizer shards are in host memory (the "
+                      "host column), so the device holds the gathered parameters and the activations", soft_wrap=True)
 
 
 def _plan_pipeline(cfg, args: argparse.Namespace) -> int:

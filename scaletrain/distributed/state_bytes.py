@@ -36,6 +36,12 @@ class ModelState:
     grad_bytes: int
     optimizer_bytes: int
     gathered_param_bytes: int   # parameters all-gathered during the step (zero2, fsdp)
+    host_bytes: int = 0         # state kept in host memory instead of on the device (cpu offload)
+
+    def offloaded(self) -> "ModelState":
+        """The same state with the parameter, gradient and optimizer shards moved to the host."""
+        return ModelState(self.params, 0, 0, 0, self.gathered_param_bytes,
+                          self.host_bytes + self.param_bytes + self.grad_bytes + self.optimizer_bytes)
 
 
 def shard_numel(shape: tuple[int, ...], devices: int) -> int:

@@ -1,7 +1,8 @@
 """The memory planner: per-device bytes of a training configuration before anything runs, and the
 largest batch that fits a device.
 
-    total = parameters + gradients + optimizer state      (model_state: exact layout)
+    total = parameters + gradients + optimizer state      (model_state: exact layout; on the host
+                                                            instead under --cpu-offload)
           + gathered parameters                           (zero2 / fsdp during the step)
           + activations                                   (traced: activations.py)
           + workspace                                     (cuBLAS workspace, 32 MiB)
@@ -66,11 +67,12 @@ class MemoryPlan:
     gathered_param_bytes: int
     activation_bytes: int
     workspace_bytes: int
-    total_bytes: int
+    total_bytes: int                # on the device
     device_memory: int | None
     fits: bool | None
     max_batch_size: int | None              # global: max_per_device_batch_size x devices
     max_per_device_batch_size: int | None
+    host_bytes: int = 0             # per rank, in host memory (--cpu-offload's shards)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,7 +135,7 @@ class Planner:
             workspace_bytes=CUBLAS_WORKSPACE_BYTES, total_bytes=total, device_memory=req.device_memory,
             fits=None if req.device_memory is None else total <= req.device_memory * (1 - req.headroom),
             max_batch_size=None if max_per_device is None else max_per_device * devices,
-            max_per_device_batch_size=max_per_device)
+            max_per_device_batch_size=max_per_device, host_bytes=state.host_bytes)
 
     def max_per_device_batch(self, budget: float) -> int:
         """Largest per-device batch whose traced activations fit `budget` bytes. Two small traces

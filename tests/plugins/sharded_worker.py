@@ -1,4 +1,5 @@
-"""A torchrun worker: trains the digits MLP under the strategy named in argv[1] and writes, per
+"""A torchrun worker: trains the digits MLP under the strategy named in argv[1] (`fsdp+offload`:
+with --cpu-offload) and writes, per
 rank, the epoch history, the full final weights and the bytes this rank really holds for
 parameters, gradients and optimizer state (after a step, gradients kept), for the planner test."""
 
@@ -10,10 +11,12 @@ import torch
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from scaletrain.training import build_training
 
-strategy, out = sys.argv[1], sys.argv[2]
+# "fsdp+offload": fsdp with its shards in host memory (--cpu-offload).
+(strategy, _, variant), out = sys.argv[1].partition("+"), sys.argv[2]
 cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [64, 32]}), data=DataConfig(name="digits"),
                   optim=OptimConfig(lr=3e-3), epochs=1, batch_size=64, progress=False, device="cpu")
 cfg.distributed.strategy = strategy
+cfg.distributed.fsdp.cpu_offload = variant == "offload"
 built = build_training(cfg)
 trainer, dataset, model = built.trainer, built.dataset, built.trainer.model
 trainer.fit(dataset)
@@ -34,8 +37,12 @@ held = {
     "optimizer_bytes": sum(local_bytes(v) for s in trainer.optimizer.state.values() for v in s.values()
                            if isinstance(v, torch.Tensor)),
 }
+# The offload policy each FSDP unit really has (private FSDP2 state: what the test checks was applied).
+policies = sorted({type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
+                   for m in trainer.model.modules() if hasattr(m, "_get_fsdp_state")
+                   and m._get_fsdp_state()._fsdp_param_group is not None})
 weights = trainer.strategy.full_state_dict(trainer.model)
-torch.save({"history": trainer.history, "held": held, "weights": weights,
+torch.save({"history": trainer.history, "held": held, "weights": weights, "offload_policies": policies,
             "shapes": [tuple(p.shape) for p in model.parameters()]}, f"{out}/rank{trainer.strategy.rank}.pt")
 built.close()
 # As the CLI does: free the wrappers' work objects before interpreter finalization.

@@ -9,6 +9,10 @@ compute. `zero2` keeps each unit's gathered parameters from the forward to the b
 (`reshard_after_forward=False`): one all-gather per step instead of two, for the memory of the
 unsharded parameters during the step; gradients and optimizer state stay sharded.
 
+With --cpu-offload (FSDP2's `CPUOffloadPolicy`) the shards live in host memory: each unit's shard
+is copied to the device for its all-gather, its reduce-scattered gradient copied back, and the
+optimizer steps on the host. The device then holds only what the step computes with.
+
 Mixed precision is FSDP's own policy, which the precision policy derives from --precision
 (`PrecisionPolicy.sharded`): parameters are gathered in the autocast dtype (half the all-gather
 bytes), gradients reduced in float32 (or in 16 bits with --grad-compression), and the sharded
@@ -20,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
 from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, shard_numel
 from scaletrain.distributed.strategies.base import register_strategy
@@ -64,6 +68,8 @@ class FSDPStrategy(ProcessGroupStrategy):
             raise ConfigError(problem)
         policy = policy or get_policy("fp32")
         mp, fp32 = policy.sharded(self.config.grad_compression), policy.sharded_float32()
+        shard = {"mesh": self.mesh, "reshard_after_forward": self.reshard_after_forward,
+                 "offload_policy": self._offload_policy()}
         try:
             blocks = find_blocks(model, block_classes)
         except ConfigError:
@@ -74,14 +80,30 @@ class FSDPStrategy(ProcessGroupStrategy):
         # (--fp32-modules) are their own units with a float32 policy.
         for module in model.modules():
             if getattr(module, "_scaletrain_float32", False) and module is not model:
-                fully_shard(module, mesh=self.mesh, mp_policy=fp32, reshard_after_forward=self.reshard_after_forward)
+                fully_shard(module, mp_policy=fp32, **shard)
         for block in blocks:
-            fully_shard(block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(block, mp_policy=mp, **shard)
         # The root's parameters are needed again first thing in the backward: keep them gathered.
-        fully_shard(model, mesh=self.mesh, mp_policy=mp, reshard_after_forward=False)
+        fully_shard(model, mp_policy=mp, **{**shard, "reshard_after_forward": False})
         forward = compile_fn(model)
         self.model = model
         return forward, forward
+
+    def make_optimizer(self, optim_config, model: nn.Module, device: torch.device, capturable: bool = False):
+        # Offloaded shards are stepped where they live: the fused kernels want the LR there too.
+        host = torch.device("cpu") if self.config.fsdp.cpu_offload else device
+        return super().make_optimizer(optim_config, model, host, capturable=capturable and host == device)
+
+    def describe(self) -> str | None:
+        if not self.config.fsdp.cpu_offload:
+            return None
+        return "parameter, gradient and optimizer shards in host memory (--cpu-offload); the optimizer steps there"
+
+    def _offload_policy(self) -> OffloadPolicy:
+        if not self.config.fsdp.cpu_offload:
+            return OffloadPolicy()
+        # Pinned host memory makes the copies asynchronous, but pinning needs an accelerator.
+        return CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
 
     def evaluate(self, batches, forward, pad_input=None):
         yield from super().evaluate(batches, forward, pad_input)
@@ -108,8 +130,9 @@ class FSDPStrategy(ProcessGroupStrategy):
             # running and the one prefetched (the two largest bound it).
             blocks = sorted((n for u, n in units.items() if u >= 0), reverse=True)
             gathered = (units.get(-1, 0) + sum(blocks[:2])) * b.compute
-        return ModelState(total, shard * b.storage, shard * b.storage,
-                          shard * b.storage * b.optimizer_slots + len(params) * b.step_bytes, gathered)
+        state = ModelState(total, shard * b.storage, shard * b.storage,
+                           shard * b.storage * b.optimizer_slots + len(params) * b.step_bytes, gathered)
+        return state.offloaded() if config is not None and config.fsdp.cpu_offload else state
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         # Gathered shard by shard onto the host of rank 0 (the others get an empty dict).

@@ -49,5 +49,6 @@ class HSDPStrategy(FSDPStrategy):
 
     def describe(self) -> str:
         shard = self.mesh.size(1)
+        offload = super().describe()
         return (f"{self.world_size // shard} group(s) of {shard}: parameters sharded within a group, replicated "
-                "across groups")
+                "across groups" + (f"; {offload}" if offload else ""))
