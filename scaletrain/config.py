@@ -214,6 +214,11 @@ class DistributedConfig:
         "option table", "[distributed.<name>]",
         choices=Choices(declared=Declarations("scaletrain.distributed.strategies", "register_table")))
 
+    @staticmethod
+    def reads(table: str, strategy: str) -> bool:
+        """Whether the strategy `strategy` reads the option table `table` (is one of its owners)."""
+        return strategy in DistributedConfig.TABLES[table].owners
+
     def __getattr__(self, name: str):
         # Only reached for names that are not fields: a registered table, made on first use.
         if name.startswith("__") or name not in DistributedConfig.TABLES:

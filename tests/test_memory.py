@@ -344,10 +344,10 @@ def test_alignment_advice_names_the_layer_and_the_nearest_good_value():
     notes = alignment_warnings(model, "bf16-mixed", per_device_batch=12)
     assert any("batch size 12" in n and "16 would be" in n for n in notes)
     assert any(n.startswith("layer blocks.0.attn.qkv (Linear): in_features 36 (nearest good value 40)") for n in notes)
-    assert not any("patch_embed" in n and "in_channels" in n for n in notes)   # RGB input is the data's
+    assert not any("embed.proj" in n and "in_channels" in n for n in notes)   # RGB input is the data's
     assert alignment_warnings(model, "fp32", 12) == []
     assert alignment_warnings(build_model("vit", (3, 8, 8), 10, dim=32, depth=1, heads=2), "bf16-mixed", 16) == [
-        "layer head (Linear): out_features 10 (nearest good value 8) is not a multiple of 8 for tensor cores "
+        "layer head.linear (Linear): out_features 10 (nearest good value 8) is not a multiple of 8 for tensor cores "
         "under bf16-mixed"]
     assert nearest_multiple(12) == 16 and nearest_multiple(3) == 8 and nearest_multiple(44) == 48
 

@@ -72,6 +72,46 @@ def test_model_parallel_training_equals_one_device(single, tmp_path, layout):
         assert torch.allclose(value, got["grads"][name], atol=1e-5), name
 
 
+# A WideResNet and a ViT as pipelines (seed 002's towers on two devices): cut by their layers'
+# measured costs, equal to one device. The WideResNet's BatchNorm normalises each micro-batch by its
+# own statistics, so its one-device reference accumulates the same 4 micro-batches. Both train with
+# SGD: some of their parameters have a gradient that is rounding noise only (a convolution's bias
+# before a BatchNorm; attention's key bias, which the softmax cancels), and AdamW scales noise to
+# full steps, so two orders of summation would move those weights apart; SGD keeps the steps tiny.
+SEQUENCES = {
+    "wrn": ({"model": "wrn", "options": {"depth": 10, "width": 2, "dropout": 0.0}, "data": "digits",
+             "optimizer": "sgd", "lr": 0.05}, {"grad_accum_steps": 4}),
+    "vit": ({"model": "vit", "options": {"dim": 32, "depth": 3, "heads": 4, "patch_size": 4}, "data": "digits",
+             "optimizer": "sgd", "lr": 0.05}, {}),
+}
+
+
+@pytest.mark.parametrize("name", SEQUENCES)
+def test_a_sequence_of_blocks_is_staged_by_cost_and_trains_like_one_device(tmp_path, name):
+    model, reference = SEQUENCES[name]
+    settings = {"strategy": "pipeline", "stages": 2, "schedule": "1f1b", "microbatches": 4}
+    one = subprocess.run([sys.executable, WORKER, "{}", str(tmp_path), json.dumps({**model, **reference})],
+                         capture_output=True, text=True, env=cli_env(), timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    single = _results(tmp_path, 1)
+    (tmp_path / "rank0.pt").unlink()
+    piped = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            WORKER, json.dumps(settings), str(tmp_path), json.dumps(model)], capture_output=True,
+                           text=True, env=cli_env(), timeout=240, cwd=tmp_path)
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    got = _results(tmp_path, 2)
+    assert "% of FLOPs" in got["layout"]    # cut by the measured costs
+    assert got["losses"] == pytest.approx(single["losses"], abs=1e-5)
+    for a, b in zip(single["history"], got["history"], strict=True):
+        for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+    assert single["weights"].keys() == got["weights"].keys()
+    for key, value in single["weights"].items():
+        assert torch.allclose(value.float(), got["weights"][key].float(), atol=1e-5), key
+    for key, value in single["grads"].items():
+        assert torch.allclose(value, got["grads"][key], atol=1e-5), key
+
+
 # ------------------------------------------------------------------ cutting the model into stages
 def test_balanced_starts_minimise_the_largest_stage():
     assert balanced_starts([1, 1, 1, 10], 2) == [0, 3]
@@ -98,11 +138,43 @@ def test_gpt_is_cut_on_its_blocks_or_where_the_user_says():
         stage_layers(model, 7)
 
 
-def test_a_model_with_no_repeated_blocks_and_no_split_points_is_a_clear_error():
+def test_a_model_is_cut_by_its_layers_flops_not_their_parameters():
+    """A WideResNet's early blocks hold few parameters and do much of the work: cut by parameter
+    count, the first stage would take nearly all the FLOPs."""
+    from scaletrain.models.layer_costs import meta_layer_costs
+    from scaletrain.tasks import TASKS
+    costs = meta_layer_costs("wrn-16-4", {}, (1, 28, 28), 10, TASKS["classification"](), 16)
+    with torch.device("meta"):
+        model = build_model("wrn-16-4", (1, 28, 28), 10)
+    flops = {c.name: c.flops for c in costs}
+
+    def flop_shares(stages):
+        return [sum(flops[n] for n, _ in s) / sum(flops.values()) for s in stages]
+    by_cost, by_params = flop_shares(stage_layers(model, 2, costs=costs)), flop_shares(stage_layers(model, 2))
+    assert max(by_cost) < 0.6 < max(by_params)
+    # The layer costs are what torch counts: a 3x3 convolution is 2 * Cin * Cout * 9 FLOPs a pixel.
+    stem = next(c for c in costs if c.name == "features.0")
+    assert stem.flops == 2 * 1 * 16 * 9 * 28 * 28 * 16
+    assert stem.state_bytes == 4 * 4 * sum(p.numel() for p in model.features[0].parameters())
+    assert stem.held_bytes > 16 * 16 * 28 * 28 * 4      # it keeps its input and activations for the backward
+
+
+def test_the_planner_and_the_training_cut_alike(tmp_path):
+    result = run_here(["plan-memory", "--model", "wrn-10-2", "--data", "digits", "--strategy", "pipeline",
+                       "--stages", "2", "--microbatches", "4", "--batch-size", "64", "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    planned = [stage["layers"] for stage in json.loads(result.stdout)]
+    trained = run(["train", "--model", "wrn-10-2", "--data", "digits", "--epochs", "1", "--train-subset", "128",
+                   "--batch-size", "64", "--no-progress", "--no-record", "--run-dir", str(tmp_path / "run"),
+                   *PIPELINE], tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    layout = next(line for line in trained.stdout.splitlines() if line.startswith("layout:"))
+    assert planned == ["features.0..features.2", "features.3..head.2"]
+    assert all(f"{span} (" in layout for span in planned)
+
+
+def test_a_model_that_is_not_a_sequence_of_layers_is_a_clear_error():
     plain = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    with pytest.raises(ConfigError, match="no repeated blocks to balance pipeline stages over; name where stages "
-                                          "2..2 begin with --split-points"):
-        stage_layers(plain, 2)
     assert [[n for n, _ in s] for s in stage_layers(plain, 2, ["2"])] == [["0", "1"], ["2"]]
     with pytest.raises(ConfigError, match="MLP cannot be cut into pipeline stages: it is not a sequence of layers"):
         stage_layers(build_model("mlp", (8,), 2), 2)

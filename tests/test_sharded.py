@@ -62,13 +62,15 @@ def test_planner_puts_cpu_offloads_shards_on_the_host(worker_results):
     params = [ParamInfo(shape, -1) for shape in worker_results["fsdp"][0]["shapes"]]
     offload = DistributedConfig(strategy="fsdp")
     offload.fsdp.cpu_offload = True
-    for strategy in ("fsdp", "zero2", "hsdp"):
+    for strategy in ("fsdp", "zero2"):
         plain = model_state(params, strategy, devices=2, storage_bytes=4, compute_bytes=4)
         moved = model_state(params, strategy, devices=2, storage_bytes=4, compute_bytes=4, distributed=offload)
         assert (moved.param_bytes, moved.grad_bytes, moved.optimizer_bytes) == (0, 0, 0)
         assert moved.host_bytes == plain.param_bytes + plain.grad_bytes + plain.optimizer_bytes > 0
         assert moved.gathered_param_bytes == plain.gathered_param_bytes
         assert plain.host_bytes == 0
+    for strategy in ("ddp", "zero1", "hsdp"):   # they do not offload: their rows are as without the flag
+        assert model_state(params, strategy, 2, 4, 4, distributed=offload) == model_state(params, strategy, 2, 4, 4)
     # The held bytes the offloaded shards really are (the planner's host column).
     held = max(sum(r["held"].values()) for r in worker_results["fsdp+offload"])
     assert model_state(params, "fsdp", 2, 4, 4, distributed=offload).host_bytes == held

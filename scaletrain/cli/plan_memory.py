@@ -51,7 +51,7 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
         return _plan_pipeline(config_from_args(args), args)     # a row per stage of one replica
     strategy_list, precision_list = values.pop("distributed.strategy", "auto"), values.pop("precision.policy", None)
     strategies = _choices(strategy_list, PLAN_STRATEGIES)
-    cfg = _config_for_any(args, strategies)
+    cfg = _config_for_any(args, [name for name in strategies if name in PLAN_STRATEGIES])
     precisions = _choices(precision_list or cfg.precision.policy, (cfg.precision.policy,))
     for name in strategies:
         if name not in PLAN_STRATEGIES:

@@ -7,6 +7,7 @@ of these, and the caller asks with `isinstance` (or takes the no-op default belo
     Serving            ps               train.py: a process the layout marks `serves` serves instead of training
     EpochControl       ps               training/trainer.py: each epoch's begin and end, early cuts, own figures
     CheckpointJoining  ps               checkpoint/checkpointer.py: who writes what, over which group
+    CostBalancing      pipeline         training/parallelize.py: the layers' measured costs, before wrap
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from scaletrain.checkpoint.checkpointer import CheckpointJoining
+from scaletrain.models.layer_costs import LayerCost
 
 
 @runtime_checkable
@@ -44,6 +46,19 @@ class EpochControl(Protocol):
         """The strategy's own figures for the epoch just trained (a collective: every rank calls it)."""
 
 
+@runtime_checkable
+class CostBalancing(Protocol):
+    """A strategy that cuts the model by what its layers cost (a pipeline's stages): before `wrap`
+    it is handed each layer's FLOPs and memory for the micro-batch it will run."""
+
+    def costed_micro_batch(self, per_replica_batch: int) -> int | None:
+        """The micro-batch the layer costs should be measured at; None: no costs needed (one
+        stage, or cut where the user said)."""
+
+    def balance_by(self, costs: list[LayerCost]) -> None:
+        """Takes the costs of the model's pipeline layers, in order."""
+
+
 class NoEpochControl:
     """The default: every replica runs every step of every epoch."""
     cuts_epochs = False
@@ -66,4 +81,4 @@ def epoch_control(strategy) -> EpochControl:
 
 
 # Defined by the checkpointer that asks for it (checkpoint/ sits below distributed/).
-__all__ = ["CheckpointJoining", "EpochControl", "NoEpochControl", "Serving", "epoch_control"]
+__all__ = ["CheckpointJoining", "CostBalancing", "EpochControl", "NoEpochControl", "Serving", "epoch_control"]

@@ -2,8 +2,8 @@
 
 `partition_by_size`: whole tensors over ranks, balanced by size (ZeRO-1's optimizer-state owners,
 the parameter servers' shards). `stage_layers`: a model cut into pipeline stages, contiguous runs
-of its layers (models/blocks.py's `pipeline_layers`), balanced by parameter count or cut where the
-user names.
+of its layers (models/blocks.py's `pipeline_layers`), balanced by what each layer costs (its
+FLOPs and memory for the run's micro-batch: models/layer_costs.py) or cut where the user names.
 
 Balancing is the linear-partition problem: split a sequence of sizes into k contiguous groups so
 the largest group is as small as possible (the slowest stage sets a pipeline's pace). Exact by
@@ -15,7 +15,8 @@ from __future__ import annotations
 from torch import nn
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.blocks import has_repeated_blocks, pipeline_layers
+from scaletrain.models.blocks import pipeline_layers
+from scaletrain.models.layer_costs import LayerCost
 
 Layer = tuple[str, nn.Module]
 
@@ -36,22 +37,35 @@ def partition_by_size(sizes: list[int], parts: int) -> list[int]:
 def balanced_starts(sizes: list[int], parts: int) -> list[int]:
     """The first index of each of `parts` contiguous, non-empty groups of `sizes` whose largest
     sum is the smallest possible (ties: the earliest cuts)."""
-    n = len(sizes)
+    prefix = _prefix(sizes)
+    return balanced_cuts(len(sizes), parts, lambda j, i: prefix[i] - prefix[j])
+
+
+def cost_balanced_starts(costs: list[LayerCost], parts: int) -> list[int]:
+    """Stage starts that balance the layers' FLOPs (the busiest stage sets a pipeline's pace) and,
+    among cuts whose busiest stage is as fast, balance memory (parameter state plus one
+    micro-batch's saved activations): the largest (FLOPs, memory) pair, compared in that order,
+    is the smallest possible."""
+    flops, memory = _prefix([c.flops for c in costs]), _prefix([c.memory_bytes for c in costs])
+    return balanced_cuts(len(costs), parts, lambda j, i: (flops[i] - flops[j], memory[i] - memory[j]))
+
+
+def balanced_cuts(n: int, parts: int, group_cost) -> list[int]:
+    """The first index of each of `parts` contiguous, non-empty groups of n items whose largest
+    `group_cost(j, i)` (of items j..i-1; growing as a group grows) is the smallest possible (ties:
+    the earliest cuts)."""
     if not 1 <= parts <= n:
         raise ValueError(f"cannot cut {n} items into {parts} non-empty groups")
-    prefix = [0]
-    for s in sizes:
-        prefix.append(prefix[-1] + s)
-    inf = float("inf")
-    # best[k][i]: the smallest largest-group sum splitting the first i items into k groups.
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    # best[k][i]: the smallest largest-group cost splitting the first i items into k groups
+    # (None: not yet known). Costs only need an order: numbers, or tuples compared in turn.
+    best: list[list] = [[None] * (n + 1) for _ in range(parts + 1)]
     cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0
     for k in range(1, parts + 1):
         for i in range(k, n + 1):
-            for j in range(k - 1, i):
-                value = max(best[k - 1][j], prefix[i] - prefix[j])
-                if value < best[k][i]:
+            for j in range(k - 1, i) if k > 1 else (0,):
+                cost = group_cost(j, i)
+                value = cost if k == 1 else max(best[k - 1][j], cost)
+                if best[k][i] is None or value < best[k][i]:
                     best[k][i], cut[k][i] = value, j
     starts, i = [], n
     for k in range(parts, 0, -1):
@@ -60,9 +74,18 @@ def balanced_starts(sizes: list[int], parts: int) -> list[int]:
     return starts[::-1]
 
 
-def stage_layers(model: nn.Module, parts: int, split_points: list[str] = ()) -> list[list[Layer]]:
+def _prefix(values: list[int]) -> list[int]:
+    prefix = [0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    return prefix
+
+
+def stage_layers(model: nn.Module, parts: int, split_points: list[str] = (),
+                 costs: list[LayerCost] | None = None) -> list[list[Layer]]:
     """The model's layers cut into `parts` stages: at `split_points` (the names of the layers that
-    begin stages 2, 3, ...), or balanced by parameter count over a model with repeated blocks."""
+    begin stages 2, 3, ...), else balanced by `costs` (each layer's FLOPs and memory: models/
+    layer_costs.py), else by parameter count (enough to check that a cut exists)."""
     layers = pipeline_layers(model)
     names = [name for name, _ in layers]
     if parts > len(layers):
@@ -76,19 +99,25 @@ def stage_layers(model: nn.Module, parts: int, split_points: list[str] = ()) -> 
         if any(b <= a for a, b in zip(starts, starts[1:])):
             raise ConfigError(f"--split-points {', '.join(split_points)} must name layers in forward order, after "
                               f"the first layer ({names[0]}), each once")
+    elif costs is not None:
+        if [c.name for c in costs] != names:
+            raise ValueError("layer costs were measured for another layer sequence")
+        starts = cost_balanced_starts(costs, parts)
     else:
-        if not has_repeated_blocks(model):
-            raise ConfigError(f"{type(model).__name__} has no repeated blocks to balance pipeline stages over; name "
-                              f"where stages 2..{parts} begin with --split-points (its layers: {', '.join(names)})")
         starts = balanced_starts([sum(p.numel() for p in layer.parameters()) for _, layer in layers], parts)
     ends = [*starts[1:], len(layers)]
     return [layers[a:b] for a, b in zip(starts, ends)]
 
 
-def describe_stages(stages: list[list[Layer]]) -> str:
-    """One line: each stage's layers and parameter count."""
+def describe_stages(stages: list[list[Layer]], costs: list[LayerCost] | None = None) -> str:
+    """One line: each stage's layers and parameter count (and share of the FLOPs, where measured)."""
     def span(group: list[Layer]) -> str:
         first, last = group[0][0], group[-1][0]
         return first if first == last else f"{first}..{last}"
-    return "; ".join(f"stage {i}: {span(g)} ({sum(p.numel() for _, m in g for p in m.parameters()) / 1e6:.2f}M)"
-                     for i, g in enumerate(stages))
+    flops = {c.name: c.flops for c in costs or ()}
+    total = max(sum(flops.values()), 1)
+
+    def share(group: list[Layer]) -> str:
+        return f", {sum(flops[name] for name, _ in group) / total:.0%} of FLOPs" if flops else ""
+    return "; ".join(f"stage {i}: {span(g)} ({sum(p.numel() for _, m in g for p in m.parameters()) / 1e6:.2f}M"
+                     f"{share(g)})" for i, g in enumerate(stages))

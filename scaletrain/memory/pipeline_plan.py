@@ -24,6 +24,7 @@ from scaletrain.memory.activations import build_fake_model
 from scaletrain.memory.model_state import ParamInfo, model_state
 from scaletrain.memory.planner import CUBLAS_WORKSPACE_BYTES, PlanRequest
 from scaletrain.memory.tracker import LiveBytes, storage_key
+from scaletrain.models.layer_costs import meta_layer_costs
 from scaletrain.precision import get_policy
 from scaletrain.tasks import TASKS
 
@@ -69,8 +70,12 @@ def plan_pipeline(req: PlanRequest, stages: int, microbatches: int, schedule: st
     compute = policy.autocast_dtype or policy.param_dtype
     traced = build_fake_model(req.model, req.model_options, req.input_shape, req.num_classes, policy.param_dtype,
                               req.activation_checkpointing, req.block_classes)
-    groups = stage_layers(traced.model, stages, split_points)
     task = TASKS[req.task]()
+    # Cut as the training cuts: by the layers' costs at this micro-batch, unless the user named cuts.
+    costs = None if split_points else meta_layer_costs(req.model, req.model_options, req.input_shape,
+                                                       req.num_classes, task, micro, req.activation_checkpointing,
+                                                       req.block_classes)
+    groups = stage_layers(traced.model, stages, split_points, costs)
     plans = []
     with traced.fake_mode:
         x, y = task.example_batch(micro, req.input_shape, req.num_classes, policy.input_dtype)

@@ -67,6 +67,20 @@ def pipeline_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
                       "build it as an nn.Sequential (the gpt models have one)")
 
 
+def chain(model: nn.Module, *names: str) -> list[tuple[str, nn.Module]]:
+    """The layers of `model`'s children `names`, applied one after the other in its forward: an
+    nn.Sequential child is its own children (`features.0`, `features.1`, ...), any other child is
+    one layer. What a model's `pipeline_layers()` returns when its forward is such a chain."""
+    layers = []
+    for name in names:
+        child = model.get_submodule(name)
+        if isinstance(child, nn.Sequential):
+            layers += [(f"{name}.{inner}", layer) for inner, layer in child.named_children()]
+        else:
+            layers.append((name, child))
+    return layers
+
+
 def has_repeated_blocks(model: nn.Module) -> bool:
     try:
         find_blocks(model)

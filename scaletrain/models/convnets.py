@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from scaletrain.errors import ConfigError
+from scaletrain.models.blocks import chain
 from scaletrain.models.builder import need_image, register_model
 
 
@@ -30,6 +31,10 @@ class CNN1d(nn.Module):
                                       block(2 * c, 2 * c, 1), block(2 * c, 4 * c, 2))
         out_len = (length + 3) // 4
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * c * out_len, num_classes))
+
+    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
+        """The forward as a sequence of named layers: what a pipeline cuts between."""
+        return chain(self, "features", "head")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
@@ -73,6 +78,10 @@ class WideResNet(nn.Module):
         self.features = nn.Sequential(*layers)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
 
+    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
+        """The forward as a sequence of named layers: what a pipeline cuts between."""
+        return chain(self, "features", "head")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
 
@@ -113,6 +122,10 @@ class ResNet(nn.Module):
                 cin = cout
         self.features = nn.Sequential(*layers)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
+
+    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
+        """The forward as a sequence of named layers: what a pipeline cuts between."""
+        return chain(self, "features", "head")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))

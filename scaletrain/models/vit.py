@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scaletrain.models.blocks import chain
 from scaletrain.models.builder import need_image, register_model
 
 PRESETS = {
@@ -47,6 +48,32 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class PatchEmbedding(nn.Module):
+    """Image -> (class token, patch tokens) + position embeddings."""
+
+    def __init__(self, channels: int, dim: int, patch_size: int, num_patches: int):
+        super().__init__()
+        self.proj = nn.Conv2d(channels, dim, patch_size, stride=patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, num_patches + 1, dim) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x).flatten(2).transpose(1, 2)
+        return torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+
+
+class ClassTokenHead(nn.Module):
+    """The final norm and the classifier on the class token."""
+
+    def __init__(self, dim: int, num_classes: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.linear = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(x)[:, 0])
+
+
 class VisionTransformer(nn.Module):
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, patch_size: int = 4, dim: int = 192,
                  depth: int = 6, heads: int = 3, mlp_ratio: float = 4.0):
@@ -55,18 +82,16 @@ class VisionTransformer(nn.Module):
         if height % patch_size or width % patch_size:
             raise ValueError(f"vit: image {height}x{width} is not divisible by patch_size {patch_size}")
         num_patches = (height // patch_size) * (width // patch_size)
-        self.patch_embed = nn.Conv2d(channels, dim, patch_size, stride=patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos_embed = nn.Parameter(torch.randn(1, num_patches + 1, dim) * 0.02)
+        self.embed = PatchEmbedding(channels, dim, patch_size, num_patches)
         self.blocks = nn.Sequential(*(TransformerBlock(dim, heads, mlp_ratio) for _ in range(depth)))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
+        self.head = ClassTokenHead(dim, num_classes)
+
+    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
+        """The forward as a sequence of named layers: what a pipeline cuts between."""
+        return chain(self, "embed", "blocks", "head")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
-        x = self.norm(self.blocks(x))
-        return self.head(x[:, 0])
+        return self.head(self.blocks(self.embed(x)))
 
 
 @register_model("vit", variants=tuple(PRESETS))

@@ -17,9 +17,11 @@ from typing import Callable
 import torch
 from torch import nn
 
+from scaletrain.distributed.capabilities import CostBalancing
 from scaletrain.distributed.strategies.base import Strategy
 from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.precision import PrecisionPolicy
+from scaletrain.training.preflight import layer_costs_of
 
 
 @dataclass(slots=True)
@@ -30,8 +32,14 @@ class Parallelized:
     checkpointed_blocks: list[nn.Module]
 
 
-def parallelize(model: nn.Module, cfg, strategy: Strategy, policy: PrecisionPolicy) -> Parallelized:
-    """Applies `cfg`'s transforms to `model` for `strategy` (already set up: its device is known)."""
+def parallelize(model: nn.Module, cfg, strategy: Strategy, policy: PrecisionPolicy,
+                per_replica_batch: int | None = None) -> Parallelized:
+    """Applies `cfg`'s transforms to `model` for `strategy` (already set up: its device is known).
+    `per_replica_batch`: what a strategy that cuts the model by cost measures the layers at."""
+    if isinstance(strategy, CostBalancing):
+        micro = strategy.costed_micro_batch(per_replica_batch or cfg.batch_size)
+        if micro:
+            strategy.balance_by(layer_costs_of(cfg, micro))
     model = policy.convert_module(model, cfg.precision.fp32_modules).to(strategy.device)
     if cfg.channels_last:   # 4-D weights only; a convolution given NHWC weights computes in NHWC
         model = model.to(memory_format=torch.channels_last)

@@ -33,6 +33,16 @@ def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module
         return build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
 
 
+def layer_costs_of(cfg: TrainConfig, micro_batch: int) -> list:
+    """What each pipeline layer of the model `cfg` trains costs at `micro_batch` (models/
+    layer_costs.py), measured on the meta device."""
+    from scaletrain.models.layer_costs import meta_layer_costs
+    from scaletrain.tasks import TASKS
+    input_shape, outputs, task = sample_shape(cfg.data)
+    return meta_layer_costs(cfg.model.name, dict(cfg.model.options), input_shape, outputs, TASKS[task](), micro_batch,
+                            cfg.memory.activation_checkpointing, tuple(cfg.memory.block_classes))
+
+
 def model_problem(cfg: TrainConfig, model: torch.nn.Module, layout: Layout) -> str | None:
     """Why `model` cannot be trained as `cfg` and `layout` ask (one line, with the fix), or None."""
     block_classes = tuple(cfg.memory.block_classes)

@@ -68,7 +68,7 @@ class Trainer:
         self.policy = get_policy(cfg.precision.policy)
         self.policy.configure_backend()
         torch.manual_seed(cfg.seed)
-        prepared = parallelize(model, cfg, strategy, self.policy)
+        prepared = parallelize(model, cfg, strategy, self.policy, self.batch.per_replica)
         self.model, self.forward, self.eval_forward = prepared.model, prepared.train_forward, prepared.eval_forward
         self.checkpointed_blocks = prepared.checkpointed_blocks
         # What this device does with the policy, and tensor-core shapes under 16-bit precisions;

@@ -91,16 +91,16 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     def make_optimizer(self, optim_config, model: nn.Module, device: torch.device, capturable: bool = False):
         # Offloaded shards are stepped where they live: the fused kernels want the LR there too.
-        host = torch.device("cpu") if self.config.fsdp.cpu_offload else device
+        host = torch.device("cpu") if self.offloads(self.config) else device
         return super().make_optimizer(optim_config, model, host, capturable=capturable and host == device)
 
     def describe(self) -> str | None:
-        if not self.config.fsdp.cpu_offload:
+        if not self.offloads(self.config):
             return None
         return "parameter, gradient and optimizer shards in host memory (--cpu-offload); the optimizer steps there"
 
     def _offload_policy(self) -> OffloadPolicy:
-        if not self.config.fsdp.cpu_offload:
+        if not self.offloads(self.config):
             return OffloadPolicy()
         # Pinned host memory makes the copies asynchronous, but pinning needs an accelerator.
         return CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
@@ -132,7 +132,12 @@ class FSDPStrategy(ProcessGroupStrategy):
             gathered = (units.get(-1, 0) + sum(blocks[:2])) * b.compute
         state = ModelState(total, shard * b.storage, shard * b.storage,
                            shard * b.storage * b.optimizer_slots + len(params) * b.step_bytes, gathered)
-        return state.offloaded() if config is not None and config.fsdp.cpu_offload else state
+        return state.offloaded() if cls.offloads(config) else state
+
+    @classmethod
+    def offloads(cls, config) -> bool:
+        """Whether this strategy keeps its shards on the host under `config` (--cpu-offload)."""
+        return config is not None and config.fsdp.cpu_offload and type(config).reads("fsdp", cls.name)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         # Gathered shard by shard onto the host of rank 0 (the others get an empty dict).

@@ -1,6 +1,5 @@
-"""[distributed.fsdp]: the sharded strategies' options (fsdp.py, and hsdp's and zero2's, which are
-fsdp with other meshes or resharding), in a module of their own that imports no torch, so the
-command line and the config see them without importing the strategy."""
+"""[distributed.fsdp]: the options of fsdp and zero2 (fsdp.py), in a module of their own that
+imports no torch, so the command line and the config see them without importing the strategy."""
 
 from __future__ import annotations
 
@@ -12,10 +11,10 @@ from scaletrain.config import _f, register_table
 @dataclass(kw_only=True, slots=True)
 class FSDPOptions:
     """[distributed.fsdp]."""
-    cpu_offload: bool = _f(False, "--strategy fsdp/zero2/hsdp: keep each rank's parameter, gradient and optimizer "
+    cpu_offload: bool = _f(False, "--strategy fsdp/zero2: keep each rank's parameter, gradient and optimizer "
                                   "shards in host memory (FSDP2's CPUOffloadPolicy; seed 004's offload): the device "
                                   "holds only the parameters gathered for the step and the activations, and the "
                                   "optimizer steps on the host")
 
 
-register_table("fsdp", FSDPOptions, owners=("fsdp", "zero2", "hsdp"))
+register_table("fsdp", FSDPOptions, owners=("fsdp", "zero2"))

@@ -49,6 +49,5 @@ class HSDPStrategy(FSDPStrategy):
 
     def describe(self) -> str:
         shard = self.mesh.size(1)
-        offload = super().describe()
         return (f"{self.world_size // shard} group(s) of {shard}: parameters sharded within a group, replicated "
-                "across groups" + (f"; {offload}" if offload else ""))
+                "across groups")

@@ -4,8 +4,9 @@ data parallelism on one device mesh, built on PyTorch's own engines.
 The processes form a (dp, pp, tp) mesh, row-major: `--nproc 4 --stages 2` is two replicas of a
 two-stage pipeline (ranks 0-1 and 2-3). Along `tp`, DTensor's `parallelize_module` splits each
 repeated block's attention and MLP column-/row-wise (the block states its plan as `TP_PLAN`).
-Along `pp`, the model's layers (`pipeline_layers`) are cut into stages balanced by parameter
-count (distributed/partition.py) and `torch.distributed.pipelining` runs a GPipe, 1F1B or
+Along `pp`, the model's layers (`pipeline_layers`) are cut into stages balanced by what each
+layer costs, its FLOPs and memory at the run's micro-batch (measured on the meta device before
+`wrap`: the `CostBalancing` capability; distributed/partition.py), and `torch.distributed.pipelining` runs a GPipe, 1F1B or
 interleaved-1F1B schedule over micro-batches. Along `dp`, gradients are averaged over the replica
 group after the step's backward (one all-reduce per dtype of a flattened buffer; DDP's reducer
 does not take DTensor parameters, and on a pipeline its overlap is mostly lost to the bubble).
@@ -110,6 +111,7 @@ class ModelParallelStrategy(ProcessGroupStrategy):
         self.stages: list = []
         self.holds_last_stage = self.stage_rank == self.pp - 1
         self.stage_names = ""
+        self.layer_costs = None    # each pipeline layer's measured cost (CostBalancing), else None
         self._step = None
 
     @classmethod
@@ -143,6 +145,14 @@ class ModelParallelStrategy(ProcessGroupStrategy):
                    if self.pp > 1 else ""))
 
     # -- the model
+    def costed_micro_batch(self, per_replica_batch: int) -> int | None:
+        if self.pp == 1 or self.options.split_points:
+            return None
+        return max(per_replica_batch // self.microbatches, 1)
+
+    def balance_by(self, costs) -> None:
+        self.layer_costs = costs
+
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         problem = self.model_problem(model, self.layout, self.config, block_classes)
         if problem:
@@ -159,8 +169,8 @@ class ModelParallelStrategy(ProcessGroupStrategy):
     def _wrap_pipeline(self, model, compile_fn, autocast):
         from torch.distributed.pipelining import PipelineStage
         n_stages = self.options.pipeline_stages()
-        groups = stage_layers(model, n_stages, self.options.split_points)
-        self.stage_names = describe_stages(groups)
+        groups = stage_layers(model, n_stages, self.options.split_points, self.layer_costs)
+        self.stage_names = describe_stages(groups, self.layer_costs)
         local = [i for i in range(n_stages) if i % self.pp == self.stage_rank]
         owned = {name for i in local for name, _ in groups[i]}
         for name, _ in (layer for group in groups for layer in group):
