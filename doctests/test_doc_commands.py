@@ -149,7 +149,7 @@ class Workspace:
         self.root, self.home = root / "work", root / "home"
         self.root.mkdir()
         make_idx_folder(self.home / "data" / "fashion", n_train=760, n_test=32)
-        make_cifar_folder(self.home / "cifar", per_batch=40)
+        make_cifar_folder(self.home / "cifar", per_batch=200)   # 1,000 train: 3 steps of the docs' batch 256
         for name, text in FILES.items():
             (self.root / name).write_text(text)
         self.background: list[tuple[str, subprocess.Popen]] = []

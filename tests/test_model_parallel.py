@@ -180,6 +180,16 @@ def test_a_model_that_is_not_a_sequence_of_layers_is_a_clear_error():
         stage_layers(build_model("mlp", (8,), 2), 2)
 
 
+def test_a_batch_that_does_not_split_into_the_micro_batches_is_refused_with_the_config():
+    """Found with the configuration, before any process or run folder exists (it was found by the
+    first step, inside a started run)."""
+    cfg = {"batch_size": 128, "distributed": {"strategy": "pipeline", "stages": 3, "microbatches": 6}}
+    with pytest.raises(ConfigError, match="--batch-size 128 does not split into 6 equal micro-batches; use a "
+                                          "multiple of 6, or --microbatches that divides 128"):
+        from_mapping(TrainConfig, cfg).validate()
+    from_mapping(TrainConfig, {**cfg, "batch_size": 96}).validate()
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"strategy": "pipeline", "stages": 4, "microbatches": 2},
      "--microbatches 2 is fewer than --stages 4: stages would idle and 1F1B cannot fill the pipeline; use "

@@ -144,7 +144,25 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     merged = merge_mappings(base_mapping(args), given_overrides(args))
     cfg = from_mapping(TrainConfig, merged)
     cfg.validate()
+    _drop_a_recipe_target_the_task_lacks(cfg, args)
     return cfg
+
+
+def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namespace) -> None:
+    """A recipe's target is a promise about its own data set (the default recipe's 94 % accuracy on
+    MNIST-1D). Trained on another data set whose task does not report that metric (`--data
+    friedman1`: regression), the run has no target unless the command line or --config gives one,
+    rather than refusing a metric the user never named."""
+    values = vars(args)
+    explicit = {**(load_toml(values["config"]) if values.get("config") else {}),
+                **{k: v for k, v in values.items() if k in ("target", "target_metric", "target_accuracy")}}
+    if cfg.target is None or "target" in explicit or "target_metric" in explicit or "target_accuracy" in explicit:
+        return
+    from scaletrain.data.source import DATA_SOURCES
+    from scaletrain.tasks import TASKS
+    sample = DATA_SOURCES.get(cfg.data.name).known_sample(cfg.data)
+    if sample is not None and cfg.target_metric not in ("auto", *TASKS[sample[2]].metrics):
+        cfg.target = None
 
 
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:

@@ -16,9 +16,11 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         "ones of earlier or other invocations (default 20)")
     add_number(parser, "--parallel", int, ge=1, default=1, help="trials at once, each on its own device "
                         "(a GPU, or an equal share of the CPU cores) (default 1)")
-    parser.add_argument("--metric", default="val_accuracy", help="what to optimise: a per-epoch metric (its best "
-                        "epoch) or a run summary field such as time_to_target_s (default val_accuracy)")
-    parser.add_argument("--direction", default="maximize", help="maximize or minimize (default maximize)")
+    parser.add_argument("--metric", default="auto", help="what to optimise: a per-epoch metric (its best "
+                        "epoch) or a run summary field such as time_to_target_s (default auto: the task's own "
+                        "validation target, val_accuracy, val_r2 or val_perplexity)")
+    parser.add_argument("--direction", default="auto", help="maximize or minimize (default auto: the way the "
+                        "metric improves)")
     parser.add_argument("--out", help="folder for the trials, trials.csv and best.toml (default: "
                         "<run store folder>/studies/<study name>)")
     parser.add_argument("--study-name", help="the study's name in the storage (default: the space file's name)")
@@ -39,8 +41,11 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.experiments.space import SearchSpace
     from scaletrain.experiments.tune import Tuner, TuneSettings
     from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
+    from scaletrain.data.registry import sample_shape
+    from scaletrain.experiments.tune import resolve_objective
     space = SearchSpace.load(args.space)
     cfg = config_from_args(args)
+    metric, direction = resolve_objective(args.metric, args.direction, sample_shape(cfg.data)[2])
     study_name = args.study_name or Path(args.space).stem
     out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "studies" / study_name
     storage = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
@@ -49,8 +54,8 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     if cfg.tracking.record:
         check_writable_file(cfg.tracking.store, "run store (--store)")
     out.mkdir(parents=True, exist_ok=True)
-    settings = TuneSettings(space=space, trials=args.trials, parallel=args.parallel, metric=args.metric,
-                            direction=args.direction, out=out, storage_url=storage, study_name=study_name,
+    settings = TuneSettings(space=space, trials=args.trials, parallel=args.parallel, metric=metric,
+                            direction=direction, out=out, storage_url=storage, study_name=study_name,
                             pruner={"kind": args.pruner, "startup_trials": args.prune_startup_trials,
                                     "warmup_epochs": args.prune_warmup_epochs})
     console = wide_console()
@@ -62,7 +67,7 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
         console.print("no trial finished; see the trials' train.log files under " + str(out / "trials"))
         return 1
     best = tuner.study.best_trial
-    console.print(f"best: trial {best.number}, {args.metric} {best.value:.4f}, params {tuner.best_params(best)}; "
+    console.print(f"best: trial {best.number}, {metric} {best.value:.4f}, params {tuner.best_params(best)}; "
                   f"its config: {best_path} (scaletrain train --config {best_path}); runs in the store under group "
                   f"{tuner.group}", soft_wrap=True)
     return 0

@@ -59,11 +59,21 @@ class PointResult:
     time_to_target_s: float | None = None
     reached_target: bool | None = None
     best_val_accuracy: float | None = None
+    val_metric: str | None = None       # the task's metric shown (the target's, else accuracy, else loss)
+    final_val: float | None = None      # its value after the last epoch
     epochs_run: int | None = None
     train_time_s: float | None = None
     wall_time_s: float | None = None
     peak_memory_bytes: int | None = None
     error: str | None = None
+
+
+def shown_metric(summary: dict) -> tuple[str | None, float | None]:
+    """The validation metric a table shows for a finished run's summary: the one its target was
+    on, else accuracy where the task reports it, else the loss; with its last value."""
+    metrics = summary.get("val_metrics") or {}
+    name = next((m for m in (summary.get("target_metric"), "accuracy", "loss") if m in metrics), None)
+    return name, metrics.get(name) if name else None
 
 
 def _spread(values: list[float]) -> dict:
@@ -116,9 +126,11 @@ class BatchSizeSweep:
                                  **{k: s.get(k) for k in ("images_per_sec", "time_to_target_s", "reached_target",
                                                           "best_val_accuracy", "epochs_run", "train_time_s",
                                                           "wall_time_s", "peak_memory_bytes")})
+            result.val_metric, result.final_val = shown_metric(s)
             self.results.append(result)
-            shown = (f"{result.images_per_sec:,.0f} img/s, best acc {result.best_val_accuracy:.4f}"
-                     if record.status == "finished" else f"{record.status}: {record.error or ''}")
+            shown = (f"{result.images_per_sec:,.0f} img/s, val {result.val_metric} {result.final_val:.4f}"
+                     if record.status == "finished" and result.final_val is not None
+                     else f"{record.status}: {record.error or ''}")
             self.console.print(f"  batch {size:>5} repeat {repeat + 1}: {shown} (run {record.id}, "
                                f"{finished.seconds:.1f} s)", soft_wrap=True)
             self.write_csv()  # after every point: an interrupted sweep keeps what it measured
@@ -145,6 +157,7 @@ class BatchSizeSweep:
             row.update({f"time_to_target_s_{k}": v for k, v in ttt.items()})
             row["best_val_accuracy_median"] = _spread([r.best_val_accuracy for r in ok
                                                        if r.best_val_accuracy is not None])["median"]
+            row["final_val_median"] = _spread([r.final_val for r in ok if r.final_val is not None])["median"]
             failures = Counter(f"{r.status}: {r.error}" for r in points if r.status != "finished")
             row["failures"] = "; ".join(f"{n}x {text}" if n > 1 else text for text, n in failures.items())
             rows.append(row)
@@ -194,7 +207,8 @@ class BatchSizeSweep:
 
     def table(self) -> Table:
         table = Table(title=f"Batch-size sweep ({self.repeats} repeat(s); median [min-max])")
-        for header in ("batch", "finished", "images/sec", "time to target", "best acc", "failures"):
+        metric = next((r.val_metric for r in self.results if r.val_metric), "accuracy")
+        for header in ("batch", "finished", "images/sec", "time to target", f"final val {metric}", "failures"):
             table.add_column(header, justify="left" if header == "failures" else "right")
 
         def spread(row, key, fmt):
@@ -205,6 +219,6 @@ class BatchSizeSweep:
             table.add_row(str(row["batch_size"]), f"{row['finished']}/{row['runs']}",
                           spread(row, "images_per_sec", lambda v: f"{v:,.0f}"),
                           spread(row, "time_to_target_s", lambda v: f"{v:.2f} s"),
-                          "-" if row["best_val_accuracy_median"] is None else f"{row['best_val_accuracy_median']:.4f}",
+                          "-" if row["final_val_median"] is None else f"{row['final_val_median']:.4f}",
                           row["failures"][:120])
         return table

@@ -64,6 +64,29 @@ class TuneSettings:
     pruner: dict
 
 
+def resolve_objective(metric: str, direction: str, task_name: str) -> tuple[str, str]:
+    """`--metric auto` is the task's own target on the validation split (val_accuracy, val_r2,
+    val_perplexity); `--direction auto` is the way that metric improves. A per-epoch metric this
+    task does not report is refused here, before any trial trains to no objective."""
+    task = TASKS[task_name]
+    if metric == "auto":
+        metric = f"val_{task.default_target}"
+    kind, _, name = metric.partition("_")
+    if metric in EPOCH_METRICS and kind == "val" and name not in task.metrics:
+        raise UserError(f"--metric {metric}: the {task_name} task reports "
+                        f"{', '.join('val_' + m for m in task.metrics)} per epoch; use one of these (or --metric auto)")
+    if direction == "auto":
+        if kind == "val" and name in task.metrics:
+            direction = "maximize" if task.metrics[name] else "minimize"
+        elif metric == f"train_{task.train_metric}" or metric == "images_per_sec":
+            direction = "maximize"
+        elif metric.endswith("_s") or metric == "train_loss":
+            direction = "minimize"
+        else:
+            raise UserError(f"--metric {metric}: say whether to --direction maximize or minimize it")
+    return metric, direction
+
+
 def check_settings(s: TuneSettings, base: TrainConfig) -> None:
     if s.trials < 1:
         raise UserError(f"--trials must be at least 1 (got {s.trials})")

@@ -76,9 +76,34 @@ COLUMNS = [
 ]
 
 
+def _split_metric(record: RunRecord, split: str, name: str):
+    return (record.summary_value(f"{split}_metrics") or {}).get(name)
+
+
+def task_columns(records: list[RunRecord]) -> list[Column]:
+    """A row per metric the runs' tasks report besides accuracy (loss, r2, mae, perplexity), on
+    the last validation epoch and on the test split: a regression or language model compares by
+    its own figures."""
+    names = sorted({name for r in records for split in ("val", "test")
+                    for name in (r.summary_value(f"{split}_metrics") or {}) if name != "accuracy"})
+    columns = []
+    for name in names:
+        for split, label in (("val", "final val"), ("test", "test")):
+            columns.append(Column(f"{label} {name}", lambda r, s=split, n=name: _split_metric(r, s, n),
+                                  lambda r, s=split, n=name: "-" if _split_metric(r, s, n) is None
+                                  else f"{_split_metric(r, s, n):.4f}"))
+    return columns
+
+
+def _columns(records: list[RunRecord]) -> list[Column]:
+    at = next(i for i, c in enumerate(COLUMNS) if c.header == "test acc") + 1
+    return [*COLUMNS[:at], *task_columns(records), *COLUMNS[at:]]
+
+
 def compare_values(records: list[RunRecord]) -> list[dict]:
     """The comparison as plain values, one dict per run (for --json)."""
-    return [{c.header: c.value(r) for c in COLUMNS} for r in records]
+    columns = _columns(records)
+    return [{c.header: c.value(r) for c in columns} for r in records]
 
 
 def _best(records: list[RunRecord], column: Column) -> set[str]:
@@ -97,7 +122,7 @@ def compare_table(records: list[RunRecord]) -> Table:
     table.add_column("", style="bold")
     for record in records:
         table.add_column(record.id, justify="right")
-    for column in COLUMNS[1:]:
+    for column in _columns(records)[1:]:
         best = _best(records, column)
         table.add_row(column.header, *[Text(column.text(r), style="bold green" if r.id in best else "")
                                        for r in records])

@@ -35,6 +35,11 @@ class PipelineOptions:
         if self.microbatch_count() < self.stages:
             return (f"--microbatches {self.microbatch_count()} is fewer than --stages {self.stages}: stages would "
                     f"idle and 1F1B cannot fill the pipeline; use --microbatches {self.stages} or more")
+        batch, flag = ((cfg.per_replica_batch_size, "--per-replica-batch-size") if cfg.per_replica_batch_size
+                       else (cfg.batch_size, "--batch-size"))
+        if batch % self.microbatch_count():
+            return (f"{flag} {batch} does not split into {self.microbatch_count()} equal micro-batches; use a "
+                    f"multiple of {self.microbatch_count()}, or --microbatches that divides {batch}")
         if self.split_points and len(self.split_points) != self.pipeline_stages() - 1:
             n = self.pipeline_stages()
             return (f"--split-points names {len(self.split_points)} layer(s); {n} pipeline stages need {n - 1} "
