@@ -4,8 +4,8 @@ The commands are read from the files' ```bash blocks (a line ending in `\\` cont
 one working folder per file, so a line can use what an earlier one made (`runs/a`, `shards/`, the
 run store). What the harness may change is agreed here, and nothing else:
 
-- shorter: `SHORTER` appends flags per command (one epoch, a few trials; no training subset of
-  streamed shards, which would cut whole shards), and the data the
+- shorter: `SHORTER` appends flags per command (one epoch, a few trials, small shards; no training
+  subset of streamed shards, which would cut whole shards), and the data the
   lines name by folder is small and made here (`~` is a fresh home holding `data/fashion` and
   `cifar`; `DIR` is that folder for the line's `--data`); the TOML files lines name are written
   here (`FILES`);
@@ -47,6 +47,8 @@ SHORTER = {
     "sweep": ["--epochs", "1", "--repeats", "1"],
     "tune": ["--trials", "2", "--epochs", "1"],
     "autotune": ["--trials", "2", "--steps", "3"],
+    # Small shards, so the harness's 1,000 CIFAR images still make the 32 a doc line's pattern names.
+    "shard": ["--samples-per-shard", "25"],
 }
 FILES = {
     "run.toml": 'epochs = 1\n[model]\nname = "cnn1d"\n[data]\nname = "mnist1d"\n',

@@ -204,3 +204,12 @@ def test_npz_keeps_its_own_validation_split(tmp_path):
     np.savez(path, x=rng.normal(size=(40, 5)), y=np.arange(40) % 4, x_val=rng.normal(size=(6, 5)))
     with pytest.raises(DataError, match="x_val and y_val must come together"):
         load_dataset(DataConfig(name="npz", data_dir=str(path)))
+
+
+def test_a_quoted_home_in_the_data_dir_is_expanded(tmp_path, monkeypatch):
+    """'~/shards/train-{0000..0031}.tar' is quoted so the shell keeps its braces: the ~ reaches us."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    np.savez(tmp_path / "d.npz", x=np.random.rand(50, 6), y=np.arange(50) % 3)
+    assert load_dataset(DataConfig(name="npz", data_dir="~/d.npz")).input_shape == (1, 6)
+    from scaletrain.data.registry import sample_shape
+    assert sample_shape(DataConfig(name="npz", data_dir="~/d.npz"))[0] == (1, 6)

@@ -4,25 +4,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
 
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
-from scaletrain.data.source import DATA_SOURCES
-
-
-def _home_expanded(cfg):
-    """The DataConfig with a `~` in --data-dir expanded: a quoted pattern ('~/shards/train-{0000..0031}.tar',
-    quoted so the shell leaves its braces alone) reaches us unexpanded."""
-    if cfg.data_dir and cfg.data_dir.startswith("~"):
-        return dataclasses.replace(cfg, data_dir=os.path.expanduser(cfg.data_dir))
-    return cfg
+from scaletrain.data.source import DATA_SOURCES, home_expanded
 
 
 def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
     """(sample shape, model output size, task) of the data set a DataConfig names, without loading
     it where the data set says what they are."""
-    cfg = _home_expanded(cfg)
+    cfg = home_expanded(cfg)
     known = DATA_SOURCES.get(cfg.name).known_sample(cfg)
     if known is not None:
         return known
@@ -34,7 +24,7 @@ def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
 def load_dataset(cfg, seed: int = 0) -> Dataset:
     """Loads the data set a DataConfig names, with a validation split held out unless it has its
     own, optionally cut to its first `train_subset` samples."""
-    cfg = _home_expanded(cfg)
+    cfg = home_expanded(cfg)
     source = DATA_SOURCES.get(cfg.name)
     ds = source.load(cfg, seed)
     if source.splits_itself:

@@ -7,6 +7,8 @@ DataConfig, or None (the planner loads the data to find out)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,7 +27,15 @@ class DataSource:
     splits_itself: bool = False
 
     def known_sample(self, cfg) -> Sample | None:
-        return self.sample(cfg) if callable(self.sample) else self.sample
+        return self.sample(home_expanded(cfg)) if callable(self.sample) else self.sample
+
+
+def home_expanded(cfg):
+    """The DataConfig with a `~` in --data-dir expanded: a quoted pattern ('~/shards/train-{0000..0031}.tar',
+    quoted so the shell leaves its braces alone) reaches us unexpanded."""
+    if cfg.data_dir and cfg.data_dir.startswith("~"):
+        return dataclasses.replace(cfg, data_dir=os.path.expanduser(cfg.data_dir))
+    return cfg
 
 
 DATA_SOURCES = Registry("data set", "--data", choices=DATA_SET_CHOICES)
