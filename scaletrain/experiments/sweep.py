@@ -70,9 +70,11 @@ class PointResult:
 
 def shown_metric(summary: dict) -> tuple[str | None, float | None]:
     """The validation metric a table shows for a finished run's summary: the one its target was
-    on, else accuracy where the task reports it, else the loss; with its last value."""
+    on, else the task's own target metric (accuracy, r2, perplexity); with its last value."""
+    from scaletrain.tasks import TASKS
     metrics = summary.get("val_metrics") or {}
-    name = next((m for m in (summary.get("target_metric"), "accuracy", "loss") if m in metrics), None)
+    default = TASKS[summary["task"]].default_target if summary.get("task") in TASKS else "loss"
+    name = next((m for m in (summary.get("target_metric"), default, "loss") if m in metrics), None)
     return name, metrics.get(name) if name else None
 
 
