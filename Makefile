@@ -16,7 +16,7 @@ test:
 	bash scripts/setup-system.sh
 	.venv/bin/python -m pytest -q tests
 
-# Every command in README.md and docs/, run as written (shortened as doctests/ says). Not in CI yet: see issue 26.
+# Every command in README.md and docs/, run as written (shortened as doctests/ says); CI runs it after `make test`.
 doc-test:
 	bash scripts/setup.sh dev
 	.venv/bin/python -m pytest -q doctests

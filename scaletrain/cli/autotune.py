@@ -16,8 +16,8 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("autotune")
     add_number(g, "--trials", int, ge=1, default=12, help="candidates to measure, the given configuration "
                    "included (default 12; at most every candidate the planner lets through)")
-    add_number(g, "--steps", int, ge=1, default=20, help="optimizer steps per epoch of each candidate's measured "
-                   "window (default 20)")
+    add_number(g, "--steps", int, ge=1, default=25, help="optimizer steps per epoch of each candidate's measured "
+                   "window (default 25: 50 measured steps over the default 3 epochs)")
     add_number(g, "--window-epochs", int, ge=2, default=3, help="epochs per candidate, the first a warm-up "
                    "(compilation) timed apart (default 3)")
     g.add_argument("--out", help="folder for the study, the trials, autotune.json and best.toml (default: "

@@ -32,6 +32,9 @@ class Knob:
     key: str                    # dotted config key
     values: tuple               # the baseline's value first
     numerics: bool = False      # changes the arithmetic, not only its speed
+    # Tried first, each value alone on the baseline, before the sampler models the rest: the knob
+    # most likely to matter (precision: "up to 3x", seed 000), whose values a small budget must see.
+    first: bool = False
 
     @property
     def label(self) -> str:
@@ -78,7 +81,8 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
     """The knobs worth turning for `cfg` on `device`, each with two or more values."""
     cuda = device.type == "cuda"
     knobs = [
-        Knob("precision.policy", _with_baseline_first(cfg, "precision.policy", _precisions(device)), numerics=True),
+        Knob("precision.policy", _with_baseline_first(cfg, "precision.policy", _precisions(device)), numerics=True,
+             first=True),
         Knob("compile", _with_baseline_first(cfg, "compile", (False, True))),
         Knob("steps_per_execution", _with_baseline_first(cfg, "steps_per_execution", (1, 8))),
     ]
@@ -105,6 +109,18 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
         values = (1,) if cfg.threads in (None, cores) else (1, cores)
         knobs.append(Knob("threads", _with_baseline_first(cfg, "threads", values)))
     return [k for k in knobs if len(k.values) > 1]
+
+
+def first_candidates(knobs: list[Knob], kept: list[dict]) -> list[dict]:
+    """The baseline, then the baseline with one `first` knob's value changed, for each such value,
+    among the candidates `kept`: what a search measures before its sampler chooses."""
+    baseline = kept[0]
+    out = [baseline]
+    for knob in knobs:
+        if knob.first:
+            out += [c for c in kept if c[knob.key] != baseline[knob.key]
+                    and all(c[k] == baseline[k] for k in c if k != knob.key)]
+    return out
 
 
 def candidates(knobs: list[Knob]) -> list[dict]:

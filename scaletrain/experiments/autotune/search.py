@@ -34,7 +34,8 @@ from scaletrain.distributed.strategies import resolve_device
 from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.data import sample_shape
 from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
-from scaletrain.experiments.autotune.knobs import Knob, apply, candidates, model_facts, system_knobs
+from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, first_candidates, model_facts,
+                                                  system_knobs)
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import SlotPool, device_slots, machine_slot
@@ -291,8 +292,9 @@ class AutoTuner:
         study = self._open_study()
         self._fail_orphans(study)
         if not study.get_trials(deepcopy=False):
-            # The baseline first; for the grid, every candidate in order (Optuna serves them as asked).
-            for params in (kept if self.s.exhaustive else kept[:1]):
+            # The baseline and each precision alone first (knobs.first_candidates); for the grid,
+            # every candidate in order (Optuna serves enqueued trials as they are asked for).
+            for params in (kept if self.s.exhaustive else first_candidates(self.knobs, kept)):
                 study.enqueue_trial({k.label: json.dumps(params[k.key]) for k in self.knobs})
         allowed = {_key(p) for p in kept}
         rows = self._rows_so_far(study)
