@@ -4,7 +4,7 @@ The commands are read from the files' ```bash blocks (a line ending in `\\` cont
 one working folder per file, so a line can use what an earlier one made (`runs/a`, `shards/`, the
 run store). What the harness may change is agreed here, and nothing else:
 
-- shorter: `SHORTER` appends flags per command (one epoch, a few trials, small shards; no training
+- shorter: `SHORTER` appends flags per command (one epoch, a few trials, small CIFAR shards; no training
   subset of streamed shards, which would cut whole shards), and the data the
   lines name by folder is small and made here (`~` is a fresh home holding `data/fashion` and
   `cifar`; `DIR` is that folder for the line's `--data`); the TOML files lines name are written
@@ -47,9 +47,9 @@ SHORTER = {
     "sweep": ["--epochs", "1", "--repeats", "1"],
     "tune": ["--trials", "2", "--epochs", "1"],
     "autotune": ["--trials", "2", "--steps", "3"],
-    # Small shards, so the harness's 1,000 CIFAR images still make the 32 a doc line's pattern names.
-    "shard": ["--samples-per-shard", "25"],
 }
+# Small CIFAR shards, so the harness's 1,000 images still make the 32 a doc line's pattern names.
+SHORTER_CIFAR_SHARDS = ["--samples-per-shard", "25"]
 FILES = {
     "run.toml": 'epochs = 1\n[model]\nname = "cnn1d"\n[data]\nname = "mnist1d"\n',
     "space.toml": '["optim.lr"]\ntype = "float"\nlow = 0.001\nhigh = 0.1\nlog = true\n',
@@ -59,6 +59,7 @@ FILES = {
 }
 RUN_IDS = ("3f9a", "7c21", "b0d4")
 TIMEOUT_S = 900
+pytestmark = pytest.mark.timeout(TIMEOUT_S)   # a line's own limit (the suite's 300 s is for tests)
 
 
 @dataclass
@@ -185,6 +186,8 @@ class Workspace:
         verb = next((w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)), "")
         sub = words[words.index(verb) + 1] if verb == "scaletrain" and len(words) > 1 else ""
         extra = SHORTER.get(sub, [])
+        if sub == "shard" and "--data cifar10" in text:
+            extra = SHORTER_CIFAR_SHARDS
         if "--data shards" in text:
             # Streamed shards are cut to a subset by whole shards: the README's own shards are small.
             extra = [flag for flag in extra if flag not in ("--train-subset", "512")]

@@ -62,4 +62,4 @@ def test_the_strategies_option_tables_are_known_without_importing_them(tmp_path)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=cli_env(),
                          timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split(maxsplit=1) == ["2", "['hsdp', 'pipeline', 'ps', 'tensor'] False\n"]
+    assert out.stdout.split(maxsplit=1) == ["2", "['fsdp', 'hsdp', 'pipeline', 'ps', 'tensor'] False\n"]

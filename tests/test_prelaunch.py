@@ -16,8 +16,8 @@ GPT = ["--model", "gpt-small", "--data", "char-corpus", "--no-progress", "--epoc
 # Each found by the launcher: (the command's flags, what its one line says).
 BEFORE_LAUNCH = {
     "backup workers": (["--strategy", "ps", "--nproc", "3", "--backup-workers", "2"], "--backup-workers 2"),
-    "pipeline, no repeated block": (["--strategy", "pipeline", "--nproc", "2", "--stages", "2"],
-                                    "cannot be cut into pipeline stages"),
+    "pipeline, not a sequence of layers": (["--model", "mlp", "--data", "digits", "--strategy", "pipeline", "--nproc",
+                                            "2", "--stages", "2"], "cannot be cut into pipeline stages"),
     "tensor degree vs heads": ([*GPT, "--strategy", "tensor", "--nproc", "3", "--tensor-parallel", "3"],
                                "--tensor-parallel 3 must divide the heads (8)"),
     "unknown split point": ([*GPT, "--strategy", "pipeline", "--nproc", "2", "--stages", "2",

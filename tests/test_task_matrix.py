@@ -38,6 +38,11 @@ def _finished_summaries(folder, group: str | None = None) -> list[dict]:
         return [r.summary for r in store.runs(group=group) if r.status == "finished"]
 
 
+def _records(folder):
+    with RunStore(str(folder / "scaletrain-runs" / "runs.db"), create=False) as store:
+        return [r for r in store.runs() if r.group]
+
+
 @pytest.fixture(params=TASKS)
 def task(request):
     return request.param, *TASKS[request.param]
@@ -59,14 +64,15 @@ def test_sweep_and_multi_show_the_tasks_metric(tmp_path, task):
     target = ["--target", "0.5" if name == "regression" else "30", "--target-metric", metric]
     out = _ok(run(["sweep", "batch-size", "32", *flags, *QUICK, *target, "--out", "sw"], tmp_path))
     assert f"final val {metric}" in out and "1/1" in out
-    (tmp_path / "a.toml").write_text("epochs = 1\nprogress = false\n")
-    out = _ok(run(["multi", "a.toml", "--out", "mu"], tmp_path))   # the default recipe: a classification
     [sweep_point] = _finished_summaries(tmp_path, "sweep-sw")
     assert sweep_point["task"] == name
-    # multi compares the task's own figures beside accuracy
-    ids = [s["run_id"] for s in _finished_summaries(tmp_path)]
-    out = _ok(run(["runs", "compare", *ids], tmp_path))
-    assert f"final val {metric}" in out and "best acc" in out
+    data, model = flags[1], flags[3]
+    (tmp_path / "a.toml").write_text(f'epochs = 1\nprogress = false\n[model]\nname = "{model}"\n'
+                                     f'[data]\nname = "{data}"\ntrain_subset = 128\nseq_len = 16\n')
+    out = _ok(run(["multi", "a.toml", "--out", "mu"], tmp_path))   # multi's own table compares its runs
+    assert f"final val {metric}" in out and f"test {metric}" in out
+    [multi_run] = _finished_summaries(tmp_path, next(r.group for r in _records(tmp_path) if r.group.startswith("multi")))
+    assert multi_run["task"] == name
 
 
 def test_tune_optimises_the_tasks_own_target(tmp_path, task):

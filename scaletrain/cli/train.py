@@ -144,11 +144,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     merged = merge_mappings(base_mapping(args), given_overrides(args))
     cfg = from_mapping(TrainConfig, merged)
     cfg.validate()
-    _drop_a_recipe_target_the_task_lacks(cfg, args)
+    _drop_a_recipe_target_the_task_lacks(cfg, args, merge_mappings(base_mapping(args), load_recipe(args.recipe)
+                                                                   if vars(args).get("recipe") else {}))
     return cfg
 
 
-def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namespace) -> None:
+def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namespace, recipe: dict) -> None:
     """A recipe's target is a promise about its own data set (the default recipe's 94 % accuracy on
     MNIST-1D). Trained on another data set whose task does not report that metric (`--data
     friedman1`: regression), the run has no target unless the command line or --config gives one,
@@ -158,10 +159,12 @@ def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namesp
                 **{k: v for k, v in values.items() if k in ("target", "target_metric", "target_accuracy")}}
     if cfg.target is None or "target" in explicit or "target_metric" in explicit or "target_accuracy" in explicit:
         return
+    if cfg.data.name == recipe.get("data", {}).get("name"):
+        return      # the recipe's own data: its target stands (and nothing is imported here)
     from scaletrain.data.source import DATA_SOURCES
     from scaletrain.tasks import TASKS
-    sample = DATA_SOURCES.get(cfg.data.name).known_sample(cfg.data)
-    if sample is not None and cfg.target_metric not in ("auto", *TASKS[sample[2]].metrics):
+    declared = DATA_SOURCES.get(cfg.data.name).sample    # a fixed sample only: nothing read from disk here
+    if isinstance(declared, tuple) and cfg.target_metric not in ("auto", *TASKS[declared[2]].metrics):
         cfg.target = None
 
 

@@ -71,6 +71,8 @@ def resolve_objective(metric: str, direction: str, task_name: str) -> tuple[str,
     task = TASKS[task_name]
     if metric == "auto":
         metric = f"val_{task.default_target}"
+    if metric not in EPOCH_METRICS + SUMMARY_METRICS:
+        return metric, direction if direction != "auto" else "maximize"   # check_settings names the problem
     kind, _, name = metric.partition("_")
     if metric in EPOCH_METRICS and kind == "val" and name not in task.metrics:
         raise UserError(f"--metric {metric}: the {task_name} task reports "
