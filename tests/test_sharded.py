@@ -165,3 +165,11 @@ def test_batch_size_finder_takes_the_same_branch_on_every_rank(tmp_path):
     assert found["max_batch_size"] == 48 and found["devices"] == 2
     failed = {t["batch_size"] for t in found["trials"] if not t["fits"]}
     assert {49, 64} <= failed and 48 not in failed
+
+
+def test_cpu_offload_under_a_strategy_that_cannot_is_one_line():
+    from scaletrain.errors import ConfigError
+    for strategy in ("ddp", "zero1", "hsdp"):
+        with pytest.raises(ConfigError, match="--cpu-offload needs --strategy fsdp or zero2"):
+            from_mapping(TrainConfig, {"distributed": {"strategy": strategy, "fsdp": {"cpu_offload": True}}}).validate()
+    from_mapping(TrainConfig, {"distributed": {"strategy": "zero2", "fsdp": {"cpu_offload": True}}}).validate()

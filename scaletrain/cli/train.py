@@ -144,8 +144,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     merged = merge_mappings(base_mapping(args), given_overrides(args))
     cfg = from_mapping(TrainConfig, merged)
     cfg.validate()
-    _drop_a_recipe_target_the_task_lacks(cfg, args, merge_mappings(base_mapping(args), load_recipe(args.recipe)
-                                                                   if vars(args).get("recipe") else {}))
+    recipe = load_recipe(vars(args)["recipe"]) if vars(args).get("recipe") else base_mapping(args)
+    _drop_a_recipe_target_the_task_lacks(cfg, args, recipe)
     return cfg
 
 
