@@ -1,8 +1,28 @@
+import os
 import sys
 
 try:
     from scaletrain.cli.main import main
+    from scaletrain.distributed.env import under_launcher
 except KeyboardInterrupt:   # Ctrl-C (or a launcher stopping its workers) while Python imports: no traceback
     sys.exit(130)
 
-sys.exit(main())
+if not under_launcher():
+    sys.exit(main())
+
+# A worker of a launched job. A fatal signal shows every thread's Python stack (a C++ abort would
+# otherwise say only "terminate called without an active exception").
+import faulthandler  # noqa: E402
+
+faulthandler.enable()
+code = main()
+# The command has finished and torn its process group down. Gloo's C++ threads can still hold
+# tensors at interpreter teardown, and destroying them then aborted a rank that had already done
+# its work (seen once in CI, exit -6 after `predict` under fsdp). Nothing is left to run: flush
+# and leave without the teardown. (A bug's traceback, raised above, takes the ordinary exit.)
+import logging  # noqa: E402
+
+logging.shutdown()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code if isinstance(code, int) else 1)

@@ -132,6 +132,40 @@ def postgres():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+ROUNDS = 8
+
+
+def _open_at_once(url: str, gate, results) -> None:
+    from scaletrain.experiments.study import open_storage
+    gate.wait()
+    try:
+        open_storage(url)
+        results.put("ok")
+    except Exception as exc:  # the test reports what each process met
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_opening_a_new_postgresql_database_at_once_all_succeed(postgres):
+    # The first opening of a database creates Optuna's schema; processes racing on it must all
+    # open the storage (PostgreSQL reports the loser as "relation ... already exists"). Several
+    # fresh databases, so that the race is met.
+    import multiprocessing
+    server = postgres.rsplit("/", 1)[0]
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(ROUNDS):
+        url = f"{server}/race{attempt}"
+        subprocess.run(["psql", f"{server}/tune", "-c", f"CREATE DATABASE race{attempt}"], check=True,
+                       capture_output=True)
+        gate, results = ctx.Barrier(6), ctx.Queue()
+        procs = [ctx.Process(target=_open_at_once, args=(url, gate, results)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        assert outcomes == ["ok"] * 6, outcomes
+
+
 def test_a_postgresql_study_shared_by_two_processes(tmp_path, postgres):
     (tmp_path / "space.toml").write_text(SPACE)
     common = ["tune", "--space", "space.toml", "--trials", "4", "--parallel", "1", "--storage", postgres,

@@ -49,12 +49,18 @@ def open_storage(url: str):
                             "pip install 'scaletrain[postgres]'") from None
         except Exception as exc:  # sqlalchemy's errors: a bad URL, a server that does not answer
             # Two processes creating the schema of a new database at once: one of them loses the
-            # race on a unique constraint; a moment later the tables exist and opening succeeds.
-            if "unique" in str(exc).lower() and attempt < 4:
+            # race (SQLite: a unique constraint; PostgreSQL: "relation ... already exists"); a
+            # moment later the tables exist and opening succeeds.
+            if _lost_the_schema_race(exc) and attempt < 4:
                 time.sleep(0.5 + random.random())
                 continue
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"cannot open the study storage {url}: {first}") from None
+
+
+def _lost_the_schema_race(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "unique" in text or "already exists" in text
 
 
 def build_pruner(settings: dict):
