@@ -99,12 +99,16 @@ MODELS = Choices(declared=Declarations("scaletrain.models", "register_model"))
 # flag names: the CLI and the search-space files both read this).
 FLAG_NAMES = {"model.name": "--model", "data.name": "--data", "precision.policy": "--precision",
               "checkpoint.every": "--checkpoint-every", "checkpoint.dir": "--checkpoint-dir",
-              "checkpoint.keep": "--keep-checkpoints", "checkpoint.resume": "--resume"}
+              "checkpoint.keep": "--keep-checkpoints", "checkpoint.resume": "--resume",
+              "tracking.loggers": "--logger"}
+# Other names a field's flag also answers to (TensorFlow's words, as seed 002 uses them).
+FLAG_ALIASES = {"threads": ("--intra-op-threads",)}
 
 # Run ids name folders and are typed on the command line: no spaces, no path or SQL wildcards.
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}"
 RUN_ID_RULE = "1-64 letters, digits, '.' or '-', starting with a letter or digit"
 TASKS = Choices("auto", declared=Declarations("scaletrain.tasks", "register_task"))
+LOGGERS = ("mlflow", "wandb", "tensorboard")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -279,7 +283,17 @@ class TrackingConfig:
     group: str | None = _f(None, "label grouping runs in the store, e.g. a sweep or a study")
     sample_interval_s: float = _f(1.0, "seconds between system samples (RSS and CPU; GPU memory and utilisation via NVML)",
                                   gt=0, resumable=True)
-    tensorboard: bool = _f(False, "also write TensorBoard event files into <run folder>/tensorboard", resumable=True)
+    loggers: list[str] = _f([], "also log the run to these trackers, e.g. mlflow,wandb: the config as parameters, "
+                                "each epoch's metrics, the summary (optional extras; only the recording process "
+                                "logs; a tracker that fails warns once and training goes on)",
+                            choices=LOGGERS, resumable=True)
+    tensorboard: bool = _f(False, "the same as --logger tensorboard: TensorBoard event files in <run folder>/tensorboard",
+                           resumable=True)
+
+    def logger_names(self) -> list[str]:
+        """The trackers this run logs to, each once."""
+        names = [*self.loggers, *(["tensorboard"] if self.tensorboard else [])]
+        return list(dict.fromkeys(names))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -301,8 +315,10 @@ class TrainConfig:
                      rule="auto, cpu, cuda or cuda:N", resumable=True)
     steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1, resumable=True)
     compile: bool = _f(False, "apply torch.compile to the model", resumable=True)
-    threads: int | None = _f(None, "intra-op CPU threads (torch.set_num_threads; default: torch's own, one per core)",
-                             ge=1, resumable=True)
+    threads: int | None = _f(None, "intra-op CPU threads (torch.set_num_threads; default: torch's own, one per "
+                                   "core, or a multi/tune slot's share of the cores)", ge=1, resumable=True)
+    inter_op_threads: int | None = _f(None, "inter-op CPU threads (torch.set_num_interop_threads; default: torch's "
+                                            "own)", ge=1, resumable=True)
     channels_last: bool = _f(False, "store 4-D weights channels-last (NHWC), which convolutions then also use for "
                                     "their activations", resumable=True)
     compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES, resumable=True)

@@ -61,6 +61,7 @@ class RunSummary:
     test_metrics: dict | None = None    # every metric of the test split, by name
     run_id: str | None = None       # the run's id in the run store (None when not recorded)
     alloc_retries: int = 0          # CUDA allocator retries during training (memory nearly full)
+    job_folders: dict | None = None     # a cloud job's folders in use: name -> "path (VARIABLE)"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -168,4 +169,6 @@ def print_summary(s: RunSummary, console: Console) -> None:
     table.add_row("device", s.device)
     if s.run_id:
         table.add_row("run id", f"{s.run_id} (scaletrain runs show {s.run_id})")
+    for name, where in (s.job_folders or {}).items():
+        table.add_row(f"job {name.replace('_', ' ')}", where)
     console.print(table)

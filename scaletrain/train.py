@@ -18,7 +18,7 @@ from scaletrain.console import make_console
 
 from scaletrain.callbacks import AllocatorRetries, EarlyStopping, MetricsLog, ProgressBar, StopAtTarget, Throughput, TotalTime
 from scaletrain.checkpoint.store import write_atomically
-from scaletrain.config import TrainConfig, from_mapping, to_mapping
+from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, to_mapping
 from scaletrain.data import load_dataset
 from scaletrain.distributed import DistEnv, build_strategy, dist_env
 from scaletrain.distributed.capabilities import Serving
@@ -26,7 +26,9 @@ from scaletrain.errors import UserError
 from scaletrain.lifecycle import Run, RunFolder, RunPlan, make_checkpointer, open_run, plan_run, run_name
 from scaletrain.optim.schedules import replica_lr_scale
 from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
-from scaletrain.tracking.tensorboard import TensorBoardLogger
+from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
+from scaletrain.tracking.loggers import build_trackers
+from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.tasks import build_task
 from scaletrain.training import Trainer, build_training
@@ -37,6 +39,8 @@ def run_training(cfg: TrainConfig, console: Console | None = None,
     """Trains one run. `callbacks`: extra callbacks, on every rank (a tuner's pruning callback, whose
     stop every rank must take: it asks the chief and follows its answer).
     A process that serves rather than trains (a parameter server) returns (None, None)."""
+    # A cloud job's folders (SM_MODEL_DIR, AIP_CHECKPOINT_DIR, ...) fill what the config leaves unset.
+    folders = apply_job_folders(cfg, job_folders())
     cfg.validate()
     env = dist_env()
     strategy = build_strategy(cfg.distributed, env)
@@ -50,7 +54,7 @@ def run_training(cfg: TrainConfig, console: Console | None = None,
         console = console or make_console()
         if not strategy.is_chief:
             console = make_console(quiet=True)
-        result = _run(cfg, env, strategy, console, list(callbacks))
+        result = _run(cfg, env, strategy, console, list(callbacks), folders)
     except BaseException:
         strategy.teardown(clean=False)  # a peer may be dead or hung: no draining barrier
         raise
@@ -78,7 +82,8 @@ def _agree_on_plan(cfg: TrainConfig, env: DistEnv, strategy) -> tuple[RunPlan, T
             from_mapping(TrainConfig, message["config"]))
 
 
-def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callbacks: list) -> tuple[RunSummary, Trainer]:
+def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callbacks: list,
+         folders: JobFolders) -> tuple[RunSummary, Trainer]:
     wall_start = time.perf_counter()
     plan, cfg = _agree_on_plan(cfg, env, strategy)
     dataset = load_dataset(cfg.data, seed=cfg.seed)
@@ -86,7 +91,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
     if cfg.target is not None:
         task.check_metric(cfg.target_metric)   # refused before the run's folder is opened
     run = open_run(plan, cfg, env) if strategy.is_chief else None
-    tracked = None
+    tracked = trackers = None
     try:
         # Measuring and stopping callbacks run on every rank (a stop must be taken by all of
         # them, and the metrics they read are already reduced); reporting ones only on the chief.
@@ -107,14 +112,17 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
             if cfg.progress:
                 callbacks.append(ProgressBar(console))
             callbacks.append(AllocatorRetries(console))   # silent where there is no CUDA allocator
-            if cfg.tracking.tensorboard:
-                callbacks.append(TensorBoardLogger(run.path / "tensorboard"))
+            if cfg.tracking.logger_names():
+                trackers = _external_logging(cfg, run, folders)
+                callbacks.append(trackers)
         # Last, so the epoch is recorded before one of them stops the run.
         callbacks += extra_callbacks
         built = build_training(cfg, strategy=strategy, dataset=dataset, task=task, callbacks=callbacks,
                           checkpointer=make_checkpointer(plan, cfg, env))
-        return _fit(cfg, env, console, built.trainer, dataset, plan, run, tracked, wall_start)
+        return _fit(cfg, env, console, built.trainer, dataset, plan, run, tracked, trackers, folders, wall_start)
     except BaseException as exc:
+        if trackers is not None:
+            trackers.finish(ending_status(exc))
         if tracked is not None:
             tracked.fail(exc)
         if run is not None:
@@ -122,8 +130,18 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
         raise
 
 
+def _external_logging(cfg: TrainConfig, run: Run, folders: JobFolders) -> ExternalLogging:
+    params = {k: str(v) for k, v in flatten_mapping(to_mapping(cfg)).items()}
+    info = RunInfo(run_id=run.run_id, name=run_name(cfg), run_dir=run.path, group=cfg.tracking.group, params=params,
+                   tags={"run_id": run.run_id, "precision": cfg.precision.policy, "model": cfg.model.name,
+                         "data": cfg.data.name},
+                   resumed=run.resumed, log_dir=Path(folders.tensorboard_dir) if folders.tensorboard_dir else None)
+    return ExternalLogging(build_trackers(cfg.tracking.logger_names()), info)
+
+
 def _fit(cfg: TrainConfig, env: DistEnv, console: Console, trainer: Trainer, dataset, plan: RunPlan, run: Run | None,
-         tracked: TrackedRun | None, wall_start: float) -> tuple[RunSummary, Trainer]:
+         tracked: TrackedRun | None, trackers: ExternalLogging | None, folders: JobFolders,
+         wall_start: float) -> tuple[RunSummary, Trainer]:
     strategy = trainer.strategy
     n_params = sum(p.numel() for p in trainer.model.parameters())
     if tracked is not None:
@@ -153,6 +171,7 @@ def _fit(cfg: TrainConfig, env: DistEnv, console: Console, trainer: Trainer, dat
     summary = build_summary(trainer, cfg, wall_time_s=time.perf_counter() - wall_start, run_dir=plan.folder.path,
                             restarts=env.restart_count)
     summary.run_id = plan.run_id
+    summary.job_folders = folders.describe() or None
     if previous_status == "finished" and trainer.global_step == trainer.resumed_at_step:
         # Nothing was trained: the finished run's results stay exactly as they were.
         why = ("it had stopped at its target or by early stopping" if trainer.stop_training
@@ -160,14 +179,19 @@ def _fit(cfg: TrainConfig, env: DistEnv, console: Console, trainer: Trainer, dat
         console.print(f"run {plan.run_id} had already finished; nothing left to train ({why})")
         if tracked is not None:
             tracked.finish(None)
+        if trackers is not None:
+            trackers.finish("finished")
         run.finish()
         return summary, trainer
     # Collective where parameters are sharded: every rank takes part, the chief writes.
     weights = strategy.full_state_dict(trainer.model) if cfg.save_model else None
     if run is not None:
         _write_results(cfg, run.path, summary, weights)
+        deliver_model(folders, run.path)
         if tracked is not None:
             tracked.finish(asdict(summary))
+        if trackers is not None:
+            trackers.finish("finished", asdict(summary), [run.path / "config.json", run.path / "summary.json"])
         run.finish()
         print_summary(summary, console)
     return summary, trainer

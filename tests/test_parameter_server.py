@@ -178,22 +178,23 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def test_a_cluster_spec_with_a_ps_task_trains_like_nproc(tmp_path):
-    """Three tasks started on their own, as on three hosts (here on loopback): chief, worker, ps."""
+def test_seed_002s_tf_config_with_a_ps_task_trains_like_nproc(tmp_path):
+    """Seed 002's cluster (two workers and a ps task) in TF_CONFIG, as TensorFlow users write it,
+    each task started on its own as on its own host (here on loopback)."""
     ports = _free_ports(3)
-    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"], "ps": [f"127.0.0.1:{ports[2]}"]}
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"], "ps": [f"127.0.0.1:{ports[2]}"]}
     args = [sys.executable, "-m", "scaletrain", "train", *COMMON, "--strategy", "ps", "--run-dir", str(tmp_path / "r")]
     tasks = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=cli_env(SCALETRAIN_CLUSTER=json.dumps({"cluster": cluster,
-                                                                         "task": {"type": role, "index": 0}})))
-             for role in ("chief", "worker", "ps")]
+                              env=cli_env(TF_CONFIG=json.dumps({"cluster": cluster,
+                                                                "task": {"type": role, "index": index}})))
+             for role, index in (("worker", 0), ("worker", 1), ("ps", 0))]
     outputs = [task.communicate(timeout=240)[0] for task in tasks]
     assert [task.returncode for task in tasks] == [0, 0, 0], outputs
     assert "2 worker(s) + 1 parameter server(s), sync" in outputs[0]
     assert [m["optimizer_steps"] for m in metrics(tmp_path / "r")] == [20, 40]
     wrong = run(["train", *COMMON, "--strategy", "ddp", "--run-dir", str(tmp_path / "w")], tmp_path,
-                SCALETRAIN_CLUSTER=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
-    assert wrong.returncode == 2 and "lists 1 ps task(s); train with parameter servers (--strategy ps --num-ps 1)" in wrong.stderr
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    assert wrong.returncode == 2 and "TF_CONFIG lists 1 ps task(s); train with parameter servers (--strategy ps --num-ps 1)" in wrong.stderr
 
 
 @pytest.mark.parametrize("mode", [["--ps-mode", "async"], ["--backup-workers", "1", "--checkpoint-every", "25"]],

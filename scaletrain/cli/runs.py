@@ -42,6 +42,12 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     add_number(report, "--last", int, ge=1, default=10, help="without ids or --group: the newest N runs (default 10)")
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
     report.add_argument("--title", default="scaletrain runs", help="the report's title")
+    export = command("export", "copy runs (params, per-epoch metrics, tags) into an MLflow tracking server; "
+                               "runs already there are left alone")
+    export.add_argument("run_ids", nargs="*", metavar="ID", help="run ids (default: --group's runs, else every run)")
+    export.add_argument("--group", help="export this group's runs")
+    export.add_argument("--to", choices=("mlflow",), required=True, help="where to: mlflow")
+    export.add_argument("--tracking-uri", help="the MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
 
 
 def _selected(store: RunStore, ids: list[str], group: str | None, last: int | None) -> list[RunRecord]:
@@ -114,6 +120,8 @@ def run_runs(args: argparse.Namespace, argv: list[str]) -> int:
         else:
             console.print(list_table([]))
         return 0
+    if args.runs_command == "export":
+        return _export(args, console)
     with RunStore(args.store, create=False) as store:
         if args.runs_command == "list":
             records = store.runs(group=args.group, limit=args.last)
@@ -134,4 +142,25 @@ def run_runs(args: argparse.Namespace, argv: list[str]) -> int:
             records = _selected(store, args.run_ids, args.group, args.last)
             out = write_report(store, records, args.output, args.title)
             console.print(f"report on {len(records)} runs written to {out}", soft_wrap=True)
+    return 0
+
+
+def _export(args: argparse.Namespace, console: Console) -> int:
+    import os
+    from scaletrain.tracking.loggers import check_trackers
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise UserError("runs export --to mlflow needs --tracking-uri (or MLFLOW_TRACKING_URI), e.g. "
+                        "http://127.0.0.1:5000 or sqlite:///mlflow.db")
+    check_trackers(["mlflow"])
+    from scaletrain.tracking.loggers.mlflow import export_runs
+    with RunStore(args.store, create=False) as store:
+        records = _selected(store, args.run_ids, args.group, None)
+        try:
+            exported, present = export_runs(store, records, uri)
+        except Exception as exc:  # the tracking server's errors (unreachable, refused): one line
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"cannot export to MLflow at {uri}: {first}") from None
+    console.print(f"exported {len(exported)} run(s) to MLflow at {uri}; {len(present)} already there",
+                  soft_wrap=True)
     return 0

@@ -20,7 +20,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from scaletrain.config import FLAG_NAMES, TrainConfig, field_docs, from_mapping, load_toml
+from scaletrain.config import FLAG_ALIASES, FLAG_NAMES, TrainConfig, field_docs, from_mapping, load_toml
 from scaletrain.lifecycle.resume import merge_mappings
 from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, ConfigError
 
@@ -96,15 +96,15 @@ def _add_field_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...],
     for key, (tp, doc) in field_docs(TrainConfig).items():
         if key == "model.options" or key in exclude or not key.startswith(only):
             continue
-        flag = FLAG_NAMES.get(key, "--" + key.split(".")[-1].replace("_", "-"))
+        flags = (FLAG_NAMES.get(key, "--" + key.split(".")[-1].replace("_", "-")), *FLAG_ALIASES.get(key, ()))
         scalar = _scalar_type(tp)
         kwargs = dict(dest=key, help=doc, default=argparse.SUPPRESS)
         if scalar is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
         elif typing.get_origin(scalar) is list:   # list[int] etc.: the item type is the field's own
-            parser.add_argument(flag, type=_list_parser(typing.get_args(scalar)[0]), metavar="A,B,...", **kwargs)
+            parser.add_argument(*flags, type=_list_parser(typing.get_args(scalar)[0]), metavar="A,B,...", **kwargs)
         else:
-            parser.add_argument(flag, type=scalar, **kwargs)
+            parser.add_argument(*flags, type=scalar, **kwargs)
 
 
 def given_overrides(args: argparse.Namespace) -> dict:
@@ -178,11 +178,13 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.experiments.pruning import trial_pruning_from_env
     from scaletrain.lifecycle import plan_run, resume_config, resume_source
     from scaletrain.train import run_training
+    from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
+    from scaletrain.tracking.loggers import check_trackers
     spec = cluster_from_env()
     if spec is not None and spec.is_evaluator:
         # The cluster's evaluator task evaluates the job's checkpoints beside it (seed 002).
         if not cfg.run_dir:
-            raise ConfigError("the evaluator task of SCALETRAIN_CLUSTER needs --run-dir: the training's run folder "
+            raise ConfigError(f"the evaluator task of {spec.source} needs --run-dir: the training's run folder "
                               "(on a file system both can see)")
         from scaletrain.cli.evaluate import watch_run
         return watch_run(cfg.run_dir, device=cfg.device if cfg.device != "auto" else None)
@@ -193,6 +195,10 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         problem = None
     if problem:
         raise ConfigError(problem)
+    # A cloud job's folders fill what the config leaves unset, here as in every worker (train.py).
+    folders = job_folders()
+    apply_job_folders(cfg, folders)
+    check_trackers(cfg.tracking.logger_names())
     env = dist_env()
     source = resume_source(cfg, env)
     if source is not None and source.config() is not None:
@@ -200,6 +206,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         # change mid-run (lifecycle/resume.py).
         cfg = resume_config(source.config(), given_overrides(args), str(source))
         cfg.run_dir = str(source.path)
+        apply_job_folders(cfg, folders)
         cfg.validate()
     if cfg.distributed.nproc > 1 and not inside_worker():
         from scaletrain.lifecycle import make_checkpointer

@@ -1,26 +1,37 @@
-"""SCALETRAIN_CLUSTER: a TF_CONFIG-shaped cluster spec for users coming from TensorFlow.
+"""Where this process sits in a job that a cluster manager started, read from the variables the
+manager sets (the first found wins):
+
+- SCALETRAIN_CLUSTER, or TF_CONFIG as TensorFlow users already write it (seed 002), the same shape:
 
     {"cluster": {"chief": ["host0:port"], "worker": ["host1:port", "host2:port"]},
      "task": {"type": "worker", "index": 0}}
 
-Tasks are ordered chief first, then workers, as MultiWorkerMirroredStrategy orders them; a task's
-position in that order is its rank, the first address is the rendezvous (c10d store) address.
-An `evaluator` task (TensorFlow's name) is not part of the training job: it holds no rank and
-joins no collective; `scaletrain train` run as the evaluator becomes the sidecar evaluator of the
-run in --run-dir (evaluation/sidecar.py). `ps` tasks are parameter servers (--strategy ps): they
-take the last ranks, which is where that strategy puts its servers; any other task type is an
-error rather than a silently ignored task.
+  Tasks are ordered chief first, then workers, as MultiWorkerMirroredStrategy orders them; a
+  task's position in that order is its rank, the first address is the rendezvous (c10d store)
+  address. An `evaluator` task (TensorFlow's name) is not part of the training job: it holds no
+  rank and joins no collective; `scaletrain train` run as the evaluator becomes the sidecar
+  evaluator of the run in --run-dir (evaluation/sidecar.py). `ps` tasks are parameter servers
+  (--strategy ps): they take the last ranks, which is where that strategy puts its servers; any
+  other task type is an error rather than a silently ignored task.
+- Slurm's job step (`srun`): SLURM_PROCID is the rank among SLURM_STEP_NUM_TASKS tasks, laid over
+  SLURM_STEP_NODELIST by SLURM_STEP_TASKS_PER_NODE; the step's first node is the rendezvous, on
+  MASTER_PORT or a port derived from SLURM_JOB_ID. Each task is one process, or, under --nproc,
+  one host's launcher (one task per node). A batch script's own shell (no `srun`) has no step
+  variables and is no job.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 
 from scaletrain.errors import ConfigError
 
 ENV_VAR = "SCALETRAIN_CLUSTER"
+TF_CONFIG = "TF_CONFIG"
+SPEC_VARS = (ENV_VAR, TF_CONFIG)     # read in this order
 ROLES = ("chief", "worker", "ps")      # the training job's tasks, in rank order (servers last)
 SIDE_ROLES = ("evaluator",)            # tasks beside the job: no rank, no collectives
 
@@ -31,6 +42,9 @@ class ClusterSpec:
     rank: int                    # -1 for a task beside the job (the evaluator)
     role: str = "worker"
     servers: int = 0             # the cluster's ps tasks
+    source: str = ENV_VAR        # the variable(s) it was read from, for messages
+    local_rank: int = 0          # this task's place among the tasks of its host
+    local_world_size: int = 1
 
     @property
     def is_evaluator(self) -> bool:
@@ -50,16 +64,16 @@ class ClusterSpec:
 
     def torch_env(self) -> dict[str, str]:
         """The environment variables torch.distributed's env:// initialisation reads."""
-        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0",
-                "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port)}
 
 
-def _fail(problem: str) -> ConfigError:
-    return ConfigError(f"{ENV_VAR} {problem}; expected e.g. "
-                       '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, "task": {"type": "worker", "index": 0}}')
+def parse_cluster_spec(text: str, source: str = ENV_VAR) -> ClusterSpec:
+    def _fail(problem: str) -> ConfigError:
+        return ConfigError(f"{source} {problem}; expected e.g. '{{\"cluster\": {{\"worker\": [\"host0:12345\", "
+                           f"\"host1:12345\"]}}, \"task\": {{\"type\": \"worker\", \"index\": 0}}}}'")
 
-
-def parse_cluster_spec(text: str) -> ClusterSpec:
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -105,22 +119,98 @@ def parse_cluster_spec(text: str) -> ClusterSpec:
     if servers and len(addresses) == servers:
         raise _fail("lists only ps tasks; parameter servers need at least one chief or worker")
     if role in SIDE_ROLES:
-        return ClusterSpec(addresses=tuple(addresses), rank=-1, role=role, servers=servers)
-    return ClusterSpec(addresses=tuple(addresses), rank=offsets[role] + index, role=role, servers=servers)
+        return ClusterSpec(addresses=tuple(addresses), rank=-1, role=role, servers=servers, source=source)
+    return ClusterSpec(addresses=tuple(addresses), rank=offsets[role] + index, role=role, servers=servers,
+                       source=source)
 
 
 def cluster_problem(spec: ClusterSpec | None, servers: int, nproc: int) -> str | None:
     """A cluster's ps tasks and the layout's servers (`Layout.servers` of the configuration) must
     agree (one line, with the fix)."""
+    if spec is not None and nproc > 1 and spec.local_world_size > 1:
+        return (f"{spec.source} runs {spec.local_world_size} tasks on this node, and --nproc {nproc} would start "
+                f"{nproc} processes for each: with --nproc, run one task per node (srun --ntasks-per-node 1), "
+                "or drop --nproc to run one process per task")
     if spec is None or spec.is_evaluator or spec.servers == servers and not (servers and nproc != 1):
         return None
     if not servers:
-        return (f"{ENV_VAR} lists {spec.servers} ps task(s); train with parameter servers (--strategy ps --num-ps "
+        return (f"{spec.source} lists {spec.servers} ps task(s); train with parameter servers (--strategy ps --num-ps "
                 f"{spec.servers}), or drop the ps tasks")
-    return (f"{ENV_VAR} lists {spec.servers} ps task(s): run every task with --strategy ps --num-ps "
+    return (f"{spec.source} lists {spec.servers} ps task(s): run every task with --strategy ps --num-ps "
             f"{spec.servers} --nproc 1 (the configuration lays out {servers} server(s) on --nproc {nproc})")
 
 
 def cluster_from_env(environ=os.environ) -> ClusterSpec | None:
-    text = environ.get(ENV_VAR)
-    return parse_cluster_spec(text) if text else None
+    for name in SPEC_VARS:
+        if environ.get(name):
+            return parse_cluster_spec(environ[name], name)
+    return slurm_step(environ)
+
+
+SLURM_STEP_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
+
+
+def slurm_step(environ=os.environ) -> ClusterSpec | None:
+    """This task of an `srun` job step with more than one task, as a cluster of its tasks (rank
+    order: node by node, as Slurm's block distribution numbers them); None outside one."""
+    if "SLURM_STEP_NUM_TASKS" not in environ:
+        return None
+    missing = [name for name in SLURM_STEP_VARS if not environ.get(name)]
+    source = "Slurm's job step (" + ", ".join(SLURM_STEP_VARS) + ")"
+    if missing:
+        raise ConfigError(f"{source}: {', '.join(missing)} not set; start each task with srun")
+    try:
+        tasks, rank = int(environ["SLURM_STEP_NUM_TASKS"]), int(environ["SLURM_PROCID"])
+        local_rank = int(environ.get("SLURM_LOCALID", "0"))
+        nodes = expand_hostlist(environ["SLURM_STEP_NODELIST"])
+        per_node = expand_tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
+    except ValueError as exc:
+        raise ConfigError(f"{source} cannot be read: {exc}") from None
+    if tasks <= 1:
+        return None
+    if len(per_node) != len(nodes) or sum(per_node) != tasks or not 0 <= rank < tasks:
+        raise ConfigError(f"{source} disagree: {tasks} task(s), rank {rank}, nodes {nodes}, tasks per node {per_node}")
+    port = environ.get("MASTER_PORT") or str(15000 + int(environ.get("SLURM_JOB_ID", "0") or 0) % 20000)
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"MASTER_PORT {port!r} is not a port number (1-65535)")
+    addresses = tuple(f"{node}:{port}" for node, count in zip(nodes, per_node) for _ in range(count))
+    node_of_rank = [i for i, count in enumerate(per_node) for _ in range(count)]
+    return ClusterSpec(addresses=addresses, rank=rank, source=source, local_rank=local_rank,
+                       local_world_size=per_node[node_of_rank[rank]])
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compact host list, e.g. "gpu[01-03,07],login" -> gpu01 gpu02 gpu03 gpu07 login
+    (zero padding kept; what `scontrol show hostnames` prints)."""
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
+        hosts.extend(_expand_host(item))
+    if not hosts:
+        raise ValueError(f"host list {text!r} names no host")
+    return hosts
+
+
+def _expand_host(item: str) -> list[str]:
+    match = re.match(r"([^\[]*)\[([^\]]*)\](.*)$", item)
+    if not match:
+        return [item]
+    prefix, ranges, rest = match.groups()
+    out = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"host range [{ranges}] is not numbers")
+        for number in range(int(low), int(high or low) + 1):
+            out.extend(prefix + str(number).zfill(len(low)) + tail for tail in _expand_host(rest))
+    return out
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """Slurm's tasks per node, e.g. "2(x3),1" -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ValueError(f"tasks per node {text!r} is not N or N(xM) items")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts

@@ -27,7 +27,8 @@ class DistEnv:
 
 
 def dist_env(environ=None) -> DistEnv:
-    """Reads torchrun's variables; a SCALETRAIN_CLUSTER spec fills them in when torchrun did not."""
+    """Reads torchrun's variables; a cluster spec (SCALETRAIN_CLUSTER, TF_CONFIG, a Slurm step) fills
+    them in when torchrun did not."""
     environ = os.environ if environ is None else environ
     if "RANK" not in environ:
         spec = cluster_from_env(environ)

@@ -28,7 +28,7 @@ CONFIG, META, RUN_ID, SUMMARY, MODEL = "config.json", "run.json", "run_id", "sum
 EVALUATIONS = "evaluations.jsonl"   # a sidecar evaluator's results, one line per checkpoint
 # What a run leaves in its folder; any of these means the folder holds a run.
 RUN_FILES = (CONFIG, META, RUN_ID, SUMMARY, MODEL, "metrics.jsonl", "metrics.csv", "checkpoints", "tensorboard",
-             EVALUATIONS)
+             EVALUATIONS, "mlflow.db", "mlflow-artifacts", "wandb")   # the last three: trackers (tracking/loggers)
 
 
 class RunFolder:

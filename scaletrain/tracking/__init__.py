@@ -1,5 +1,5 @@
 """Recording runs: the SQLite run store, the environment and system samples of each run, and
-optional TensorBoard event files."""
+the trackers a run also logs to (loggers/: MLflow, W&B, TensorBoard)."""
 
 from typing import TYPE_CHECKING
 

@@ -54,6 +54,10 @@ def capture_environment(device: torch.device, device_name: str, world_size: int 
         "scaletrain": __version__,
         "git": git_state(),
         "argv": sys.argv,
+        # The CPU thread pools the run computed with (--intra-op-threads / --inter-op-threads, or
+        # a multi/tune slot's share of the cores, or torch's default).
+        "intra_op_threads": torch.get_num_threads(),
+        "inter_op_threads": torch.get_num_interop_threads(),
     }
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)

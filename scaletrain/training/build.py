@@ -8,6 +8,7 @@ all build through `build_training`, so a new part (a task, a strategy option) is
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -48,13 +49,26 @@ class TrainingParts:
         self.close(clean=exc_type is None)
 
 
+def set_thread_pools(intra_op: int | None, inter_op: int | None) -> None:
+    """The CPU thread pools the config names, before any work so that every kernel sees them.
+    torch fixes the inter-op pool at its first parallel work: a process that already ran some (a
+    second training in one notebook) keeps its pool, and says so."""
+    if intra_op is not None:
+        torch.set_num_threads(intra_op)
+    if inter_op is not None and torch.get_num_interop_threads() != inter_op:
+        try:
+            torch.set_num_interop_threads(inter_op)
+        except RuntimeError:
+            warnings.warn(f"inter_op_threads={inter_op} not applied: this process's inter-op pool was already "
+                          f"started with {torch.get_num_interop_threads()} threads", stacklevel=2)
+
+
 def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
               task: Task | None = None, callbacks=(), checkpointer=None) -> TrainingParts:
     """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
     tears it down on `close()`; a given one stays its caller's to tear down."""
     cfg.validate()
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)     # before any work, so every kernel sees it
+    set_thread_pools(cfg.threads, cfg.inter_op_threads)
     dataset = dataset if dataset is not None else load_dataset(cfg.data, seed=cfg.seed)
     task = task or build_task(cfg.task, dataset.task)
     # The same initial weights for every precision, fusing choice, strategy and rank.

@@ -1,0 +1,129 @@
+"""Where users already launch: Slurm's job step variables, TF_CONFIG (tests/test_parameter_server.py
+runs seed 002's cluster through it), cloud job folders (SageMaker, Vertex AI), and the thread
+flags. Real processes wherever a launch is claimed; no Slurm daemons here: the tasks get the
+variables `srun` sets (see the closing note of issue 27)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from scaletrain.config import TrainConfig
+from scaletrain.distributed.cluster import (ClusterSpec, cluster_from_env, cluster_problem, expand_hostlist,
+                                            expand_tasks_per_node, slurm_step)
+from scaletrain.errors import ConfigError
+from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
+from tests.processes import DIGITS_MLP, cli_env, run
+
+QUICK = [*DIGITS_MLP, "--epochs", "1", "--batch-size", "64"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _step(rank: int, tasks: int = 2, nodes: str = "localhost", per_node: str = "2", **extra) -> dict:
+    """What srun sets for one task of a step (the variables this reads, and a few it does not)."""
+    return {"SLURM_JOB_ID": "4242", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0",
+            "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": per_node,
+            "SLURM_NTASKS": str(tasks), "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "localhost", **extra}
+
+
+def test_slurm_host_lists_and_task_counts_expand_as_scontrol_does():
+    assert expand_hostlist("gpu[01-03,07],login") == ["gpu01", "gpu02", "gpu03", "gpu07", "login"]
+    assert expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
+    assert expand_hostlist("rack[1-2]-n[1-2]") == ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    with pytest.raises(ValueError, match="not numbers"):
+        expand_hostlist("n[a-b]")
+
+
+def test_a_slurm_step_lays_its_tasks_node_by_node():
+    spec = slurm_step(_step(3, tasks=4, nodes="n[1-2]", per_node="2(x2)", SLURM_LOCALID="1"))
+    assert spec.addresses == ("n1:19242",) * 2 + ("n2:19242",) * 2
+    assert (spec.rank, spec.local_rank, spec.local_world_size, spec.master_addr) == (3, 1, 2, "n1")
+    assert spec.torch_env()["LOCAL_RANK"] == "1" and spec.torch_env()["MASTER_PORT"] == "19242"
+    assert slurm_step(_step(0, MASTER_PORT="29999")).master_port == 29999
+    assert slurm_step(_step(0, tasks=1, per_node="1")) is None          # `srun -n 1`: one process, no job
+    assert slurm_step({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4", "SLURM_PROCID": "0"}) is None  # a batch script's shell
+    with pytest.raises(ConfigError, match="disagree"):
+        slurm_step(_step(0, tasks=3))
+    # --nproc starts a launcher per task: with two tasks on one node they would share its devices.
+    problem = cluster_problem(slurm_step(_step(0)), 0, 2)
+    assert "one task per node" in problem
+
+
+def test_scaletrain_cluster_comes_before_tf_config_and_tf_config_before_slurm():
+    ours = json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}})
+    theirs = json.dumps({"cluster": {"worker": ["c:2", "d:2", "e:2"]}, "task": {"type": "worker", "index": 2}})
+    assert cluster_from_env({"SCALETRAIN_CLUSTER": ours, "TF_CONFIG": theirs, **_step(0)}).addresses == ("a:1", "b:1")
+    spec = cluster_from_env({"TF_CONFIG": theirs, **_step(0)})
+    assert (spec.rank, spec.source) == (2, "TF_CONFIG")
+    assert cluster_from_env(_step(1)).rank == 1
+    with pytest.raises(ConfigError, match="^TF_CONFIG has task.index 5 out of range"):
+        cluster_from_env({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 5}})})
+
+
+def test_two_slurm_tasks_train_one_ddp_job(tmp_path):
+    """Two tasks of one srun step on this host (srun -n 2), each started as srun starts it."""
+    port = _free_port()
+    args = [sys.executable, "-m", "scaletrain", "train", *QUICK, "--strategy", "ddp", "--run-dir", str(tmp_path / "r")]
+    tasks = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=cli_env(**_step(rank, MASTER_PORT=str(port))))
+             for rank in range(2)]
+    outputs = [task.communicate(timeout=240)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert (summary["strategy"], summary["world_size"]) == ("ddp", 2)
+
+
+def test_job_folders_fill_what_the_config_leaves_unset(tmp_path):
+    mount = tmp_path / "gcs"
+    environ = {"AIP_MODEL_DIR": "gs://bucket/model", "AIP_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+               "SM_CHANNEL_TRAINING": str(tmp_path / "data"), "SM_CHANNEL_EXTRA": "/elsewhere"}
+    with pytest.raises(ConfigError, match="AIP_MODEL_DIR is gs://bucket/model, a Cloud Storage address"):
+        job_folders(environ, gcs_mount=str(mount))
+    mount.mkdir()
+    folders = job_folders(environ, gcs_mount=str(mount))
+    assert folders.model_dir == f"{mount}/bucket/model" and folders.data_dir == str(tmp_path / "data")
+    cfg = TrainConfig()
+    cfg.checkpoint.dir = "mine"
+    used = apply_job_folders(cfg, folders)
+    assert cfg.checkpoint.dir == "mine" and cfg.data.data_dir == str(tmp_path / "data")
+    assert set(used.describe()) == {"model_dir", "data_dir"}
+    with pytest.raises(ConfigError, match="SM_MODEL_DIR is s3://b; scaletrain writes local folders"):
+        job_folders({"SM_MODEL_DIR": "s3://b"})
+
+
+def test_a_cloud_jobs_folders_receive_its_model_checkpoints_and_event_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    dirs = {name: tmp_path / "job" / name for name in ("model", "checkpoints", "tensorboard")}
+    done = run(["train", *QUICK, "--epochs", "2", "--checkpoint-every", "10", "--run-dir", "r"], tmp_path,
+               SM_MODEL_DIR=str(dirs["model"]), AIP_CHECKPOINT_DIR=str(dirs["checkpoints"]),
+               AIP_TENSORBOARD_LOG_DIR=str(dirs["tensorboard"]))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in dirs["model"].iterdir()) == ["config.json", "model.pt", "summary.json"]
+    assert (dirs["model"] / "model.pt").read_bytes() == (tmp_path / "r" / "model.pt").read_bytes()
+    assert any(p.name.startswith("step-") for p in dirs["checkpoints"].iterdir())
+    assert any(p.name.startswith("events.out.tfevents") for p in dirs["tensorboard"].iterdir())
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["job_folders"] == {"model_dir": f"{dirs['model']} (SM_MODEL_DIR)",
+                                      "checkpoint_dir": f"{dirs['checkpoints']} (AIP_CHECKPOINT_DIR)",
+                                      "tensorboard_dir": f"{dirs['tensorboard']} (AIP_TENSORBOARD_LOG_DIR)"}
+    assert "job model dir" in done.stdout
+
+
+def test_thread_flags_set_the_pools_and_are_recorded(tmp_path):
+    done = run(["train", *QUICK, "--intra-op-threads", "1", "--inter-op-threads", "3", "--run-id", "threads"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = run(["runs", "show", "threads", "--json"], tmp_path)
+    environment = json.loads(shown.stdout)["environment"]
+    assert (environment["intra_op_threads"], environment["inter_op_threads"]) == (1, 3)
+    bad = run(["train", *QUICK, "--inter-op-threads", "0"], tmp_path)
+    assert bad.returncode == 2 and "inter_op_threads' must be >= 1 (got 0)" in bad.stderr
