@@ -131,7 +131,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
 
 
 def _external_logging(cfg: TrainConfig, run: Run, folders: JobFolders) -> ExternalLogging:
-    params = {k: str(v) for k, v in flatten_mapping(to_mapping(cfg)).items()}
+    params = flatten_mapping(to_mapping(cfg))
     info = RunInfo(run_id=run.run_id, name=run_name(cfg), run_dir=run.path, group=cfg.tracking.group, params=params,
                    tags={"run_id": run.run_id, "precision": cfg.precision.policy, "model": cfg.model.name,
                          "data": cfg.data.name},

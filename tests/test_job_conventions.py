@@ -6,6 +6,7 @@ variables `srun` sets (see the closing note of issue 27)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -127,3 +128,19 @@ def test_thread_flags_set_the_pools_and_are_recorded(tmp_path):
     assert (environment["intra_op_threads"], environment["inter_op_threads"]) == (1, 3)
     bad = run(["train", *QUICK, "--inter-op-threads", "0"], tmp_path)
     assert bad.returncode == 2 and "inter_op_threads' must be >= 1 (got 0)" in bad.stderr
+
+
+def test_a_configs_threads_win_over_the_multi_slots_own_share(tmp_path):
+    """One slot holds both cores (--parallel 1): a config that names its threads keeps them."""
+    base = 'epochs = 1\nprogress = false\nbatch_size = 64\n[model]\nname = "mlp"\n[data]\nname = "digits"\n'
+    (tmp_path / "mine.toml").write_text("threads = 1\n" + base)
+    (tmp_path / "slot.toml").write_text(base)
+    done = run(["multi", "mine.toml", "slot.toml", "--parallel", "1", "--group", "g", "--store", "s.db"], tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    listing = json.loads(run(["runs", "list", "--store", "s.db", "--json"], tmp_path).stdout)
+    threads = {}
+    for entry in listing:
+        shown = json.loads(run(["runs", "show", entry["run"], "--store", "s.db", "--json"], tmp_path).stdout)
+        threads[shown["config"].get("threads")] = shown["environment"]["intra_op_threads"]
+    share = len(os.sched_getaffinity(0))
+    assert threads == {1: 1, None: share}

@@ -29,7 +29,7 @@ class RunInfo:
     name: str
     run_dir: Path
     group: str | None
-    params: dict[str, str]          # the flattened config, dotted keys
+    params: dict                    # the flattened config: dotted keys, the values as configured
     tags: dict[str, str]            # strategy, precision, device, world size, run id
     resumed: bool = False
     log_dir: Path | None = None     # where a tracker that writes files puts them (TensorBoard)

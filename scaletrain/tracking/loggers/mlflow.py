@@ -53,7 +53,11 @@ class MlflowLogger:
         self.run = None
 
     def start(self, info) -> None:
+        import logging
         from mlflow.tracking import MlflowClient
+        # MLflow and its migrations announce a new SQLite store's tables at INFO on stderr.
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         uri = tracking_uri(info.run_dir)
         self.client = MlflowClient(tracking_uri=uri)
         # A local SQLite store keeps its artifacts beside it (MLflow's default is ./mlruns).
