@@ -51,25 +51,29 @@ def _start_server(folder):
     raise AssertionError("mlflow server did not answer in 120 s: " + (folder / "server.log").read_text()[-2000:])
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    server, uri, _ = _start_server(tmp_path_factory.mktemp("mlflow"))
-    yield uri
-    os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
-
-
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-def test_a_run_logged_to_an_mlflow_server_is_read_back_whole(tmp_path, mlflow_server):
+def test_an_mlflow_server_gets_the_whole_run_exports_once_and_its_death_costs_one_warning(tmp_path):
+    """One real `mlflow server` process: a run logged live and read back with MlflowClient, the
+    store's runs exported (twice: the second adds nothing), then the server killed mid-run."""
     from mlflow.tracking import MlflowClient
+    server, mlflow_server, db = _start_server(tmp_path / "server")
+    try:
+        _logged_live_and_exported(tmp_path, mlflow_server, MlflowClient(tracking_uri=mlflow_server))
+        _killed_mid_run(tmp_path, server, mlflow_server, db)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _logged_live_and_exported(tmp_path, mlflow_server, client):
     done = run(["train", *QUICK, "--epochs", "3", "--logger", "mlflow", "--group", "g1", "--run-id", "live"], tmp_path,
                MLFLOW_TRACKING_URI=mlflow_server)
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr
-    client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name("g1")
     (found,) = client.search_runs([experiment.experiment_id])
     assert found.info.status == "FINISHED" and found.data.tags["scaletrain.run_id"] == "live"
@@ -99,9 +103,9 @@ def test_a_run_logged_to_an_mlflow_server_is_read_back_whole(tmp_path, mlflow_se
     assert no_uri.returncode == 2 and "needs --tracking-uri" in no_uri.stderr
 
 
-def test_a_tracking_server_that_dies_mid_run_costs_one_warning_and_nothing_else(tmp_path):
-    server, uri, db = _start_server(tmp_path / "server")
-    args = ["train", *QUICK, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.03", "--epochs", "8",
+def _killed_mid_run(tmp_path, server, uri, db):
+    """The server is killed once the run's first metrics are in: one warning, nothing else lost."""
+    args = ["train", *QUICK, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.03", "--epochs", "5",
             "--logger", "mlflow", "--checkpoint-every", "10", "--run-dir", "r"]
     job = start(args, tmp_path, tmp_path / "train.log", MLFLOW_TRACKING_URI=uri)
     try:
@@ -119,14 +123,13 @@ def test_a_tracking_server_that_dies_mid_run_costs_one_warning_and_nothing_else(
         server.wait()
         assert job.wait(timeout=240) == 0, (tmp_path / "train.log").read_text()
     finally:
-        for process in (job, server):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
     log = (tmp_path / "train.log").read_text()
     warnings = [line for line in log.splitlines() if "warning: the mlflow logger failed" in line]
     assert len(warnings) == 1, log
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert summary["epochs_run"] == 8 and (tmp_path / "r" / "model.pt").is_file()
+    assert summary["epochs_run"] == 5 and (tmp_path / "r" / "model.pt").is_file()
     assert any(p.name.startswith("step-") for p in (tmp_path / "r" / "checkpoints").iterdir())
     # A server that is not there at all: the same one line, from the start.
     gone = run(["train", *QUICK, "--epochs", "1", "--logger", "mlflow"], tmp_path, MLFLOW_TRACKING_URI=uri)

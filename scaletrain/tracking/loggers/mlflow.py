@@ -15,6 +15,7 @@ RUN_ID_TAG = "scaletrain.run_id"
 # this logger runs on its own thread, but a run's end waits for it: fail fast unless the user
 # chose otherwise.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "pruned": "KILLED"}
