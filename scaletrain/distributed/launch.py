@@ -84,6 +84,12 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
     # new workers can read the dead ones' addresses from it (pytorch/pytorch#135712, #167288:
     # gloo/NCCL then fail with "connection refused"). A store per attempt avoids that.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Stopping the job (Ctrl-C, SIGTERM, a failed peer), the agent gives each worker this long to
+    # end on SIGTERM before SIGKILL (torch's default is 30 s). A worker's own ending (recording
+    # the run as interrupted) takes well under a second; one blocked inside a collective cannot
+    # run its handler at all, and Ctrl-C should not then take half a minute. Checkpoints are
+    # committed atomically, so a kill never damages the newest complete one.
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "10")
     # The host's cores shared among its workers (torchrun would give each one thread, and say so).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     args = get_args_parser().parse_args(torchrun_arguments(nproc, max_restarts, worker_argv, command))
