@@ -145,3 +145,14 @@ def test_a_configs_threads_win_over_the_multi_slots_own_share(tmp_path):
         threads[shown["config"].get("threads")] = shown["environment"]["intra_op_threads"]
     share = len(os.sched_getaffinity(0))
     assert threads == {1: 1, None: share}
+
+
+def test_under_nproc_each_slurm_task_is_one_hosts_launcher(monkeypatch):
+    from scaletrain.distributed.launch import torchrun_arguments
+    for name, value in _step(1, tasks=2, nodes="n[1-2]", per_node="1(x2)", SLURM_LOCALID="0").items():
+        monkeypatch.setenv(name, value)
+    args = torchrun_arguments(4, 0, ["--epochs", "1"])
+    given = dict(zip(args[::2], args[1::2]))
+    assert (given["--nnodes"], given["--node-rank"], given["--rdzv-endpoint"], given["--local-addr"]) == (
+        "2", "1", "n1:19242", "n2")
+    assert given["--nproc-per-node"] == "4" and "--standalone" not in args

@@ -219,3 +219,55 @@ def _wandb_summary(offline_dir) -> dict:
         if record.WhichOneof("record_type") == "summary":
             summary.update({item.key: json.loads(item.value_json) for item in record.summary.update})
     return summary
+
+
+class _Recording:
+    """A tracker whose calls can be made to fail or to hang, to check the contract every tracker
+    is held to (tracking/loggers/base.py), without a training."""
+    name = "recording"
+
+    def __init__(self, fail_at: str | None = None, hang_s: float = 0.0):
+        self.calls, self.fail_at, self.hang_s = [], fail_at, hang_s
+
+    def _call(self, what):
+        time.sleep(self.hang_s)
+        if what == self.fail_at:
+            raise ConnectionError("server gone\nsecond line")
+        self.calls.append(what)
+
+    def start(self, info):
+        self._call("start")
+
+    def log_epoch(self, step, epoch, metrics):
+        self._call(f"epoch {epoch} at {step}")
+
+    def finish(self, status, summary, files):
+        self._call(f"finish {status}")
+
+
+class _Trainer:
+    class strategy:
+        name, world_size = "single", 1
+    device = "cpu"
+    global_step = 7
+
+
+def test_trackers_run_off_the_training_thread_warn_once_and_are_waited_for_a_bounded_time(tmp_path, monkeypatch):
+    from scaletrain.tracking.loggers import base
+    info = base.RunInfo(run_id="r", name="n", run_dir=tmp_path, group=None, params={}, tags={})
+    warnings: list[str] = []
+    failing, slow, fine = _Recording(fail_at="epoch 1 at 7"), _Recording(hang_s=0.5), _Recording()
+    logging = base.ExternalLogging([failing, slow, fine], info, warn=warnings.append)
+    began = time.monotonic()
+    logging.on_train_begin(_Trainer())
+    for epoch in range(3):
+        logging.on_epoch_end(_Trainer(), epoch, {"val_loss": 0.5, "epoch": epoch + 1, "optimizer_steps": 7})
+    assert time.monotonic() - began < 0.2          # the slow tracker held nothing up
+    monkeypatch.setattr(base, "FINISH_WAIT_S", 1.0)
+    logging.finish("finished")
+    assert fine.calls == ["start", "epoch 1 at 7", "epoch 2 at 7", "epoch 3 at 7", "finish finished"]
+    assert failing.calls == ["start"]              # dropped after its first failure
+    assert slow.calls[:1] == ["start"] and len(slow.calls) < 5
+    assert warnings == ["the recording logger failed (server gone); the run goes on without it",
+                        "the recording logger did not finish within 1 s; its record of this run may be incomplete "
+                        "(the run's own files are complete)"]

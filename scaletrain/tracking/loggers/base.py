@@ -61,8 +61,10 @@ class _Tracker:
         if not self.failed:
             self.calls.put((method, args))
 
-    def close(self, deadline: float) -> None:
-        self.calls.put(None)
+    def end(self) -> None:
+        self.calls.put(None)        # after the calls already queued
+
+    def wait(self, deadline: float) -> None:
         self.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.thread.is_alive() and not self.failed:
             self.warn(f"the {self.logger.name} logger did not finish within {FINISH_WAIT_S:g} s; its record of this "
@@ -96,13 +98,14 @@ class ExternalLogging:
     def __init__(self, loggers: list[ExternalLogger], info: RunInfo, warn=_warn):
         self.info = info
         self.trackers = [_Tracker(logger, warn) for logger in loggers]
-        self.closed = False
+        self.started = self.closed = False
 
     def on_train_begin(self, trainer) -> None:
         self.info.tags.update({"strategy": trainer.strategy.name, "device": str(trainer.device),
                                "world_size": str(trainer.strategy.world_size)})
         for tracker in self.trackers:
             tracker.submit("start", self.info)
+        self.started = True
 
     def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
         from scaletrain.tracking.recorder import plain_metrics
@@ -119,6 +122,8 @@ class ExternalLogging:
         self.closed = True
         deadline = time.monotonic() + FINISH_WAIT_S
         for tracker in self.trackers:
-            tracker.submit("finish", status, summary, [f for f in files if Path(f).is_file()])
+            if self.started:    # a run that failed before training began was never told to a tracker
+                tracker.submit("finish", status, summary, [f for f in files if Path(f).is_file()])
+            tracker.end()
         for tracker in self.trackers:
-            tracker.close(deadline)
+            tracker.wait(deadline)
