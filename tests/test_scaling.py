@@ -33,6 +33,23 @@ def test_ring_allreduce_formula_overlap_and_speedup_exactly():
     assert predict(inp, 1).speedup == 1.0 and predict(inp, 1).allreduce_s == 0.0
 
 
+def test_sharded_strategies_move_what_their_collectives_move_and_hide_where_they_prefetch():
+    from scaletrain.distributed.strategies.registry import STRATEGIES
+    from scaletrain.planning.scaling import strategy_traffic
+    ddp = predict(_inputs(**strategy_traffic(STRATEGIES.get("ddp"))), 4)
+    fsdp_in = _inputs(**strategy_traffic(STRATEGIES.get("fsdp")))
+    fsdp = predict(fsdp_in, 4)
+    assert fsdp.bandwidth_s == pytest.approx(1.5 * ddp.bandwidth_s)      # seed 004's 1.5x
+    assert fsdp.latency_s == pytest.approx(1.5 * ddp.latency_s)
+    # FSDP prefetches the next unit's parameters in the forward too: the whole step can hide them.
+    assert fsdp.exposed_comm_s == pytest.approx(fsdp.allreduce_s - min(0.8 * fsdp.allreduce_s, 0.100))
+    zero2 = predict(_inputs(**strategy_traffic(STRATEGIES.get("zero2"))), 4)
+    assert zero2.bandwidth_s == pytest.approx(ddp.bandwidth_s)
+    zero1 = predict(_inputs(**strategy_traffic(STRATEGIES.get("zero1"))), 4)
+    broadcast = zero1.allreduce_s / 3                                      # after the step: never hidden
+    assert zero1.exposed_comm_s == pytest.approx(zero1.allreduce_s - min(0.8 * 2 * broadcast, 2 / 3 * 0.100))
+
+
 def test_hosts_use_the_slower_network_and_bf16_halves_the_bytes():
     inp = _inputs()
     assert predict(inp, 8).link == "nvlink-h100" and predict(inp, 16).link == "100g"
@@ -102,3 +119,24 @@ def test_scaling_bad_inputs(argv, message, capsys):
     code = main(["scaling", "--model", "mlp", "--data", "digits", *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_a_shaped_links_result_is_shown_measured_beside_predicted(tmp_path, capsys):
+    """The display of benchmarks/shaped_links.py's file (the numbers here are the test's own)."""
+    point = {"strategy": "ddp", "rate_mbit": 1000, "hosts": 2, "bus_bandwidth_Bps": 1.2e8, "hop_latency_s": 2e-4,
+             "measured_step_s": 0.200, "predicted_step_s": 0.180}
+    result = {"environment": {"device": "cpu", "torch": "2.x", "date": "2026-11-25"}, "grad_bytes": 16 * MiB,
+              "one_process_step_s": 0.016, "points": [point, {**point, "hosts": 4, "predicted_step_s": 0.230}]}
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    assert main(["scaling", "--measured", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "-10%" in out and "+15%" in out and "largest error +15% (ddp, 4 hosts, 1000 Mbit/s)" in out
+    (tmp_path / "bad.json").write_text(json.dumps({"points": [{"hosts": 2}]}))
+    assert main(["scaling", "--measured", str(tmp_path / "bad.json")]) == 2
+    assert "is not a benchmarks/shaped_links.py result" in capsys.readouterr().err
+
+
+def test_scaling_refuses_tensor_parallelism_it_does_not_model(capsys):
+    code = main(["scaling", "--model", "mlp", "--data", "digits", "--strategy", "tensor", "--tensor-parallel", "2",
+                 "--measure-steps", "2"])
+    assert code == 2 and "no model of tensor parallelism" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from scaletrain.cli.flags import add_number
 from scaletrain.errors import ConfigError
 from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
 from scaletrain.planning.scaling import (ScalingInputs, device_counts, explain, predict, predict_parameter_server,
-                                        predict_pipeline)
+                                        predict_pipeline, strategy_traffic)
 
 
 def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,12 +36,21 @@ def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
     add_number(g, "--workers", int, ge=1, default=8,
                    help="with --strategy ps: the workers the parameter servers serve (one row per server count)")
     g.add_argument("--json", action="store_true", help="print one JSON record per device count")
+    g.add_argument("--measured", metavar="RESULT.json", default=None,
+                   help="instead of predicting: show a benchmarks/shaped_links.py result, each point's measured "
+                        "step time beside the predicted one and the error")
 
 
 def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.measured:
+        return _measured_table(args.measured, args.json)
     from scaletrain.cli.train import config_from_args
     from scaletrain.planning.measure import measure_single_device
     cfg = config_from_args(args)
+    from scaletrain.distributed.strategies.registry import strategy_class
+    if strategy_class(cfg.distributed, world=2).traffic == "tensor":    # before anything is measured
+        raise ConfigError("scaling has no model of tensor parallelism's per-layer collectives yet; "
+                          "predict data parallelism (--strategy ddp or fsdp) or pipelines (--strategy pipeline)")
     # The table has nine columns: give it room when the output is not a terminal (logs, CI).
     console = make_console(quiet=args.json, width=None if sys.stdout.isatty() else 140)
     given = args.step_time_ms is not None or args.assume_h100_mfu is not None
@@ -57,17 +66,17 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         source = f"assumed: H100 at {args.assume_h100_mfu:.0%} of {peak / 1e12:.0f} TFLOP/s"
     intra = args.interconnect or ("nvlink-h100" if m.device.startswith(("NVIDIA", "cuda")) else "pcie4")
     # The model follows what the strategy sends over the links (auto: ddp, as on several devices).
-    from scaletrain.distributed.strategies.registry import strategy_class
-    traffic = strategy_class(cfg.distributed, world=2).traffic
-    if traffic == "pipeline":
+    strategy = strategy_class(cfg.distributed, world=2)
+    if strategy.traffic == "pipeline":
         return _pipeline_prediction(cfg, args, console, m, step_time, source, intra)
-    if traffic == "parameter-server":
+    if strategy.traffic == "parameter-server":
         return _parameter_server_prediction(cfg, args, console, m, step_time, source)
     inputs = ScalingInputs(step_time_s=step_time, per_device_batch=cfg.batch_size, grad_bytes=m.grad_bytes,
                            intra=get_interconnect(intra), network=get_interconnect(args.network),
                            devices_per_host=args.devices_per_host, overlap=args.overlap,
                            compression=cfg.distributed.grad_compression,
-                           bucket_bytes=int(cfg.distributed.bucket_cap_mb * 2**20))
+                           bucket_bytes=int(cfg.distributed.bucket_cap_mb * 2**20),
+                           **strategy_traffic(strategy))
     points = [predict(inputs, n) for n in device_counts(args.max_devices)]
     if args.json:
         print(json.dumps([{**p.to_dict(), "step_time_source": source, "per_device_batch": cfg.batch_size,
@@ -161,4 +170,49 @@ def _parameter_server_prediction(cfg, args, console, m, step_time: float, source
     console.print(f"each server's link carries {args.workers} workers' shards each way: sharding over more servers "
                   "divides that until a worker's own link (the whole model each way) or the largest tensor (a "
                   "server holds whole tensors) sets the pace", soft_wrap=True)
+    return 0
+
+
+MEASURED_KEYS = ("strategy", "rate_mbit", "hosts", "bus_bandwidth_Bps", "hop_latency_s", "measured_step_s",
+                 "predicted_step_s")
+
+
+def _measured_table(path: str, as_json: bool) -> int:
+    """A shaped-links benchmark's points: measured beside predicted (docs/scaling-predictor.md)."""
+    from pathlib import Path
+    file = Path(path)
+    try:
+        result = json.loads(file.read_text())
+        points = result["points"]
+        for point in points:
+            missing = [k for k in MEASURED_KEYS if k not in point]
+            if missing:
+                raise KeyError(missing[0])
+    except OSError as exc:
+        raise ConfigError(f"--measured {path}: cannot be read ({exc.strerror}); pass the file "
+                          "benchmarks/shaped_links.py --out wrote") from None
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ConfigError(f"--measured {path} is not a benchmarks/shaped_links.py result (it needs 'points' "
+                          f"with {', '.join(MEASURED_KEYS)})") from None
+    if as_json:
+        print(json.dumps(points, indent=2))
+        return 0
+    console = make_console(width=None if sys.stdout.isatty() else 140)
+    env = result.get("environment", {})
+    table = Table(title=f"measured against predicted: {result.get('grad_bytes', 0) / 2**20:.1f} MiB of gradients, "
+                        f"one process {result.get('one_process_step_s', 0) * 1e3:.2f} ms per step; "
+                        f"{env.get('device', '?')}, torch {env.get('torch', '?')}, {env.get('date', '?')}")
+    for col in ("strategy", "link", "hosts", "probed bus Mbit/s", "probed us/hop", "measured ms", "predicted ms",
+                "error"):
+        table.add_column(col, justify="right")
+    for p in points:
+        error = p["predicted_step_s"] / p["measured_step_s"] - 1
+        table.add_row(p["strategy"], f"{p['rate_mbit']} Mbit/s" if p["rate_mbit"] else "unshaped", str(p["hosts"]),
+                      f"{p['bus_bandwidth_Bps'] * 8 / 1e6:,.0f}", f"{p['hop_latency_s'] * 1e6:.0f}",
+                      f"{p['measured_step_s'] * 1e3:.1f}", f"{p['predicted_step_s'] * 1e3:.1f}", f"{error:+.0%}")
+    console.print(table)
+    worst = max(points, key=lambda p: abs(p["predicted_step_s"] / p["measured_step_s"] - 1))
+    console.print(f"largest error {worst['predicted_step_s'] / worst['measured_step_s'] - 1:+.0%} "
+                  f"({worst['strategy']}, {worst['hosts']} hosts, "
+                  f"{str(worst['rate_mbit']) + ' Mbit/s' if worst['rate_mbit'] else 'unshaped'})", soft_wrap=True)
     return 0

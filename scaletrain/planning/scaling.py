@@ -7,6 +7,12 @@ samples per step):
     t_step(N) = t_compute + exposed(N)
     t_allreduce(N) = 2(N-1)/N * S/B  +  buckets * 2(N-1) * alpha      (ring all-reduce)
     exposed(N) = t_allreduce(N) - min(overlap * t_allreduce(N), t_backward)
+
+Sharded strategies move V (N-1)/N * S per step instead of 2 (the strategy's `wire_volume`: FSDP
+gathers the parameters in the forward and again in the backward and reduce-scatters the
+gradients, V = 3, seed 004's 1.5x; ZeRO-2 gathers once, V = 2; ZeRO-1 all-reduces and then
+broadcasts the updated parameters, 2 + 1, the broadcast after the step never hidden), and can hide
+behind the whole step where they prefetch in the forward too.
     speedup(N) = N * t_compute / t_step(N),   efficiency = speedup / N
 
 S is the gradient bytes (halved by bf16/fp16 compression), B the effective bus bandwidth of the
@@ -38,6 +44,13 @@ class ScalingInputs:
     overlap: float = 0.8
     compression: str = "none"   # none, bf16, fp16
     bucket_bytes: int = 25 * 2**20
+    # What the strategy moves per step, in units of S(N-1)/N per rank (a ring all-reduce moves 2;
+    # FSDP's two all-gathers and a reduce-scatter 3), split into what can overlap compute and what
+    # cannot (ZeRO-1's parameter broadcast after the step), and the share of the step it can hide
+    # behind (DDP: the backward; sharded strategies prefetch in the forward too: the whole step).
+    overlappable_volume: float = 2.0
+    exposed_volume: float = 0.0
+    overlap_window: float = BACKWARD_SHARE
 
     @property
     def wire_bytes(self) -> float:
@@ -66,20 +79,29 @@ def predict(inputs: ScalingInputs, devices: int) -> ScalingPoint:
     n = devices
     hosts = math.ceil(n / inputs.devices_per_host)
     link = inputs.intra if hosts == 1 else min((inputs.intra, inputs.network), key=lambda i: i.bus_bandwidth)
+    volume = inputs.overlappable_volume + inputs.exposed_volume
     if n == 1:  # nothing to all-reduce
         bandwidth = latency = 0.0
     else:
         buckets = max(1, math.ceil(inputs.wire_bytes / inputs.bucket_bytes))
-        bandwidth = 2 * (n - 1) / n * inputs.wire_bytes / link.bus_bandwidth
-        latency = buckets * 2 * (n - 1) * link.hop_latency
+        bandwidth = volume * (n - 1) / n * inputs.wire_bytes / link.bus_bandwidth
+        latency = buckets * volume * (n - 1) * link.hop_latency      # one hop per S/N moved
     allreduce = bandwidth + latency
-    hidden = min(inputs.overlap * allreduce, BACKWARD_SHARE * inputs.step_time_s)
+    overlappable = allreduce * inputs.overlappable_volume / volume
+    hidden = min(inputs.overlap * overlappable, inputs.overlap_window * inputs.step_time_s)
     exposed = allreduce - hidden
     step = inputs.step_time_s + exposed
     speedup = n * inputs.step_time_s / step
     return ScalingPoint(devices=n, hosts=hosts, link=link.name if n > 1 else "-", allreduce_s=allreduce,
                         bandwidth_s=bandwidth, latency_s=latency, exposed_comm_s=exposed, step_time_s=step,
                         images_per_sec=n * inputs.per_device_batch / step, speedup=speedup, efficiency=speedup / n)
+
+
+def strategy_traffic(strategy) -> dict:
+    """The ScalingInputs fields a data-parallel strategy class states (`wire_volume`, `hides_behind`)."""
+    overlappable, exposed = strategy.wire_volume
+    return {"overlappable_volume": overlappable, "exposed_volume": exposed,
+            "overlap_window": 1.0 if strategy.hides_behind == "step" else BACKWARD_SHARE}
 
 
 def device_counts(max_devices: int) -> list[int]:

@@ -41,6 +41,10 @@ class FSDPStrategy(ProcessGroupStrategy):
     forward_communicates = True
     reshard_after_forward = True
     zero_stage = 3
+    # Parameters gathered in the forward and again in the backward, gradients reduce-scattered;
+    # the next unit's gather is prefetched while the current one computes, forward and backward.
+    wire_volume = (3.0, 0.0)
+    hides_behind = "step"
 
     def __init__(self, config, env, layout=None):
         super().__init__(config, env, layout)
@@ -148,3 +152,4 @@ class FSDPStrategy(ProcessGroupStrategy):
 class Zero2Strategy(FSDPStrategy):
     zero_stage = 2
     reshard_after_forward = False
+    wire_volume = (2.0, 0.0)     # gathered once: the backward reuses the forward's parameters
