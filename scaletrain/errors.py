@@ -39,3 +39,10 @@ class Terminated(BaseException):
 
 INTERRUPTED_EXIT_CODE = 130   # 128 + SIGINT, what a shell reports for Ctrl-C
 TERMINATED_EXIT_CODE = 143    # 128 + SIGTERM
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message in one line, for a one-line error or warning (its type's name where
+    it has no message): third-party errors (a database driver, a tracking server) span many."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__

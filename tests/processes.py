@@ -7,6 +7,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -142,3 +143,10 @@ def kill_slowed_run_after_checkpoint(args: list[str], cwd: Path, run_dir: Path, 
                  f"a checkpoint at step {step}")
     finally:
         kill_group(proc)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -117,6 +117,8 @@ def _bad_inputs(tmp_path):
         (digits + ["--run-id", "a b/c"], "'tracking.run_id' must be 1-64 letters"),
         (digits + ["--compile-mode", "fastest"], "'compile_mode' must be one of default"),
         (digits + ["--augment", "rotate"], "'data.augment' has an item that must be one of shift, flip"),
+        (digits + ["--logger", "neptune"], "'tracking.loggers' has an item that must be one of mlflow, wandb, tensorboard"),
+        (digits + ["--inter-op-threads", "0"], "'inter_op_threads' must be >= 1"),
         # Data that cannot train.
         (npz_data(tmp_path, "empty", x=np.zeros((0, 4)), y=np.zeros(0, dtype=np.int64)), "x holds no samples"),
         (npz_data(tmp_path, "sparse", x=np.zeros((8, 4)), y=np.array([0, 1] * 3 + [10**9, 5])),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -18,15 +17,10 @@ from scaletrain.distributed.cluster import (ClusterSpec, cluster_from_env, clust
                                             expand_tasks_per_node, slurm_step)
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
-from tests.processes import DIGITS_MLP, cli_env, run
+from tests.processes import DIGITS_MLP, cli_env, free_port, run
 
 QUICK = [*DIGITS_MLP, "--epochs", "1", "--batch-size", "64"]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _step(rank: int, tasks: int = 2, nodes: str = "localhost", per_node: str = "2", **extra) -> dict:
@@ -73,7 +67,7 @@ def test_scaletrain_cluster_comes_before_tf_config_and_tf_config_before_slurm():
 
 def test_two_slurm_tasks_train_one_ddp_job(tmp_path):
     """Two tasks of one srun step on this host (srun -n 2), each started as srun starts it."""
-    port = _free_port()
+    port = free_port()
     args = [sys.executable, "-m", "scaletrain", "train", *QUICK, "--strategy", "ddp", "--run-dir", str(tmp_path / "r")]
     tasks = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=cli_env(**_step(rank, MASTER_PORT=str(port))))

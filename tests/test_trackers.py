@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -16,22 +15,17 @@ import urllib.request
 
 import pytest
 
-from tests.processes import DIGITS_MLP, cli_env, run, start
+from tests.processes import DIGITS_MLP, free_port, run, start
 
 mlflow = pytest.importorskip("mlflow")
 QUICK = [*DIGITS_MLP, "--batch-size", "64"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _start_server(folder):
     """`mlflow server` on loopback with a SQLite backend; returns (process, uri, backend file)."""
     folder.mkdir(parents=True, exist_ok=True)
-    port, db = _free_port(), folder / "backend.db"
+    port, db = free_port(), folder / "backend.db"
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                                "--backend-store-uri", f"sqlite:///{db}", "--artifacts-destination",
                                (folder / "artifacts").as_uri(), "--workers", "1"],

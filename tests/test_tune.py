@@ -5,7 +5,6 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -13,7 +12,7 @@ import time
 import pytest
 
 from scaletrain.cli.main import main
-from tests.processes import DIGITS_MLP, descendants, run, run_here, start
+from tests.processes import DIGITS_MLP, descendants, free_port, run, run_here, start
 
 optuna = pytest.importorskip("optuna")
 
@@ -98,11 +97,6 @@ def test_tune_reaches_95_percent_on_digits_and_resumes_after_a_kill(tmp_path):
     assert {t.user_attrs["run_id"] for t in study.get_trials() if t.number in after} <= run_ids
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def postgres():
@@ -117,7 +111,7 @@ def postgres():
     os.chmod(folder, 0o755)
     if as_postgres:
         shutil.chown(folder, "postgres", "postgres")
-    data, port = os.path.join(folder, "data"), _free_port()
+    data, port = os.path.join(folder, "data"), free_port()
     subprocess.run([*as_postgres, f"{bin_dir}/initdb", "-D", data, "-A", "trust", "-U", "postgres"],
                    check=True, capture_output=True)
     subprocess.run([*as_postgres, f"{bin_dir}/pg_ctl", "-D", data, "-l", os.path.join(folder, "log"), "-w",

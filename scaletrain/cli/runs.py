@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from scaletrain.cli.console import wide_console
-from scaletrain.errors import UserError
+from scaletrain.errors import UserError, first_line
 from scaletrain.lifecycle.paths import check_writable_file
 from scaletrain.tracking.store import DEFAULT_STORE, RunRecord, RunStore
 from scaletrain.cli.flags import add_number
@@ -159,8 +159,7 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         try:
             exported, present = export_runs(store, records, uri)
         except Exception as exc:  # the tracking server's errors (unreachable, refused): one line
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"cannot export to MLflow at {uri}: {first}") from None
+            raise UserError(f"cannot export to MLflow at {uri}: {first_line(exc)}") from None
     console.print(f"exported {len(exported)} run(s) to MLflow at {uri}; {len(present)} already there",
                   soft_wrap=True)
     return 0

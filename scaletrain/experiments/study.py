@@ -8,7 +8,7 @@ import socket
 import time
 import warnings
 
-from scaletrain.errors import UserError
+from scaletrain.errors import UserError, first_line
 from scaletrain.tracking.store import process_alive
 
 # The user attribute naming the process (host:pid) that asked for a trial and runs its training.
@@ -54,8 +54,7 @@ def open_storage(url: str):
             if _lost_the_schema_race(exc) and attempt < 4:
                 time.sleep(0.5 + random.random())
                 continue
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"cannot open the study storage {url}: {first}") from None
+            raise UserError(f"cannot open the study storage {url}: {first_line(exc, limit=1000)}") from None
 
 
 def _lost_the_schema_race(exc: Exception) -> bool:

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from scaletrain.errors import first_line
+from scaletrain.tracking.recorder import plain_metrics
+
 # How long the end of a run waits for a tracker to take its last calls (the model and the run's
 # own files are already written by then: nothing is lost if a tracker needs longer).
 FINISH_WAIT_S = 60.0
@@ -82,8 +85,7 @@ class _Tracker:
                 getattr(self.logger, method)(*args)
             except Exception as exc:  # any tracker error: warn once, training goes on without it
                 self.failed = True
-                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-                self.warn(f"the {self.logger.name} logger failed ({first}); the run goes on without it")
+                self.warn(f"the {self.logger.name} logger failed ({first_line(exc)}); the run goes on without it")
 
 
 def _warn(line: str) -> None:
@@ -108,7 +110,6 @@ class ExternalLogging:
         self.started = True
 
     def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
-        from scaletrain.tracking.recorder import plain_metrics
         # The epoch goes to each tracker as its own argument (trackers log it beside the metrics).
         metrics = {k: v for k, v in plain_metrics(logs).items() if isinstance(v, float) and k != "epoch"}
         step = int(logs.get("optimizer_steps", trainer.global_step))   # the x axis every tracker shares
