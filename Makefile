@@ -10,7 +10,9 @@ train:
 	bash scripts/setup.sh mnist1d
 	.venv/bin/scaletrain train
 
-# setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real.
+# setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. One pytest process:
+# two xdist workers (`-n 2 --dist loadfile`) took 17.5 min instead of 26.5, but one of two such
+# runs lost a tune resume to the 300 s limit and a 2-rank worker to exit -6 (README).
 test:
 	bash scripts/setup.sh dev
 	bash scripts/setup-system.sh

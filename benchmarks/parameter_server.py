@@ -35,6 +35,7 @@ def setups(delay: float) -> dict[str, list[str]]:
         "ps sync (no delay)": ["--strategy", "ps", "--nproc", "4"],
         "ps sync, worker 1 slow": ["--strategy", "ps", "--nproc", "4", *slow],
         "ps sync + 1 backup, worker 1 slow": ["--strategy", "ps", "--nproc", "4", "--backup-workers", "1", *slow],
+        "ps async (no delay)": ["--strategy", "ps", "--nproc", "4", "--ps-mode", "async"],
         "ps async, worker 1 slow": ["--strategy", "ps", "--nproc", "4", "--ps-mode", "async", *slow],
         "ps async + 1 backup, worker 1 slow": ["--strategy", "ps", "--nproc", "4", "--ps-mode", "async",
                                                "--backup-workers", "1", *slow],
@@ -52,7 +53,7 @@ def one(root: Path, name: str, args: list[str]) -> dict:
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
     per_epoch_steps = epochs[-1]["optimizer_steps"] // epochs[-1]["epoch"]
     train_s = sum(e["epoch_train_time_s"] for e in epochs)
-    return {"step_ms": 1e3 * train_s / (per_epoch_steps * len(epochs)), "wall_s": wall,
+    return {"step_ms": 1e3 * train_s / (per_epoch_steps * len(epochs)), "wall_s": wall, "steps": per_epoch_steps,
             "dropped": sum(e.get("ps_dropped", 0) for e in epochs), "pushes": sum(e.get("ps_pushes", 0) for e in epochs),
             "staleness_max": max((e.get("ps_staleness_max", 0) for e in epochs), default=0),
             "staleness_mean": sum(e.get("ps_staleness_mean", 0.0) for e in epochs) / len(epochs),
@@ -71,15 +72,31 @@ def main() -> None:
             for name in (list(table) if r % 2 == 0 else list(reversed(table))):
                 folder = f"{len(results[name])}-{list(table).index(name)}"
                 results[name].append(one(Path(tmp), folder, table[name]))
-    print(f"| setup (digits MLP, global batch 66, delay {args.delay_s * 1e3:g} ms) | chief's step ms | run wall s | "
-          "dropped / pushes (epochs 2-3) | staleness mean / max | final val accuracy |")
-    print("|---|---|---|---|---|---|")
+    print(f"| setup (digits MLP, global batch 66, delay {args.delay_s * 1e3:g} ms) | chief's step ms | predicted ms | "
+          "run wall s | dropped / pushes (epochs 2-3) | staleness mean / max | final val accuracy |")
+    print("|---|---|---|---|---|---|---|")
     for name, runs in results.items():
         step, wall = spread([r["step_ms"] for r in runs]), spread([r["wall_s"] for r in runs])
         last = runs[-1]
-        print(f"| {name} | {step['median']:.2f} ({step['min']:.2f}-{step['max']:.2f}) | {wall['median']:.1f} | "
+        guess = predicted(name, results, args.delay_s * 1e3)
+        shown = "-" if guess is None else f"{guess:.2f} ({guess / step['median'] - 1:+.0%})"
+        print(f"| {name} | {step['median']:.2f} ({step['min']:.2f}-{step['max']:.2f}) | {shown} | {wall['median']:.1f} | "
               f"{last['dropped']} / {last['pushes']} | {last['staleness_mean']:.2f} / {last['staleness_max']} | "
               f"{last['val_accuracy']:.3f} |")
+
+
+def predicted(name: str, results: dict[str, list[dict]], delay_ms: float) -> float | None:
+    """The straggler term's step for a slow-worker setup (planning/scaling.py's predict_stragglers):
+    the same mode's measured no-delay step for the fast workers, that plus the delay for worker 1."""
+    from scaletrain.planning.scaling import predict_stragglers
+    if "slow" not in name:
+        return None
+    mode = "async" if "async" in name else "sync"
+    base = spread([r["step_ms"] for r in results[f"ps {mode} (no delay)"]])["median"]
+    steps = results[name][-1]["steps"]
+    backups = 1 if "backup" in name else 0
+    return predict_stragglers([[base], [base + delay_ms], [base]], backups=backups, mode=mode,
+                              steps_per_epoch=steps).step_time_s
 
 
 if __name__ == "__main__":

@@ -1,21 +1,26 @@
-"""The DDP scaling predictor against measured runs over links shaped like a cluster's.
+"""The scaling predictor against measured runs over links shaped like a cluster's.
 
 Each "host" is a network namespace with one veth into a bridge; both ends of every veth are
-shaped with tbf to the link rate (full duplex), so a host sends and receives at that rate. On
-each set of hosts the benchmark
+shaped with tbf to the link rate (full duplex), so a host sends and receives at that rate. The
+benchmark first measures the compute a host has: n processes training the model at once on this
+machine's cores, none communicating. Then, on each set of hosts, it
 
-1. probes the links: a gloo all-reduce at several sizes (fitted to t = a + b * size, giving the
-   bus bandwidth and the per-hop latency the predictor uses) and a point-to-point send/recv;
-2. trains the same small model data-parallel with `scaletrain train` (one process per host,
-   SCALETRAIN_CLUSTER), and reads the step time from the run's steady-state images/sec;
-3. predicts that step time with `planning/scaling.py` from the one-process step time (measured
-   the same way, no shaping) and the probed link figures;
+1. probes the links: gloo's all-reduce, all-gather, reduce-scatter and broadcast and a
+   point-to-point send/recv, 1 KiB to 16 MiB. The all-reduce fitted to t = a + b * size gives
+   the bus bandwidth and the per-hop latency; the others against it give gloo's algorithm
+   factors; the point-to-point fit gives a parameter server's link;
+2. trains with `scaletrain train` on every host (SCALETRAIN_CLUSTER; DDP, FSDP, ZeRO, a parameter
+   server on one more host, or tensor parallelism over the hosts), and reads the step time from
+   the chief's steady-state images/sec;
+3. predicts that step time with `planning/scaling.py` from the measured compute and the probed
+   link figures;
 
-and prints measured beside predicted. The model is an MLP with many weights and little compute
-(the gradient all-reduce dominates), so the 2 cores are not the bottleneck: the same runs on an
-unshaped bridge are reported too (their step time is the compute-and-CPU floor).
+and prints measured beside predicted. The MLP has many weights and little compute, so the links
+dominate. Which points the links bind and which the cores do is checked, not assumed: the same
+hosts are probed unshaped, and a shaped link binds where it carries at most half of that.
 
-    .venv/bin/python benchmarks/shaped_links.py      # as root --rates 1000,4000 --hosts 2,4 --out shaped.json
+    sudo .venv/bin/python benchmarks/shaped_links.py --rates 1000,10000 --hosts 2,4,8 --out shaped.json
+    .venv/bin/python benchmarks/shaped_links.py --predict-again shaped.json --out shaped.json
 
 Needs root (namespaces, tc). tbf shapes the rate; per-packet latency (netem) is not in every
 kernel, and this benchmark does not add any: the latency the predictor is given is the probed one.
@@ -41,6 +46,13 @@ PORT = 29617
 SIZES = [2**10, 2**16, 2**20, 2**22, 2**24]      # all-reduce probe sizes, bytes (float32)
 MODEL = ["--model", "mlp", "--model-option", "hidden=[1024,1024]", "--data", "synthetic", "--num-samples", "2048",
          "--no-progress", "--no-record", "--lr", "0.01", "--no-eval-each-epoch"]
+# Tensor parallelism splits a transformer's blocks: the char-gpt recipe's model on 512 windows.
+TP_MODEL = ["--model", "gpt-tiny", "--data", "char-corpus", "--seq-len", "64", "--train-subset", "512",
+            "--no-progress", "--no-record", "--no-eval-each-epoch", "--no-save-model"]
+
+
+def model_args(strategy: str) -> list[str]:
+    return TP_MODEL if strategy == "tensor" else MODEL
 
 
 def sh(*cmd: str) -> None:
@@ -109,120 +121,277 @@ def probe_worker() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     repeats = int(os.environ["PROBE_REPEATS"])
-    allreduce, p2p = {}, {}
+
+    def timed(op) -> float:
+        op()                                    # warm-up: connections and buffers
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            op()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    result = {name: {} for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "p2p")}
     for size in SIZES:
         t = torch.ones(size // 4)
-        dist.all_reduce(t)                      # warm-up: connections and buffers
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(t)
-            times.append(time.perf_counter() - start)
-        allreduce[size] = statistics.median(times)
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
+        shard = torch.empty(size // 4 // world)
+        result["all_reduce"][size] = timed(lambda: dist.all_reduce(t))
+        # The sharded strategies' collectives, at the same full-tensor size: each rank gathers the
+        # whole tensor from the shards, or reduces the whole tensor into its shard.
+        result["all_gather"][size] = timed(lambda: dist.all_gather_into_tensor(t, shard))
+        result["reduce_scatter"][size] = timed(lambda: dist.reduce_scatter_tensor(shard, t))
+        result["broadcast"][size] = timed(lambda: dist.broadcast(t, 0))
+
+        def ping_pong():
             if rank == 0:
                 dist.send(t, 1)
                 dist.recv(t, 1)
             elif rank == 1:
                 dist.recv(t, 0)
                 dist.send(t, 0)
-            times.append((time.perf_counter() - start) / 2)     # one way
-        p2p[size] = statistics.median(times)
+        result["p2p"][size] = timed(ping_pong) / 2      # one way
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"allreduce_s": allreduce, "p2p_s": p2p, "world": world}))
+        print(json.dumps({**result, "world": world}))
+
+
+def fit(probed: dict) -> tuple[float, float]:
+    """(intercept s, slope s/byte) of t = a + b * size over the probe sizes."""
+    sizes = [int(size) for size in probed]
+    times = [probed[size] for size in probed]
+    mean_s, mean_t = statistics.fmean(sizes), statistics.fmean(times)
+    slope = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes, times)) / sum((s - mean_s) ** 2 for s in sizes)
+    return mean_t - slope * mean_s, slope
 
 
 def fit_link(probed: dict, world: int) -> tuple[float, float]:
-    """(bus bandwidth bytes/s, per-hop latency s) from t = a + b * size over the probe sizes:
-    a ring all-reduce moves 2(N-1)/N * size per rank in 2(N-1) hops."""
-    sizes = [int(s) for s in probed["allreduce_s"]]
-    times = [probed["allreduce_s"][s] for s in probed["allreduce_s"]]
-    mean_s, mean_t = statistics.fmean(sizes), statistics.fmean(times)
-    slope = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes, times)) / sum((s - mean_s) ** 2 for s in sizes)
-    intercept = mean_t - slope * mean_s
-    bandwidth = 2 * (world - 1) / world / slope
-    return bandwidth, max(intercept, 0.0) / (2 * (world - 1))
+    """(bus bandwidth bytes/s, per-hop latency s) from the all-reduce probe: a ring all-reduce moves
+    2(N-1)/N * size per rank in 2(N-1) hops."""
+    intercept, slope = fit(probed["all_reduce"])
+    return 2 * (world - 1) / world / slope, max(intercept, 0.0) / (2 * (world - 1))
 
 
-def train_step_time(hosts, per_host_batch: int, epochs: int, workdir: Path, strategy: str) -> float:
-    """Seconds per optimizer step of `scaletrain train` over these hosts (steady-state images/sec)."""
-    workers = [f"{addr}:{PORT + 1}" for *_, addr in hosts]
-    run_dirs = [workdir / f"host{rank}-{uuid.uuid4().hex[:6]}" for rank in range(len(hosts))]
-    args = lambda rank: [sys.executable, "-m", "scaletrain", "train", *MODEL, "--epochs", str(epochs),  # noqa: E731
-                         "--batch-size", str(per_host_batch * len(hosts)), "--run-dir", str(run_dirs[rank]),
-                         "--strategy", strategy]
-    spec = lambda rank: json.dumps({"cluster": {"worker": workers},  # noqa: E731
-                                    "task": {"type": "worker", "index": rank}})
+def algorithm_factors(probed: dict) -> dict:
+    """Each collective's time against the ideal ring's at the same bytes, the ring priced by this
+    link's own all-reduce (planning/scaling.py's ALGORITHM_FACTORS, measured here): the median over
+    the sizes from 1 MiB up, where bandwidth, not latency, sets the time. (One size alone is noisy:
+    a 16 MiB all-gather over tbf took 83-108 ms in three probes of the same 2 hosts.)"""
+    from scaletrain.planning.scaling import RING_VOLUME
+    sizes = [size for size in probed["all_reduce"] if int(size) >= 2**20]
+    return {kind: statistics.median(probed[kind][size] / (probed["all_reduce"][size] * RING_VOLUME[kind]
+                                                          / RING_VOLUME["all_reduce"]) for size in sizes)
+            for kind in ("all_gather", "reduce_scatter", "broadcast")}
+
+
+def _run_dirs(workdir: Path, n: int) -> list[Path]:
+    tag = uuid.uuid4().hex[:6]
+    return [workdir / f"host{rank}-{tag}" for rank in range(n)]
+
+
+def _step_time(run_dir: Path, batch: int) -> float:
+    """Seconds per optimizer step from the run's steady-state images/sec (warm-up excluded)."""
+    return batch / json.loads((run_dir / "summary.json").read_text())["images_per_sec"]
+
+
+def train_step_time(hosts, per_host_batch: int, epochs: int, workdir: Path, strategy: str, servers: int = 0) -> float:
+    """Seconds per optimizer step of `scaletrain train` over these hosts: the first len(hosts) -
+    servers are workers, the rest parameter servers (--strategy ps)."""
+    workers = len(hosts) - servers
+    addresses = [f"{addr}:{PORT + 1}" for *_, addr in hosts]
+    cluster = {"worker": addresses[:workers], **({"ps": addresses[workers:]} if servers else {})}
+    roles = [("worker", i) for i in range(workers)] + [("ps", i) for i in range(servers)]
+    run_dirs = _run_dirs(workdir, len(hosts))
+    # Data parallelism: every worker takes the per-host batch; tensor parallelism: one replica, its
+    # batch split over nobody (every host computes its slice of each layer on the whole batch).
+    batch = per_host_batch if strategy == "tensor" else per_host_batch * workers
+    extra = ["--tensor-parallel", str(workers)] if strategy == "tensor" else []
+    args = lambda rank: [sys.executable, "-m", "scaletrain", "train", *model_args(strategy),  # noqa: E731
+                         "--epochs", str(epochs), "--batch-size", str(batch), "--run-dir", str(run_dirs[rank]),
+                         "--strategy", strategy, *extra]
+    spec = lambda rank: json.dumps({"cluster": cluster,  # noqa: E731
+                                    "task": {"type": roles[rank][0], "index": roles[rank][1]}})
     _in_hosts(hosts, args, lambda rank: {"SCALETRAIN_CLUSTER": spec(rank)} if len(hosts) > 1 else {})
-    summary = json.loads((run_dirs[0] / "summary.json").read_text())
-    return per_host_batch * len(hosts) / summary["images_per_sec"]
+    return _step_time(run_dirs[0], batch)
 
 
-def one_process_step_time(per_host_batch: int, epochs: int, workdir: Path) -> float:
-    run_dir = workdir / f"one-{uuid.uuid4().hex[:6]}"
-    subprocess.run([sys.executable, "-m", "scaletrain", "train", *MODEL, "--epochs", str(epochs), "--batch-size",
-                    str(per_host_batch), "--run-dir", str(run_dir)], check=True, capture_output=True, cwd=REPO,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return per_host_batch / json.loads((run_dir / "summary.json").read_text())["images_per_sec"]
+def concurrent_step_time(n: int, per_host_batch: int, epochs: int, workdir: Path, model: list[str] = MODEL) -> float:
+    """One process's step while n - 1 others train beside it on the same cores, none communicating:
+    the compute a host has when n hosts share this machine (n = 1: one process alone). The chief's
+    (the first) step; all n start together and run the same steps."""
+    run_dirs = _run_dirs(workdir, n)
+    procs = [subprocess.Popen([sys.executable, "-m", "scaletrain", "train", *model, "--epochs", str(epochs),
+                               "--batch-size", str(per_host_batch), "--run-dir", str(run_dir)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for run_dir in run_dirs]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"a concurrent run failed (exit {proc.returncode}):\n{err[-3000:]}")
+    return statistics.median(_step_time(run_dir, per_host_batch) for run_dir in run_dirs)
 
 
-def grad_bytes() -> int:
+def model_tensor_bytes() -> list[int]:
     from scaletrain.models import build_model
     model = build_model("mlp", input_shape=(3, 32, 32), num_classes=10, hidden=[1024, 1024])
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return [p.numel() * p.element_size() for p in model.parameters()]
+
+
+def tensor_parallel_traffic(batch: int) -> dict:
+    """TP_MODEL's per-step all-reduces and split share, as `scaletrain scaling --strategy tensor`
+    counts them (nothing timed)."""
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "scaling", *TP_MODEL, "--batch-size", str(batch),
+                          "--strategy", "tensor", "--tensor-parallel", "2", "--step-time-ms", "1", "--json"],
+                         check=True, capture_output=True, text=True, cwd=REPO).stdout
+    record = json.loads(out)[0]
+    return {key: record[key] for key in ("allreduces", "allreduce_bytes", "split_share")}
+
+
+def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes: list[int], probed: dict,
+                  per_byte: tuple[float, float], tp: dict | None = None, shared_cores: bool = False):
+    """The predictor's step time for strategy `name` on n workers, from the probed link."""
+    from scaletrain.distributed.strategies.registry import STRATEGIES
+    from scaletrain.planning.hardware import Interconnect
+    from scaletrain.planning.scaling import (ScalingInputs, predict, predict_parameter_server,
+                                             predict_tensor_parallel, strategy_traffic)
+    if name == "tensor":
+        bandwidth, hop = fit_link(probed, n)
+        link = Interconnect("probed", bandwidth, hop, "all-reduce probe")
+        return predict_tensor_parallel(compute_s, n, tp["split_share"], tp["allreduces"], tp["allreduce_bytes"],
+                                       link).step_time_s
+    if name == "ps":
+        intercept, slope = fit(probed["p2p"])
+        link = Interconnect("probed p2p", 1 / slope, max(intercept, 0.0), "point-to-point probe")
+        return predict_parameter_server(compute_s, batch, tensor_bytes, n, 1, link, *per_byte).step_time_s
+    bandwidth, hop = fit_link(probed, n)
+    link = Interconnect("probed", bandwidth, hop, "all-reduce probe")
+    traffic = {**strategy_traffic(STRATEGIES.get(name)), "algorithm": algorithm_factors(probed)}
+    inputs = ScalingInputs(step_time_s=compute_s, per_device_batch=batch, grad_bytes=sum(tensor_bytes), intra=link,
+                           network=link, devices_per_host=1, tensor_bytes=tuple(tensor_bytes),
+                           shared_cores=shared_cores, **traffic)
+    return predict(inputs, n).step_time_s
+
+
+def link_bound(row: dict, rows: list[dict]) -> bool:
+    """Whether the shaped link, not this machine's cores, sets the pace of `row`'s point: its probed
+    bandwidth is at most half what the same hosts move unshaped (where the cores carry the bytes
+    as fast as they can). Unshaped points are bound by the cores; without an unshaped point to
+    compare with, the link is assumed to bind."""
+    if row["rate_mbit"] is None:
+        return False
+    free = [r["bus_bandwidth_Bps"] for r in rows if r["rate_mbit"] is None and r["hosts"] == row["hosts"]]
+    return not free or row["bus_bandwidth_Bps"] <= 0.5 * free[0]
+
+
+def add_predictions(result: dict) -> None:
+    """Every point's predicted step and error, with the current predictor. Where the cores, not the
+    link, bind, the communication runs on the compute's cores and nothing hides (shared_cores)."""
+    tensor_bytes = model_tensor_bytes()
+    for row in result["points"]:
+        row["link_bound"] = link_bound(row, result["points"])
+        row["predicted_step_s"] = predict_point(row["strategy"], row["hosts"], row["compute_s"],
+                                                result["per_host_batch"], tensor_bytes, row["probe"],
+                                                (result["update_s_per_byte"], result["message_s_per_byte"]),
+                                                result.get("tensor_parallel"),
+                                                shared_cores=not row["link_bound"])
+        row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
+        print(f"{row['strategy']}, {row['rate_mbit'] or 'unshaped'} Mbit/s, {row['hosts']} workers "
+              f"({'the link binds' if row['link_bound'] else 'the cores bind'}): measured "
+              f"{row['measured_step_s'] * 1e3:.1f} ms, predicted {row['predicted_step_s'] * 1e3:.1f} ms "
+              f"({row['error']:+.0%})")
+
+
+def server_per_byte(total_bytes: int) -> tuple[float, float]:
+    """A parameter server's update (the run's optimizer: MODEL's defaults) and its own work on a
+    message, each per byte, on this CPU (planning/measure.py)."""
+    from scaletrain.config import OptimConfig
+    from scaletrain.planning.measure import optimizer_seconds_per_byte, server_seconds_per_byte
+    return (optimizer_seconds_per_byte(OptimConfig(lr=0.01), total_bytes), server_seconds_per_byte(total_bytes))
+
+
+def predict_again(source: Path, out: Path) -> None:
+    result = json.loads(source.read_text())
+    if "message_s_per_byte" not in result:      # a file from before both were measured
+        result["update_s_per_byte"], result["message_s_per_byte"] = server_per_byte(result["grad_bytes"])
+    add_predictions(result)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"written to {out}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--rates", default="1000,4000", help="link rates in Mbit/s (comma-separated)")
-    parser.add_argument("--hosts", default="2,4", help="host counts (comma-separated)")
-    parser.add_argument("--strategies", default="ddp,fsdp", help="data-parallel strategies (comma-separated)")
+    parser.add_argument("--rates", default="1000,10000", help="link rates in Mbit/s (comma-separated)")
+    parser.add_argument("--hosts", default="2,4,8", help="worker counts (comma-separated)")
+    parser.add_argument("--strategies", default="ddp,fsdp,ps",
+                        help="ddp, fsdp, zero2, zero1, ps, tensor (comma-separated; ps adds one server host; "
+                             "tensor splits gpt-tiny's blocks over the hosts, 4 heads: up to 4)")
+    parser.add_argument("--unshaped", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run on the unshaped bridge")
     parser.add_argument("--batch", type=int, default=16, help="per-host batch")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="training runs per point (median, min-max)")
     parser.add_argument("--out", default="shaped_links.json")
+    parser.add_argument("--predict-again", metavar="FILE",
+                        help="no measuring: recompute FILE's predictions with the current predictor, from the "
+                             "probes and compute times it holds, and write them to --out")
     args = parser.parse_args()
     if args.probe_worker:
         return probe_worker()
+    if args.predict_again:
+        return predict_again(Path(args.predict_again), Path(args.out))
     from benchmarks.common import environment
-    from scaletrain.planning.hardware import Interconnect
-    from scaletrain.distributed.strategies.registry import STRATEGIES
-    from scaletrain.planning.scaling import ScalingInputs, predict, strategy_traffic
     import torch
     workdir = Path(tempfile.mkdtemp(prefix="shaped-"))
-    S = grad_bytes()
-    t1 = statistics.median(one_process_step_time(args.batch, args.epochs, workdir) for _ in range(3))
-    print(f"one process: {t1 * 1e3:.2f} ms per step at batch {args.batch}; gradients {S / 2**20:.1f} MiB", flush=True)
-    rows = []
+    tensor_bytes = model_tensor_bytes()
+    S = sum(tensor_bytes)
+    per_byte = server_per_byte(S)
+    counts = [int(h) for h in args.hosts.split(",")]
+    # The compute each host has: n processes training at once on this machine's cores, no links.
     strategies = args.strategies.split(",")
-    for rate in [None, *(int(r) for r in args.rates.split(","))]:
-        for n in (int(h) for h in args.hosts.split(",")):
-            with shaped_hosts(n, rate) as hosts:
+    compute = {n: statistics.median(concurrent_step_time(n, args.batch, args.epochs, workdir) for _ in range(2))
+               for n in sorted({1, *counts})}
+    print(f"gradients {S / 2**20:.1f} MiB; compute per step at batch {args.batch}: "
+          + ", ".join(f"{n} at once {t * 1e3:.2f} ms" for n, t in compute.items()), flush=True)
+    tp, tp_compute = None, {}
+    if "tensor" in strategies:
+        tp = tensor_parallel_traffic(args.batch)
+        tp_compute = {n: statistics.median(concurrent_step_time(n, args.batch, args.epochs, workdir, TP_MODEL)
+                                           for _ in range(2)) for n in sorted({1, *counts})}
+        print(f"tensor parallel: {tp}; the whole model's step: "
+              + ", ".join(f"{n} at once {t * 1e3:.2f} ms" for n, t in tp_compute.items()), flush=True)
+    rows = []
+    rates = ([None] if args.unshaped else []) + [int(r) for r in args.rates.split(",")]
+    for rate in rates:
+        for n in counts:
+            servers = 1 if "ps" in strategies else 0
+            with shaped_hosts(n + servers, rate) as all_hosts:
+                hosts = all_hosts[:n]
                 probed = probe(hosts)
-                bandwidth, hop = fit_link(probed, n)
-                measured = {name: statistics.median(train_step_time(hosts, args.batch, args.epochs, workdir, name)
-                                                    for _ in range(2)) for name in strategies}
-            link = Interconnect("probed", bandwidth, hop, "probed")
-            for name in strategies:
-                point = predict(ScalingInputs(step_time_s=t1, per_device_batch=args.batch, grad_bytes=S, intra=link,
-                                              network=link, devices_per_host=1,
-                                              **strategy_traffic(STRATEGIES.get(name))), n)
-                row = {"strategy": name, "rate_mbit": rate, "hosts": n, "bus_bandwidth_Bps": bandwidth,
-                       "hop_latency_s": hop, "p2p_1MiB_s": probed["p2p_s"][str(2**20)],
-                       "allreduce_s": probed["allreduce_s"], "measured_step_s": measured[name],
-                       "predicted_step_s": point.step_time_s, "error": point.step_time_s / measured[name] - 1}
-                rows.append(row)
-                print(f"{name}, {rate or 'unshaped'} Mbit/s, {n} hosts: link {bandwidth * 8 / 1e6:,.0f} Mbit/s bus, "
-                      f"{hop * 1e6:.0f} us/hop; step measured {measured[name] * 1e3:.1f} ms, predicted "
-                      f"{point.step_time_s * 1e3:.1f} ms ({row['error']:+.0%})", flush=True)
-    result = {"environment": environment(torch.device("cpu")), "one_process_step_s": t1, "grad_bytes": S,
-              "per_host_batch": args.batch, "points": rows}
+                for name in strategies:
+                    on = all_hosts if name == "ps" else hosts
+                    times = [train_step_time(on, args.batch, args.epochs, workdir, name, servers if name == "ps" else 0)
+                             for _ in range(args.repeats)]
+                    measured = statistics.median(times)
+                    compute_s = tp_compute[n] if name == "tensor" else compute[n]
+                    bandwidth, hop = fit_link(probed, n)
+                    row = {"strategy": name, "rate_mbit": rate, "hosts": n, "servers": servers if name == "ps" else 0,
+                           "bus_bandwidth_Bps": bandwidth, "hop_latency_s": hop,
+                           "p2p_bandwidth_Bps": 1 / fit(probed["p2p"])[1], "factors": algorithm_factors(probed),
+                           "probe": probed, "compute_s": compute_s, "measured_step_s": measured,
+                           "measured_runs_s": times}
+                    rows.append(row)
+                    print(f"{name}, {rate or 'unshaped'} Mbit/s, {n} workers: bus {bandwidth * 8 / 1e6:,.0f} Mbit/s, "
+                          f"{hop * 1e6:.0f} us/hop, factors "
+                          + " ".join(f"{k} {v:.2f}" for k, v in row["factors"].items())
+                          + f"; step measured {measured * 1e3:.1f} ms ({', '.join(f'{t * 1e3:.1f}' for t in times)})",
+                          flush=True)
+    result = {"environment": environment(torch.device("cpu")), "one_process_step_s": compute[1],
+              "compute_s": {str(n): t for n, t in compute.items()}, "grad_bytes": S, "per_host_batch": args.batch,
+              "update_s_per_byte": per_byte[0], "message_s_per_byte": per_byte[1], "tensor_parallel": tp,
+              "tensor_parallel_compute_s": {str(n): t for n, t in tp_compute.items()}, "points": rows}
+    add_predictions(result)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"written to {args.out}")
 

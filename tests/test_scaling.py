@@ -50,6 +50,27 @@ def test_sharded_strategies_move_what_their_collectives_move_and_hide_where_they
     assert zero1.exposed_comm_s == pytest.approx(zero1.allreduce_s - min(0.8 * 2 * broadcast, 2 / 3 * 0.100))
 
 
+def test_ddp_buckets_are_scheduled_against_the_backward_in_reverse_layer_order():
+    """An MLP whose first layer holds 3/4 of the bytes: its gradient comes last, so its bucket cannot
+    hide; the first bucket (1 MiB cap) closes on the second layer's weight and hides what it can."""
+    from scaletrain.planning.scaling import ddp_buckets
+    tensors = (12 * MiB, 4096, 4 * MiB, 4096, 40960, 40)        # fc1 w, b, fc2 w, b, head w, b
+    assert ddp_buckets(tensors, 25 * MiB) == [4 * MiB + 4096 + 40960 + 40, 12 * MiB + 4096]
+    assert ddp_buckets(tensors, 2 * MiB) == [4 * MiB + 4096 + 40960 + 40, 12 * MiB + 4096]
+    assert ddp_buckets([MiB // 2] * 4, 25 * MiB) == [MiB, MiB]
+    link = get_interconnect("pcie4")
+    inp = _inputs(step_time_s=0.030, grad_bytes=sum(tensors), tensor_bytes=tensors, intra=link)
+    p = predict(inp, 2)
+    backward = 2 / 3 * 0.030
+    comm = [p.allreduce_s * b / sum(tensors) for b in ddp_buckets(tensors, 25 * MiB)]
+    first_ready, last_ready = backward * (sum(tensors) - 12 * MiB - 4096) / sum(tensors), backward
+    first_done = first_ready + comm[0]
+    assert p.exposed_comm_s == pytest.approx(max(first_done, last_ready) + comm[1] - backward)
+    # The same bytes in the opposite order (the big tensor last in the model) hide far more.
+    flipped = predict(_inputs(step_time_s=0.030, grad_bytes=sum(tensors), tensor_bytes=tensors[::-1], intra=link), 2)
+    assert flipped.exposed_comm_s < p.exposed_comm_s / 2
+
+
 def test_hosts_use_the_slower_network_and_bf16_halves_the_bytes():
     inp = _inputs()
     assert predict(inp, 8).link == "nvlink-h100" and predict(inp, 16).link == "100g"
@@ -89,7 +110,8 @@ def test_parameter_server_formula_the_busiest_server_and_whole_tensors():
     assert one.largest_shard_bytes == 100 * MiB
     assert one.server_link_s == pytest.approx(8 * 100 * MiB / 11e9)          # W shards through one link
     assert one.worker_link_s == pytest.approx(100 * MiB / 11e9)
-    assert one.exchange_s == pytest.approx(one.server_link_s + 2 * 20e-6 + 100 * MiB * 1e-11)
+    # Sync: the pull waits for every push and the update, so the link is used one way, then the other.
+    assert one.exchange_s == pytest.approx(2 * one.server_link_s + 2 * 20e-6 + 100 * MiB * 1e-11)
     assert one.images_per_sec == pytest.approx(8 * 32 / (0.050 + one.exchange_s))
     two = predict_parameter_server(0.050, 32, tensors, workers=8, servers=2, link=link)
     assert two.largest_shard_bytes == 50 * MiB and two.server_link_s == pytest.approx(one.server_link_s / 2)
@@ -98,7 +120,7 @@ def test_parameter_server_formula_the_busiest_server_and_whole_tensors():
     assert four.largest_shard_bytes == 40 * MiB
     # One worker's own link is the floor: with W = 1 the servers never carry more than it does.
     assert predict_parameter_server(0.050, 32, tensors, 1, 4, link).exchange_s == \
-           pytest.approx(100 * MiB / 11e9 + 2 * 20e-6)
+           pytest.approx(2 * 100 * MiB / 11e9 + 2 * 20e-6)
 
 
 def test_scaling_command_predicts_parameter_servers(capsys):
@@ -130,13 +152,80 @@ def test_a_shaped_links_result_is_shown_measured_beside_predicted(tmp_path, caps
     (tmp_path / "r.json").write_text(json.dumps(result))
     assert main(["scaling", "--measured", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "-10%" in out and "+15%" in out and "largest error +15% (ddp, 4 hosts, 1000 Mbit/s)" in out
+    assert "-10%" in out and "+15%" in out and "largest error: +15% (ddp, 4 hosts, 1000 Mbit/s)" in out
+    # A newer file says which points the links bound and which this machine's cores did.
+    result["points"] = [{**point, "link_bound": True}, {**point, "rate_mbit": None, "link_bound": False,
+                                                         "predicted_step_s": 0.100}]
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    assert main(["scaling", "--measured", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "largest error where the links bind: -10% (ddp, 2 hosts, 1000 Mbit/s)" in out
+    assert "largest error where this machine's cores bind: -50% (ddp, 2 hosts, unshaped)" in out
     (tmp_path / "bad.json").write_text(json.dumps({"points": [{"hosts": 2}]}))
     assert main(["scaling", "--measured", str(tmp_path / "bad.json")]) == 2
     assert "is not a benchmarks/shaped_links.py result" in capsys.readouterr().err
 
 
-def test_scaling_refuses_tensor_parallelism_it_does_not_model(capsys):
+def test_tensor_parallel_formula_exactly():
+    from scaletrain.planning.scaling import predict_tensor_parallel
+    link = get_interconnect("pcie4")     # 20e9 B/s, 10 us
+    p = predict_tensor_parallel(0.100, 4, split_share=0.9, allreduces=16, allreduce_bytes=8 * MiB, link=link)
+    assert p.compute_s == pytest.approx(0.100 * (0.9 / 4 + 0.1))      # the head stays whole on every device
+    assert p.collectives_s == pytest.approx(2 * 3 / 4 * 8 * MiB / 20e9 + 16 * 2 * 3 * 10e-6)
+    assert p.step_time_s == pytest.approx(p.compute_s + p.collectives_s)   # nothing hides: layers wait
+    assert p.speedup == pytest.approx(0.100 / p.step_time_s)
+    one = predict_tensor_parallel(0.100, 1, 0.9, 16, 8 * MiB, link)
+    assert one.step_time_s == pytest.approx(0.100) and one.collectives_s == 0.0
+
+
+def test_scaling_command_predicts_tensor_parallelism_from_the_blocks_plan(capsys):
+    """gpt-tiny: 4 blocks x (2 row-wise outputs forward + 2 column-wise input gradients backward),
+    each the whole batch's activations; 4 heads, so 8 ways is not offered."""
+    code = main(["scaling", "--model", "gpt-tiny", "--data", "char-corpus", "--seq-len", "64", "--batch-size", "8", "--device", "cpu",
+                 "--strategy", "tensor", "--tensor-parallel", "2", "--measure-steps", "2", "--max-devices", "8",
+                 "--json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["ways"] for r in records] == [1, 2, 4]
+    seq_len, dim = 64, 128
+    assert records[0]["allreduces"] == 16
+    assert records[0]["allreduce_bytes"] == 16 * 8 * seq_len * dim * 4
+    assert 0.9 < records[0]["split_share"] < 1.0
+    assert records[1]["speedup"] > 1.5 and records[1]["collectives_s"] > 0
+
+
+def test_scaling_refuses_tensor_parallelism_for_a_model_without_a_plan(capsys):
     code = main(["scaling", "--model", "mlp", "--data", "digits", "--strategy", "tensor", "--tensor-parallel", "2",
                  "--measure-steps", "2"])
-    assert code == 2 and "no model of tensor parallelism" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and "no tensor-parallel degree to predict" in err and "measuring" not in err
+
+
+def test_gloo_collectives_cost_what_was_measured_and_nccl_the_ideal_ring():
+    from scaletrain.distributed.strategies.registry import STRATEGIES
+    from scaletrain.planning.scaling import strategy_traffic
+    fsdp = STRATEGIES.get("fsdp")
+    assert _inputs(**strategy_traffic(fsdp, "nccl")).volume(overlaps=True) == pytest.approx(3.0)
+    # Two all-gathers at 1.1x the ideal half and a reduce-scatter that costs a whole all-reduce.
+    assert _inputs(**strategy_traffic(fsdp, "gloo")).volume(overlaps=True) == pytest.approx(2 * 1.1 + 2.0)
+    zero1 = _inputs(**strategy_traffic(STRATEGIES.get("zero1"), "gloo"))
+    assert (zero1.volume(overlaps=True), zero1.volume(overlaps=False)) == (2.0, 1.0)
+
+
+def test_stragglers_sync_waits_for_the_slowest_and_backups_for_the_rest():
+    from scaletrain.planning.scaling import predict_stragglers
+    fast, slow = [0.003], [0.053]
+    sync = predict_stragglers([fast, slow, fast])
+    assert sync.step_time_s == pytest.approx(0.053) and sync.epoch_end_s == 0.0
+    backup = predict_stragglers([fast, slow, fast], backups=1, steps_per_epoch=19)
+    assert backup.waits_for_s == pytest.approx(0.003)
+    # The epoch's end meets the slow worker mid-step: on average half its step, over 19 steps.
+    assert backup.epoch_end_s == pytest.approx(0.053 / 2 / 19, rel=0.05)
+    async_ = predict_stragglers([[0.002, 0.004], slow, fast], mode="async")
+    assert async_.step_time_s == pytest.approx(0.053)      # every share must finish before the epoch ends
+    # W workers with uniform steps on [0, 1): the slowest of W is W / (W + 1) on average.
+    uniform = [i / 1000 for i in range(1000)]
+    assert predict_stragglers([uniform] * 4).step_time_s == pytest.approx(4 / 5, rel=0.02)
+    assert predict_stragglers([uniform] * 4, backups=1).waits_for_s == pytest.approx(3 / 5, rel=0.02)
+    with pytest.raises(ValueError, match="backups must be in"):
+        predict_stragglers([fast, fast], backups=2)

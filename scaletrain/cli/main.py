@@ -33,7 +33,8 @@ COMMANDS = [
     Command("train", "train", "add_train_arguments", "run_train",
             "train a model (no arguments: the default MNIST-1D recipe)"),
     Command("scaling", "scaling", "add_scaling_arguments", "run_scaling",
-            "measure one device and predict data-parallel speedup on 1..64 devices"),
+            "measure one device and predict the step on many: data parallel, sharded, parameter servers, "
+            "pipelines, tensor parallel"),
     Command("plan-memory", "plan_memory", "add_plan_memory_arguments", "run_plan_memory",
             "predict per-device memory for each strategy and the largest batch that fits, before running anything"),
     Command("find-batch-size", "find_batch_size", "add_find_batch_size_arguments", "run_find_batch_size",

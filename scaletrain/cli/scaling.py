@@ -13,7 +13,7 @@ from scaletrain.cli.flags import add_number
 from scaletrain.errors import ConfigError
 from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
 from scaletrain.planning.scaling import (ScalingInputs, device_counts, explain, predict, predict_parameter_server,
-                                        predict_pipeline, strategy_traffic)
+                                        predict_pipeline, predict_tensor_parallel, strategy_traffic)
 
 
 def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,9 @@ def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
     add_number(g, "--devices-per-host", int, ge=1, default=8)
     add_number(g, "--max-devices", int, ge=1, default=64)
     add_number(g, "--overlap", float, ge=0, le=1, default=0.8,
-                   help="largest fraction of the all-reduce that can hide behind the backward pass")
+                   help="largest fraction of the communication that can hide behind compute, where the "
+                        "tensors' order does not decide it (DDP's buckets are scheduled against the backward; "
+                        "FSDP/ZeRO hide behind the whole step up to this fraction)")
     add_number(g, "--measure-steps", int, ge=2, default=20, help="timed steps on one device")
     add_number(g, "--step-time-ms", float, gt=0, default=None,
                    help="use this single-device step time instead of the measured one (e.g. from a GPU run)")
@@ -48,9 +50,8 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.planning.measure import measure_single_device
     cfg = config_from_args(args)
     from scaletrain.distributed.strategies.registry import strategy_class
-    if strategy_class(cfg.distributed, world=2).traffic == "tensor":    # before anything is measured
-        raise ConfigError("scaling has no model of tensor parallelism's per-layer collectives yet; "
-                          "predict data parallelism (--strategy ddp or fsdp) or pipelines (--strategy pipeline)")
+    ways = _tensor_parallel_ways(cfg, args.max_devices) if strategy_class(cfg.distributed, world=2).traffic == "tensor" \
+        else []     # checked before anything is measured
     # The table has nine columns: give it room when the output is not a terminal (logs, CI).
     console = make_console(quiet=args.json, width=None if sys.stdout.isatty() else 140)
     given = args.step_time_ms is not None or args.assume_h100_mfu is not None
@@ -64,19 +65,23 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         peak = H100_PEAK[cfg.precision.policy]
         step_time = m.flops_per_sample * cfg.batch_size / (peak * args.assume_h100_mfu)
         source = f"assumed: H100 at {args.assume_h100_mfu:.0%} of {peak / 1e12:.0f} TFLOP/s"
-    intra = args.interconnect or ("nvlink-h100" if m.device.startswith(("NVIDIA", "cuda")) else "pcie4")
+    # Measured on a GPU: its host's links and NCCL; on a CPU: gloo's collectives (ALGORITHM_FACTORS).
+    on_gpu = m.device.startswith(("NVIDIA", "cuda"))
+    intra = args.interconnect or ("nvlink-h100" if on_gpu else "pcie4")
     # The model follows what the strategy sends over the links (auto: ddp, as on several devices).
     strategy = strategy_class(cfg.distributed, world=2)
     if strategy.traffic == "pipeline":
         return _pipeline_prediction(cfg, args, console, m, step_time, source, intra)
     if strategy.traffic == "parameter-server":
         return _parameter_server_prediction(cfg, args, console, m, step_time, source)
+    if strategy.traffic == "tensor":
+        return _tensor_parallel_prediction(cfg, args, console, m, step_time, source, intra, ways)
     inputs = ScalingInputs(step_time_s=step_time, per_device_batch=cfg.batch_size, grad_bytes=m.grad_bytes,
                            intra=get_interconnect(intra), network=get_interconnect(args.network),
                            devices_per_host=args.devices_per_host, overlap=args.overlap,
                            compression=cfg.distributed.grad_compression,
-                           bucket_bytes=int(cfg.distributed.bucket_cap_mb * 2**20),
-                           **strategy_traffic(strategy))
+                           bucket_bytes=int(cfg.distributed.bucket_cap_mb * 2**20), tensor_bytes=m.tensor_bytes,
+                           **strategy_traffic(strategy, library="nccl" if on_gpu else "gloo"))
     points = [predict(inputs, n) for n in device_counts(args.max_devices)]
     if args.json:
         print(json.dumps([{**p.to_dict(), "step_time_source": source, "per_device_batch": cfg.batch_size,
@@ -128,34 +133,60 @@ def _pipeline_prediction(cfg, args, console, m, step_time: float, source: str, i
     return 0
 
 
-def optimizer_seconds_per_byte(cfg, tensor_bytes: int, repeats: int = 5) -> float:
-    """Times the run's optimizer stepping one float32 tensor of `tensor_bytes` on this CPU (a
-    parameter server's update of its shard), per byte."""
-    import time
+def _tensor_parallel_ways(cfg, max_devices: int) -> list[int]:
+    """The degrees from 2 up to --max-devices that the model's blocks can be split by (checked on
+    the meta device); a one-line error when none can."""
+    from scaletrain.distributed.strategies.model_parallel import tensor_parallel_problem
+    from scaletrain.training.preflight import meta_model
+    model = meta_model(cfg)
+    ways = [t for t in device_counts(max_devices)[1:] if tensor_parallel_problem(model, t) is None]
+    if not ways:
+        problem = tensor_parallel_problem(model, 2) or f"--max-devices {max_devices} leaves no degree from 2 up"
+        raise ConfigError(f"no tensor-parallel degree to predict: {problem}")
+    return ways
 
-    import torch
 
-    from scaletrain.optim import build_optimizer
-    param = torch.nn.Parameter(torch.zeros(max(tensor_bytes // 4, 1)))
-    param.grad = torch.full_like(param, 1e-3)
-    optimizer = build_optimizer(cfg.optim, None, torch.device("cpu"), params=[param])
-    optimizer.step()    # builds its state
-    started = time.perf_counter()
-    for _ in range(repeats):
-        optimizer.step()
-    return (time.perf_counter() - started) / repeats / tensor_bytes
+def _tensor_parallel_prediction(cfg, args, console, m, step_time: float, source: str, intra: str,
+                                ways: list[int]) -> int:
+    """One replica's blocks split T ways over the host's interconnect (planning/scaling.py)."""
+    link = get_interconnect(intra)
+    points = [predict_tensor_parallel(step_time, t, m.tp_split_share, m.tp_allreduces, m.tp_allreduce_bytes, link)
+              for t in [1, *ways]]
+    if args.json:
+        print(json.dumps([{**p.to_dict(), "one_device_step_s": step_time, "step_time_source": source,
+                           "batch": cfg.batch_size, "allreduces": m.tp_allreduces,
+                           "allreduce_bytes": m.tp_allreduce_bytes, "split_share": m.tp_split_share,
+                           "interconnect": intra} for p in points], indent=2))
+        return 0
+    table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size}, blocks split over {intra}; one device "
+                        f"{step_time * 1e3:.2f} ms per step ({source}); {m.tp_allreduces} all-reduces of "
+                        f"{m.tp_allreduce_bytes / 2**20:.2f} MiB together per step; {m.tp_split_share:.0%} "
+                        "of the FLOPs in the split blocks")
+    for col in ("tensor-parallel", "compute ms", "all-reduce ms", "step ms", "speedup vs 1 device"):
+        table.add_column(col, justify="right")
+    for p in points:
+        table.add_row(str(p.ways), f"{p.compute_s * 1e3:.2f}", f"{p.collectives_s * 1e3:.2f}",
+                      f"{p.step_time_s * 1e3:.2f}", f"{p.speedup:.2f}x")
+    console.print(table)
+    console.print("tensor parallelism splits each block's matrices, so every layer waits for an all-reduce of "
+                  "the whole batch's activations: keep it within a host's fast links (docs/model-parallel.md)",
+                  soft_wrap=True)
+    return 0
 
 
 def _parameter_server_prediction(cfg, args, console, m, step_time: float, source: str) -> int:
     """Sync parameter servers: one row per server count at --workers workers, over --network."""
     link = get_interconnect(args.network)
     counts = [k for k in (1, 2, 4, 8, 16) if k <= len(m.tensor_bytes)]
-    per_byte = optimizer_seconds_per_byte(cfg, sum(m.tensor_bytes))
+    from scaletrain.planning.measure import optimizer_seconds_per_byte, server_seconds_per_byte
+    per_byte = optimizer_seconds_per_byte(cfg.optim, sum(m.tensor_bytes))
+    message_per_byte = server_seconds_per_byte(sum(m.tensor_bytes))
     points = [predict_parameter_server(step_time, cfg.batch_size, list(m.tensor_bytes), args.workers, k, link,
-                                       per_byte) for k in counts]
+                                       per_byte, message_per_byte) for k in counts]
     if args.json:
         print(json.dumps([{**p.to_dict(), "step_time_source": source, "per_worker_batch": cfg.batch_size,
-                           "network": args.network, "update_s_per_byte": per_byte} for p in points], indent=2))
+                           "network": args.network, "update_s_per_byte": per_byte,
+                           "message_s_per_byte": message_per_byte} for p in points], indent=2))
         return 0
     table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size} per worker, {args.workers} workers, parameter "
                         f"servers over {args.network}; step time {source}")
@@ -202,17 +233,25 @@ def _measured_table(path: str, as_json: bool) -> int:
     table = Table(title=f"measured against predicted: {result.get('grad_bytes', 0) / 2**20:.1f} MiB of gradients, "
                         f"one process {result.get('one_process_step_s', 0) * 1e3:.2f} ms per step; "
                         f"{env.get('device', '?')}, torch {env.get('torch', '?')}, {env.get('date', '?')}")
-    for col in ("strategy", "link", "hosts", "probed bus Mbit/s", "probed us/hop", "measured ms", "predicted ms",
-                "error"):
+    for col in ("strategy", "link", "hosts", "bound by", "probed bus Mbit/s", "probed us/hop", "measured ms",
+                "predicted ms", "error"):
         table.add_column(col, justify="right")
+    bound = {True: "link", False: "cores", None: "-"}
     for p in points:
         error = p["predicted_step_s"] / p["measured_step_s"] - 1
         table.add_row(p["strategy"], f"{p['rate_mbit']} Mbit/s" if p["rate_mbit"] else "unshaped", str(p["hosts"]),
-                      f"{p['bus_bandwidth_Bps'] * 8 / 1e6:,.0f}", f"{p['hop_latency_s'] * 1e6:.0f}",
-                      f"{p['measured_step_s'] * 1e3:.1f}", f"{p['predicted_step_s'] * 1e3:.1f}", f"{error:+.0%}")
+                      bound[p.get("link_bound")], f"{p['bus_bandwidth_Bps'] * 8 / 1e6:,.0f}",
+                      f"{p['hop_latency_s'] * 1e6:.0f}", f"{p['measured_step_s'] * 1e3:.1f}",
+                      f"{p['predicted_step_s'] * 1e3:.1f}", f"{error:+.0%}")
     console.print(table)
-    worst = max(points, key=lambda p: abs(p["predicted_step_s"] / p["measured_step_s"] - 1))
-    console.print(f"largest error {worst['predicted_step_s'] / worst['measured_step_s'] - 1:+.0%} "
-                  f"({worst['strategy']}, {worst['hosts']} hosts, "
-                  f"{str(worst['rate_mbit']) + ' Mbit/s' if worst['rate_mbit'] else 'unshaped'})", soft_wrap=True)
+    for label, subset in (("where the links bind", [p for p in points if p.get("link_bound")]),
+                          ("where this machine's cores bind", [p for p in points if p.get("link_bound") is False]),
+                          ("", [p for p in points if p.get("link_bound") is None])):
+        if subset:
+            worst = max(subset, key=lambda p: abs(p["predicted_step_s"] / p["measured_step_s"] - 1))
+            console.print(f"largest error{' ' + label if label else ''}: "
+                          f"{worst['predicted_step_s'] / worst['measured_step_s'] - 1:+.0%} ({worst['strategy']}, "
+                          f"{worst['hosts']} hosts, "
+                          f"{str(worst['rate_mbit']) + ' Mbit/s' if worst['rate_mbit'] else 'unshaped'})",
+                          soft_wrap=True)
     return 0

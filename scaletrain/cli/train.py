@@ -216,9 +216,11 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         layout = preflight(cfg, cfg.distributed.nproc * (spec.world_size if spec else 1),
                            make_checkpointer(plan, cfg, env))
         code = launch_from_config(cfg, layout, list(argv), str(plan.folder.path), plan.run_id)
-        if code not in (0, INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE):
-            from scaletrain.lifecycle.run import record_job_failure
-            record_job_failure(plan, cfg, f"a worker failed with exit code {code}")
+        if code != 0:
+            from scaletrain.lifecycle.run import record_job_end
+            stopped = code in (INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE)
+            record_job_end(plan, cfg, "interrupted" if stopped else "failed",
+                           None if stopped else f"a worker failed with exit code {code}")
         return code
     # A trial of `scaletrain tune` reports each epoch's metric to its study, which may prune it.
     pruning = trial_pruning_from_env()

@@ -220,16 +220,23 @@ class Run:
             self.lock.release()
 
 
-def record_job_failure(plan: RunPlan, cfg: TrainConfig, error: str) -> None:
-    """The launcher's word on a job whose workers failed: a worker the agent stopped after another
-    failed recorded the run as interrupted (or could not record it at all); the job failed."""
+def record_job_end(plan: RunPlan, cfg: TrainConfig, status: str, error: str | None = None) -> None:
+    """The launcher's word on a job that did not finish, in the run's folder and its store.
+    "failed": a worker the agent stopped after another failed recorded the run as interrupted (or
+    could not record it at all). "interrupted": a signal stopped the job, and a worker killed
+    before its handler ran (blocked in a collective when the agent's grace ran out) left the run
+    "running"."""
+    stale = ("running", "interrupted") if status == "failed" else ("running",)
     folder = plan.folder
-    if folder.holds_run() and folder.status in ("running", "interrupted"):
-        folder.set_status("failed")
+    if folder.holds_run() and folder.status in stale:
+        folder.set_status(status)
     if cfg.tracking.record and Path(cfg.tracking.store).is_file():
         with RunStore(cfg.tracking.store) as store:
-            if store.exists(plan.run_id) and store.get(plan.run_id).status in ("running", "interrupted"):
-                store.record_failure(plan.run_id, error)
+            if store.exists(plan.run_id) and store.get(plan.run_id).status in stale:
+                if status == "failed":
+                    store.record_failure(plan.run_id, error)
+                else:
+                    store.finish_run(plan.run_id, status)
 
 
 def make_checkpointer(plan: RunPlan, cfg: TrainConfig, env) -> Checkpointer | None:

@@ -41,6 +41,11 @@ class StepMeasurement:
     boundary_bytes: int = 0
     # Each trainable tensor's bytes: how a parameter server would shard them.
     tensor_bytes: tuple[int, ...] = ()
+    # What --strategy tensor would all-reduce per step (tensor_parallel_traffic); 0 for a model
+    # whose blocks state no TP_PLAN.
+    tp_allreduces: int = 0
+    tp_allreduce_bytes: int = 0
+    tp_split_share: float = 0.0
 
 
 def boundary_bytes(trainer, dataset) -> int:
@@ -64,6 +69,43 @@ def boundary_bytes(trainer, dataset) -> int:
     return max(sizes, default=0)
 
 
+def tensor_parallel_traffic(trainer, dataset) -> tuple[int, int, float]:
+    """What splitting `trainer.model`'s blocks by their TP_PLAN would cost per step, measured on one
+    training batch: (all-reduces, their bytes together, the share of the step's FLOPs inside the
+    split blocks). A row-wise layer all-reduces its output in the forward; a column-wise layer its
+    input's gradient in the backward (the input's size). (0, 0, 0.0) when no block has a plan."""
+    from scaletrain.models.blocks import find_blocks
+    try:
+        blocks = [b for b in find_blocks(trainer.model) if getattr(b, "TP_PLAN", None)]
+    except ConfigError:
+        return 0, 0, 0.0
+    if not blocks:
+        return 0, 0, 0.0
+    trainer.adopt(dataset)
+    x, _ = next(iter(trainer.loader(dataset.train, train=True)))
+    sizes: list[int] = []
+
+    def record(module, args, out, style):
+        tensor = out if style == "rowwise" else args[0]
+        sizes.append(tensor.numel() * tensor.element_size())
+    hooks = [block.get_submodule(name).register_forward_hook(
+                 lambda module, args, out, style=style: record(module, args, out, style))
+             for block in blocks for name, style in block.TP_PLAN.items()]
+    names = {id(module): name for name, module in trainer.model.named_modules()}
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter, trainer.policy.autocast(trainer.device):
+            trainer.model(x).float().sum().backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        trainer.model.zero_grad(set_to_none=True)
+    counts = counter.get_flop_counts()
+    root = type(trainer.model).__name__
+    inside = sum(sum(counts.get(f"{root}.{names[id(block)]}", {}).values()) for block in blocks)
+    return len(sizes), sum(sizes), inside / max(counter.get_total_flops(), 1)
+
+
 def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = True) -> StepMeasurement:
     """Times `steps` training steps of `cfg` on one device with the real trainer (an untimed
     warm-up epoch first, evaluation off), and counts the gradient bytes DDP would all-reduce.
@@ -85,8 +127,41 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device, tokens=dataset.mean is None)
     from scaletrain.summary import device_name
     step_time = cfg.batch_size / throughput.steady_state() if time_steps else float("nan")
+    tp_allreduces, tp_bytes, tp_share = tensor_parallel_traffic(trainer, dataset)
     return StepMeasurement(step_time_s=step_time, batch_size=cfg.batch_size,
                            grad_bytes=grad_bytes, params=sum(p.numel() for p in trainer.model.parameters()),
                            device=device_name(trainer.device), flops_per_sample=flops,
                            sample_shape=tuple(dataset.input_shape), boundary_bytes=boundary_bytes(trainer, dataset),
-                           tensor_bytes=tensor_bytes)
+                           tensor_bytes=tensor_bytes, tp_allreduces=tp_allreduces, tp_allreduce_bytes=tp_bytes,
+                           tp_split_share=tp_share)
+
+
+def optimizer_seconds_per_byte(optim_config, tensor_bytes: int, repeats: int = 5) -> float:
+    """Times `optim_config`'s optimizer stepping one float32 tensor of `tensor_bytes` on this CPU (a
+    parameter server's update of its shard), per byte."""
+    import time
+
+    from scaletrain.optim import build_optimizer
+    param = torch.nn.Parameter(torch.zeros(max(tensor_bytes // 4, 1)))
+    param.grad = torch.full_like(param, 1e-3)
+    optimizer = build_optimizer(optim_config, None, torch.device("cpu"), params=[param])
+    optimizer.step()    # builds its state
+    started = time.perf_counter()
+    for _ in range(repeats):
+        optimizer.step()
+    return (time.perf_counter() - started) / repeats / tensor_bytes
+
+
+def server_seconds_per_byte(tensor_bytes: int, repeats: int = 5) -> float:
+    """A parameter server's own work on one worker's message, per byte of it, on this CPU: what
+    distributed/strategies/ps/server.py does with each push and each reply (keep the gradient, add
+    it into the sum, pack the parameters into the reply), without the transfer."""
+    import time
+    message = torch.full((max(tensor_bytes // 4, 1),), 1e-3)
+    total, params = torch.zeros_like(message), torch.zeros_like(message)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        kept = message.clone()
+        total.add_(kept)
+        torch.cat([torch.zeros(5), params])
+    return (time.perf_counter() - started) / repeats / tensor_bytes

@@ -1,36 +1,51 @@
-"""Predicts data-parallel step time, speedup and efficiency from one measured device (a ring
-all-reduce, or parameter servers: `predict_parameter_server`).
+"""Predicts a step's time on many devices from one measured device: data parallelism (a ring
+all-reduce, or sharded collectives), parameter servers, pipelines, tensor parallelism, and
+workers that differ (stragglers).
 
-Model (weak scaling: every device keeps the per-device batch, so N devices process N times the
-samples per step):
+Data parallelism (weak scaling: every device keeps the per-device batch, so N devices process N
+times the samples per step):
 
     t_step(N) = t_compute + exposed(N)
     t_allreduce(N) = 2(N-1)/N * S/B  +  buckets * 2(N-1) * alpha      (ring all-reduce)
-    exposed(N) = t_allreduce(N) - min(overlap * t_allreduce(N), t_backward)
-
-Sharded strategies move V (N-1)/N * S per step instead of 2 (the strategy's `wire_volume`: FSDP
-gathers the parameters in the forward and again in the backward and reduce-scatters the
-gradients, V = 3, seed 004's 1.5x; ZeRO-2 gathers once, V = 2; ZeRO-1 all-reduces and then
-broadcasts the updated parameters, 2 + 1, the broadcast after the step never hidden), and can hide
-behind the whole step where they prefetch in the forward too.
     speedup(N) = N * t_compute / t_step(N),   efficiency = speedup / N
 
 S is the gradient bytes (halved by bf16/fp16 compression), B the effective bus bandwidth of the
 slowest link in the ring (the host's interconnect up to `devices_per_host` devices, the network
-between hosts beyond), alpha the per-hop latency, paid per DDP bucket. DDP all-reduces bucket by
-bucket while the backward pass still runs, so up to `overlap` of the communication can hide behind
-the backward (taken as 2/3 of the step: backward costs about twice the forward); the last bucket
-never overlaps, hence overlap < 1.
+between hosts beyond), alpha the per-hop latency, paid per DDP bucket.
+
+What hides: DDP all-reduces bucket by bucket while the backward pass still runs (the backward
+taken as 2/3 of the step: it costs about twice the forward). Given each tensor's bytes, the
+buckets are scheduled: a bucket starts once the backward has produced its gradients and the link
+is free, and what runs past the backward's end is exposed (at least the last bucket: the first
+layer's gradients come last). Without them, exposed = t_allreduce - min(overlap * t_allreduce,
+t_backward).
+
+Each strategy states the collectives of its step (its `collectives`): DDP one all-reduce; FSDP
+gathers the parameters in the forward and again in the backward and reduce-scatters the
+gradients (on a ring 1 + 1 + 1 = 3 units of S(N-1)/N against DDP's 2: seed 004's 1.5x); ZeRO-2
+gathers once; ZeRO-1 all-reduces, then broadcasts the updated parameters after the step, never
+hidden. Sharded strategies can hide behind the whole step: they prefetch in the forward too.
+A collective moves RING_VOLUME units on an ideal ring, times the library's measured factor
+(`ALGORITHM_FACTORS`): gloo's reduce-scatter costs a whole all-reduce, not half of one.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from scaletrain.planning.hardware import Interconnect
 
 BACKWARD_SHARE = 2 / 3
+FIRST_BUCKET_BYTES = 2**20     # DDP's first gradient bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES)
+# The bytes one rank sends per collective on an ideal ring, in units of S (N-1)/N for a tensor of
+# S bytes (the gathered or reduced whole, not one shard).
+RING_VOLUME = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
+# How much longer a library's collective takes than the ideal ring at the same bytes, measured
+# against its own all-reduce over links shaped to 1 Gbit/s (BENCHMARKS.md, "The scaling predictor
+# against shaped links"): gloo's reduce-scatter takes as long as its all-reduce (1.01-1.07x at 2 and
+# 4 hosts), its all-gather 1.08-1.12x the ideal half. NCCL's are rings.
+ALGORITHM_FACTORS = {"gloo": {"all_gather": 1.1, "reduce_scatter": 2.0}, "nccl": {}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +59,30 @@ class ScalingInputs:
     overlap: float = 0.8
     compression: str = "none"   # none, bf16, fp16
     bucket_bytes: int = 25 * 2**20
-    # What the strategy moves per step, in units of S(N-1)/N per rank (a ring all-reduce moves 2;
-    # FSDP's two all-gathers and a reduce-scatter 3), split into what can overlap compute and what
-    # cannot (ZeRO-1's parameter broadcast after the step), and the share of the step it can hide
-    # behind (DDP: the backward; sharded strategies prefetch in the forward too: the whole step).
-    overlappable_volume: float = 2.0
-    exposed_volume: float = 0.0
+    # The strategy's collectives per step, (kind, count, can overlap compute): DDP's one all-reduce;
+    # ZeRO-1's broadcast after the step cannot overlap. `algorithm`: the library's factor per kind
+    # (ALGORITHM_FACTORS; missing kinds are ideal rings). `overlap_window`: the share of the step the
+    # overlapping ones can hide behind (DDP: the backward; sharded strategies prefetch in the
+    # forward too: the whole step).
+    collectives: tuple = (("all_reduce", 1, True),)
+    algorithm: dict = field(default_factory=dict)
     overlap_window: float = BACKWARD_SHARE
+    # Each trainable tensor's bytes in parameter order. Given, DDP's buckets are scheduled against
+    # the backward (what hides is what the model's layer order lets hide); without, up to `overlap`
+    # of the communication hides behind the backward.
+    tensor_bytes: tuple = ()
+    # The communication runs on the cores that compute (gloo over TCP with no core to spare, as
+    # when several hosts share one machine): nothing hides, whatever the schedule allows.
+    shared_cores: bool = False
 
     @property
     def wire_bytes(self) -> float:
         return self.grad_bytes / 2 if self.compression in ("bf16", "fp16") else float(self.grad_bytes)
+
+    def volume(self, overlaps: bool) -> float:
+        """What the collectives that do (or do not) overlap compute move, in units of S (N-1)/N."""
+        return sum(count * RING_VOLUME[kind] * self.algorithm.get(kind, 1.0)
+                   for kind, count, hides in self.collectives if hides == overlaps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,21 +103,44 @@ class ScalingPoint:
         return asdict(self)
 
 
+def ddp_buckets(tensor_bytes: tuple[int, ...] | list[int], bucket_bytes: int,
+                first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> list[int]:
+    """The bytes of each of DDP's gradient buckets in the order they are reduced: the parameters in
+    reverse (the backward computes the last layer's gradient first), a bucket closed once it holds
+    at least its cap (the first 1 MiB, so communication starts early; the rest --bucket-cap-mb)."""
+    buckets, current, cap = [], 0, first_bucket_bytes
+    for size in reversed(tensor_bytes):
+        current += size
+        if current >= cap:
+            buckets.append(current)
+            current, cap = 0, bucket_bytes
+    return buckets + ([current] if current else [])
+
+
 def predict(inputs: ScalingInputs, devices: int) -> ScalingPoint:
     n = devices
     hosts = math.ceil(n / inputs.devices_per_host)
     link = inputs.intra if hosts == 1 else min((inputs.intra, inputs.network), key=lambda i: i.bus_bandwidth)
-    volume = inputs.overlappable_volume + inputs.exposed_volume
+    overlappable_volume = inputs.volume(overlaps=True)
+    volume = overlappable_volume + inputs.volume(overlaps=False)
+    scheduled = bool(inputs.tensor_bytes) and inputs.overlap_window == BACKWARD_SHARE
+    buckets = (ddp_buckets(inputs.tensor_bytes, inputs.bucket_bytes) if scheduled
+               else [inputs.grad_bytes] * max(1, math.ceil(inputs.wire_bytes / inputs.bucket_bytes)))
     if n == 1:  # nothing to all-reduce
         bandwidth = latency = 0.0
     else:
-        buckets = max(1, math.ceil(inputs.wire_bytes / inputs.bucket_bytes))
         bandwidth = volume * (n - 1) / n * inputs.wire_bytes / link.bus_bandwidth
-        latency = buckets * volume * (n - 1) * link.hop_latency      # one hop per S/N moved
+        latency = len(buckets) * volume * (n - 1) * link.hop_latency      # one hop per S/N moved
     allreduce = bandwidth + latency
-    overlappable = allreduce * inputs.overlappable_volume / volume
-    hidden = min(inputs.overlap * overlappable, inputs.overlap_window * inputs.step_time_s)
-    exposed = allreduce - hidden
+    overlappable = allreduce * overlappable_volume / volume
+    if inputs.shared_cores:
+        exposed_overlappable = overlappable
+    elif scheduled and n > 1:
+        exposed_overlappable = _exposed_after_backward(buckets, overlappable, inputs.overlap_window * inputs.step_time_s)
+    else:
+        exposed_overlappable = overlappable - min(inputs.overlap * overlappable,
+                                                  inputs.overlap_window * inputs.step_time_s)
+    exposed = exposed_overlappable + (allreduce - overlappable)
     step = inputs.step_time_s + exposed
     speedup = n * inputs.step_time_s / step
     return ScalingPoint(devices=n, hosts=hosts, link=link.name if n > 1 else "-", allreduce_s=allreduce,
@@ -97,10 +148,23 @@ def predict(inputs: ScalingInputs, devices: int) -> ScalingPoint:
                         images_per_sec=n * inputs.per_device_batch / step, speedup=speedup, efficiency=speedup / n)
 
 
-def strategy_traffic(strategy) -> dict:
-    """The ScalingInputs fields a data-parallel strategy class states (`wire_volume`, `hides_behind`)."""
-    overlappable, exposed = strategy.wire_volume
-    return {"overlappable_volume": overlappable, "exposed_volume": exposed,
+def _exposed_after_backward(buckets: list[int], comm_s: float, backward_s: float) -> float:
+    """DDP's buckets on one link: bucket b is ready once the backward has produced its gradients
+    (the backward's time taken as proportional to the bytes it has passed), starts when it is ready
+    and the link is free, and takes its share of `comm_s`. What runs past the backward's end is
+    exposed: at least the last bucket, whose gradients come last."""
+    total, done, link_free = sum(buckets), 0, 0.0
+    for size in buckets:
+        done += size
+        ready = backward_s * done / total
+        link_free = max(link_free, ready) + comm_s * size / total
+    return max(link_free - backward_s, 0.0)
+
+
+def strategy_traffic(strategy, library: str = "nccl") -> dict:
+    """The ScalingInputs fields a data-parallel strategy class states (`collectives`, `hides_behind`),
+    with `library`'s algorithm factors (gloo, nccl)."""
+    return {"collectives": tuple(strategy.collectives), "algorithm": ALGORITHM_FACTORS[library],
             "overlap_window": 1.0 if strategy.hides_behind == "step" else BACKWARD_SHARE}
 
 
@@ -180,10 +244,11 @@ class ParameterServerPoint:
     servers: int
     workers: int
     largest_shard_bytes: int
-    server_link_s: float        # the busiest server's traffic: W gradient shards in, W parameter shards out
-    worker_link_s: float        # one worker's traffic: its whole gradient out, the parameters in
+    server_link_s: float        # the busiest server's link, one way: W gradient shards in (then W parameter shards out)
+    worker_link_s: float        # one worker's link, one way: its whole gradient out (then the parameters in)
     latency_s: float
     update_s: float             # the busiest server's optimizer step on its shard
+    handling_s: float           # the busiest server's own work on the W messages (copies, sum, reply)
     exchange_s: float
     step_time_s: float
     images_per_sec: float
@@ -193,19 +258,25 @@ class ParameterServerPoint:
 
 
 def predict_parameter_server(step_time_s: float, per_worker_batch: int, tensor_bytes: list[int], workers: int,
-                             servers: int, link: Interconnect, update_s_per_byte: float = 0.0) -> ParameterServerPoint:
+                             servers: int, link: Interconnect, update_s_per_byte: float = 0.0,
+                             message_s_per_byte: float = 0.0) -> ParameterServerPoint:
     """A synchronous parameter-server step (seed 002): every worker pushes its gradient, shard by
-    shard, to K servers after its backward pass, and pulls the new parameters back:
+    shard, to K servers after its backward pass, and pulls the new parameters back once every
+    push has arrived and the server has stepped, so the push and the pull do not overlap:
 
         S_k = the bytes of server k's whole tensors (largest first onto the least loaded server)
-        t_server = W * max_k S_k / B      each link full duplex: W shards in while W go out
-        t_worker = S / B                  a worker's own link carries the whole model each way
-        t_exchange = max(t_server, t_worker) + 2 * alpha + max_k S_k * u
+        t_server = W * max_k S_k / B      the busiest server's link: W shards in, then W out
+        t_worker = S / B                  a worker's own link: the whole model out, then in
+        t_handle = W * max_k S_k * h      the busiest server's own work on W messages
+        t_exchange = 2 * max(t_server, t_worker) + t_handle + 2 * alpha + max_k S_k * u
         t_step = t_compute + t_exchange   nothing overlaps: the push starts after the backward
 
     The busiest server's link is the bottleneck seed 002 describes: it carries W times its shard,
     so sharding over K servers divides it until one worker's own link, or the largest tensor (a
-    server holds whole tensors), limits it. u: the optimizer step's seconds per byte of a shard."""
+    server holds whole tensors), limits it. u: the optimizer step's seconds per byte of a shard;
+    h: a server's own seconds per byte of each message (keep the gradient, add it in, pack the
+    reply; measure.server_seconds_per_byte). One process handles every message, so h grows with W.
+    Over links shaped to 1 Gbit/s the push and the pull took one phase each (BENCHMARKS.md)."""
     from scaletrain.distributed.strategies.ps.strategy import balance
     shards = balance(list(tensor_bytes), servers)
     largest = max(sum(tensor_bytes[i] for i in shard) for shard in shards)
@@ -213,9 +284,98 @@ def predict_parameter_server(step_time_s: float, per_worker_batch: int, tensor_b
     worker_link = sum(tensor_bytes) / link.bus_bandwidth
     latency = 2 * link.hop_latency
     update = largest * update_s_per_byte
-    exchange = max(server_link, worker_link) + latency + update
+    handling = workers * largest * message_s_per_byte
+    exchange = 2 * max(server_link, worker_link) + handling + latency + update
     step = step_time_s + exchange
     return ParameterServerPoint(servers=servers, workers=workers, largest_shard_bytes=largest,
                                 server_link_s=server_link, worker_link_s=worker_link, latency_s=latency,
-                                update_s=update, exchange_s=exchange, step_time_s=step,
+                                update_s=update, handling_s=handling, exchange_s=exchange, step_time_s=step,
                                 images_per_sec=workers * per_worker_batch / step)
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerPoint:
+    workers: int
+    backups: int
+    mode: str                   # sync or async
+    waits_for_s: float          # what a step (sync) or an epoch's share (async) waits for, per step
+    epoch_end_s: float          # per step: the epoch's end waiting out the in-flight steps it did not wait for
+    step_time_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict_stragglers(worker_step_s: list[list[float]], backups: int = 0, mode: str = "sync",
+                       steps_per_epoch: int = 0, trials: int = 4096, seed: int = 0) -> StragglerPoint:
+    """The chief's step when workers differ (seed 002's slow workers and backup replicas), from
+    each worker's step-time distribution (its own compute and exchange: samples drawn with
+    replacement, one value for a worker that never varies):
+
+        sync:  a step closes when W - B pushes have arrived: t = E[X_(W-B)], the (W-B)-th fastest
+               of one draw per worker (B = 0: the slowest of the W);
+        async: nobody waits within an epoch, every worker trains an equal share at its own pace, and
+               the epoch ends when W - B of them have finished it: t = the (W-B)-th smallest mean;
+        backups: the epoch's end is a meeting of all W, so it waits for the steps still in flight on
+               the B it did not wait for: E[max over them of U * X], U uniform on [0, 1) (where in
+               its step each one is), spread over the epoch's `steps_per_epoch` steps.
+    """
+    import random
+    import statistics
+    workers = len(worker_step_s)
+    if not 0 <= backups < workers:
+        raise ValueError(f"backups must be in [0, {workers - 1}] for {workers} workers, got {backups}")
+    if mode not in ("sync", "async"):
+        raise ValueError(f"mode must be sync or async, got {mode!r}")
+    rng = random.Random(seed)
+    kth = workers - backups - 1
+    waits, ends = [], []
+    means = [statistics.fmean(samples) for samples in worker_step_s]
+    slow_by_mean = sorted(range(workers), key=means.__getitem__)[kth + 1:]
+    for _ in range(trials):
+        draws = [rng.choice(samples) for samples in worker_step_s]
+        if mode == "sync":
+            order = sorted(range(workers), key=draws.__getitem__)
+            waits.append(draws[order[kth]])
+            left_out = order[kth + 1:]
+        else:
+            left_out = slow_by_mean
+        ends.append(max((rng.random() * draws[i] for i in left_out), default=0.0))
+    wait = statistics.fmean(waits) if mode == "sync" else sorted(means)[kth]
+    epoch_end = statistics.fmean(ends) / steps_per_epoch if backups and steps_per_epoch else 0.0
+    return StragglerPoint(workers=workers, backups=backups, mode=mode, waits_for_s=wait, epoch_end_s=epoch_end,
+                          step_time_s=wait + epoch_end)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallelPoint:
+    ways: int
+    compute_s: float            # the split blocks' share over T devices, the rest whole on each
+    collectives_s: float        # the per-layer all-reduces, on the critical path
+    step_time_s: float
+    speedup: float              # one device's step over this one (the same batch)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict_tensor_parallel(step_time_s: float, ways: int, split_share: float, allreduces: int,
+                            allreduce_bytes: float, link: Interconnect) -> TensorParallelPoint:
+    """One replica's step with its blocks split T ways (Megatron-style, seed 004), from one
+    device's step on the same batch:
+
+        t_compute = t_1 * (share / T + 1 - share)
+        t_comm = 2(T-1)/T * bytes / B  +  count * 2(T-1) * alpha
+        t_step = t_compute + t_comm
+
+    share: the step's FLOPs inside the split blocks (embeddings and the head stay whole on every
+    device); count and bytes: the step's per-layer all-reduces (each row-wise layer's output in the
+    forward, each column-wise layer's input gradient in the backward, the whole batch's). None
+    overlaps compute: the next layer needs the sum."""
+    t = ways
+    compute = step_time_s * (split_share / t + 1 - split_share)
+    comm = 0.0 if t == 1 else (2 * (t - 1) / t * allreduce_bytes / link.bus_bandwidth
+                               + allreduces * 2 * (t - 1) * link.hop_latency)
+    step = compute + comm
+    return TensorParallelPoint(ways=t, compute_s=compute, collectives_s=comm, step_time_s=step,
+                               speedup=step_time_s / step)

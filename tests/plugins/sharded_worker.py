@@ -4,6 +4,7 @@ rank, the epoch history, the full final weights and the bytes this rank really h
 parameters, gradients and optimizer state (after a step, gradients kept), for the planner test."""
 
 import gc
+import os
 import sys
 
 import torch
@@ -48,3 +49,9 @@ built.close()
 # As the CLI does: free the wrappers' work objects before interpreter finalization.
 del trainer, model, weights
 gc.collect()
+# And leave as the CLI's workers do (scaletrain/__main__.py): once everything is written, skip the
+# interpreter's teardown, where gloo's threads can still be joinable ("terminate called without
+# an active exception", exit -6; seen once here under two test workers).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

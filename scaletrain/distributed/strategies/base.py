@@ -49,10 +49,10 @@ class Strategy(ABC):
     # gradients, "sharded" (reduce-scatter and all-gather), "pipeline" (activations between
     # stages), "tensor" (per-layer collectives), "parameter-server" (push and pull), or "none".
     traffic = "all-reduce"
-    # For the all-reduce and sharded patterns: the bytes each rank moves per step, in units of the
-    # gradient bytes S times (N-1)/N, as (what can overlap compute, what cannot), and what it can
-    # hide behind: "backward" or the whole "step" (planning/scaling.py). A ring all-reduce moves 2.
-    wire_volume = (2.0, 0.0)
+    # For the all-reduce and sharded patterns: the step's collectives over the model's S bytes, as
+    # (kind, count, can overlap compute), and what they can hide behind: "backward" or the whole
+    # "step" (planning/scaling.py prices each kind).
+    collectives = (("all_reduce", 1, True),)
     hides_behind = "backward"
 
     def __init__(self, config, env: DistEnv, layout: Layout | None = None):

@@ -43,7 +43,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     zero_stage = 3
     # Parameters gathered in the forward and again in the backward, gradients reduce-scattered;
     # the next unit's gather is prefetched while the current one computes, forward and backward.
-    wire_volume = (3.0, 0.0)
+    collectives = (("all_gather", 2, True), ("reduce_scatter", 1, True))   # forward, backward; gradients
     hides_behind = "step"
 
     def __init__(self, config, env, layout=None):
@@ -152,4 +152,4 @@ class FSDPStrategy(ProcessGroupStrategy):
 class Zero2Strategy(FSDPStrategy):
     zero_stage = 2
     reshard_after_forward = False
-    wire_volume = (2.0, 0.0)     # gathered once: the backward reuses the forward's parameters
+    collectives = (("all_gather", 1, True), ("reduce_scatter", 1, True))   # the backward reuses the forward's gather

@@ -27,7 +27,7 @@ from scaletrain.optim import build_optimizer
 class Zero1Strategy(DDPStrategy):
     zero_stage = 1
     # DDP's all-reduce, then each owner's partition broadcast after the step (nothing to hide behind).
-    wire_volume = (2.0, 1.0)
+    collectives = (("all_reduce", 1, True), ("broadcast", 1, False))
 
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         params = [p for p in model.parameters() if p.requires_grad]
