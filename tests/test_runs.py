@@ -51,6 +51,21 @@ WRITER = textwrap.dedent("""
 """)
 
 
+def test_a_write_cut_short_by_a_signal_does_not_stop_the_next(tmp_path):
+    """A signal between a write's BEGIN and its body leaves the transaction open (no rollback runs
+    there); the interrupted run must still record that it was interrupted (seen in CI: the store
+    kept "running"), and the cut write's rows must not appear."""
+    store = RunStore(tmp_path / "runs.db")
+    store.start_run("r")
+    cut = store._write()
+    cut.__enter__().execute("UPDATE runs SET name = 'half-written' WHERE id = 'r'")   # then the signal
+    store.finish_run("r", "interrupted")
+    store.close()
+    with RunStore(tmp_path / "runs.db") as again:
+        assert again.get("r").status == "interrupted"
+        assert again.get("r").name is None
+
+
 def test_four_concurrent_writers_lose_nothing(tmp_path):
     import time
     path = tmp_path / "runs.db"

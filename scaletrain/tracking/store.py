@@ -172,6 +172,12 @@ class RunStore:
 
     @contextmanager
     def _write(self):
+        # A write that a signal cut short between its BEGIN and the `with` body (where no
+        # rollback runs) left its transaction open; the next write, often the interrupted run's
+        # own "interrupted", would fail on it ("cannot start a transaction within a transaction").
+        # Every write here is one `_write`, so an open transaction is always such a leftover.
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
         # BEGIN IMMEDIATE takes the write lock up front, so two writers never deadlock upgrading
         # read locks; busy_timeout makes the second one wait.
         self._conn.execute("BEGIN IMMEDIATE")
