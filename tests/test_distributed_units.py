@@ -165,3 +165,31 @@ def test_single_process_resume_is_bitwise_and_bad_resume_paths_are_errors(tmp_pa
     other = small_config(tmp_path / "d", batch_size=32)
     with pytest.raises(ConfigError, match="global_batch 64, this run has 32"):
         fit(other, digits, ckpt=Checkpointer(store, resume="auto"))
+
+
+def test_a_process_killed_outright_is_the_jobs_failure_though_a_peer_stamped_an_earlier_time(tmp_path, monkeypatch):
+    """The agent's failures, as torch builds them: a server SIGKILLed at x.99 s (no error file: the
+    agent stamps the whole second it noticed, x+1) and a worker that failed 5 ms later on the
+    closed connection (its error file, written as env.hand_to_launcher writes it, says x.995 s).
+    The dead server is the job's failure (seen in CI as "exit code 1"); stopped workers never are."""
+    import time
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from scaletrain.distributed.launch import _first_failure
+    x = int(time.time()) - 10
+    error_file = tmp_path / "error.json"
+    error_file.write_text(json.dumps({"message": "RuntimeError: Connection closed by peer",
+                                      "timestamp": x, "time_ns": x * 10**9 + 995_000_000}))
+    worker = ProcessFailure(local_rank=0, pid=11, exitcode=1, error_file=str(error_file))
+    monkeypatch.setattr(time, "time", lambda: x + 1.02)      # when the agent noticed the server
+    server = ProcessFailure(local_rank=2, pid=13, exitcode=-9, error_file=str(tmp_path / "none.json"))
+    stopped = ProcessFailure(local_rank=1, pid=12, exitcode=-15, error_file=str(tmp_path / "none.json"))
+    monkeypatch.undo()
+    assert server.timestamp == x + 1 and worker.timestamp == x
+    assert _first_failure({0: worker, 1: stopped, 2: server})[0] == 2
+    # Without a process killed outright: the earliest handed-over failure, never a stopped one.
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps({"message": "ValueError: bad", "timestamp": x, "time_ns": x * 10**9 + 999_000_000}))
+    assert _first_failure({0: worker, 1: stopped, 3: ProcessFailure(3, 14, 1, str(later))})[0] == 0
+    assert _first_failure({1: stopped})[0] == 1

@@ -57,8 +57,9 @@ def test_a_write_cut_short_by_a_signal_does_not_stop_the_next(tmp_path):
     kept "running"), and the cut write's rows must not appear."""
     store = RunStore(tmp_path / "runs.db")
     store.start_run("r")
-    cut = store._write()
-    cut.__enter__().execute("UPDATE runs SET name = 'half-written' WHERE id = 'r'")   # then the signal
+    # What `_write` leaves when the signal lands right after its BEGIN: an open transaction.
+    store._conn.execute("BEGIN IMMEDIATE")
+    store._conn.execute("UPDATE runs SET name = 'half-written' WHERE id = 'r'")
     store.finish_run("r", "interrupted")
     store.close()
     with RunStore(tmp_path / "runs.db") as again:

@@ -109,18 +109,30 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
 
 
 def _first_failure(failures: dict) -> tuple[int, object]:
-    """The failure that ended the job: the earliest of those that were not the agent stopping the
-    rest (torch's own pick, by a timestamp in whole seconds, often names a worker it stopped)."""
+    """The failure that ended the job. Every failure here was seen at the one poll of the agent
+    that stopped the rest, so all of them died within one monitor interval (0.1 s): time alone
+    cannot order them, because a process killed outright (SIGKILL, SIGSEGV, the OOM killer) has only
+    the agent's whole-second stamp of when it noticed, and a peer that failed a few ms after it
+    (its connection to the dead one closed) can carry an earlier time in ns when a second boundary
+    falls in between (seen in CI: a SIGKILLed server reported as "worker rank 0 failed with exit
+    code 1"). So a process killed outright counts first: it is what its peers failed from. Among
+    the rest, the earliest; the agent's own stops (SIGINT/SIGTERM endings) only where nothing else
+    failed (torch's own pick, by whole seconds, often names a worker it stopped)."""
     stopped = {INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, -signal.SIGINT, -signal.SIGTERM}
     causes = {rank: f for rank, f in failures.items() if f.exitcode not in stopped} or failures
 
-    def when_ns(failure) -> int:
-        # A worker of ours wrote its time in ns (env.hand_to_launcher); one killed outright has
-        # the agent's whole-second stamp of when it noticed, which then sorts first.
+    def handed_ns(failure) -> int | None:
+        # A worker of ours wrote its time in ns with its line (env.hand_to_launcher).
         data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
-        return data["time_ns"] if isinstance(data.get("time_ns"), int) else failure.timestamp * 1_000_000_000
+        return data["time_ns"] if isinstance(data.get("time_ns"), int) else None
 
-    rank = min(causes, key=lambda r: (when_ns(causes[r]), r))
+    def order(rank: int) -> tuple:
+        failure = causes[rank]
+        ns = handed_ns(failure)
+        killed_outright = failure.exitcode < 0 and ns is None
+        return (not killed_outright, ns if ns is not None else failure.timestamp * 1_000_000_000, rank)
+
+    rank = min(causes, key=order)
     return rank, causes[rank]
 
 
