@@ -40,10 +40,14 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks.link_switch import switched_hosts  # noqa: E402  (the repo on the path first)
 PORT = 29617
-SIZES = [2**10, 2**16, 2**20, 2**22, 2**24]      # all-reduce probe sizes, bytes (float32)
+# The probe sizes, bytes (float32): 128-512 KiB are what tensor parallelism sends per layer (gpt-tiny at
+# batch 16: 0.5 MiB), where gloo on hosts sharing cores strays furthest from one straight line.
+SIZES = [2**10, 2**16, 2**17, 2**18, 2**19, 2**20, 2**22, 2**24]
 MODEL = ["--model", "mlp", "--model-option", "hidden=[1024,1024]", "--data", "synthetic", "--num-samples", "2048",
          "--no-progress", "--no-record", "--lr", "0.01", "--no-eval-each-epoch"]
 # Tensor parallelism splits a transformer's blocks: the char-gpt recipe's model on 512 windows.
@@ -100,9 +104,10 @@ def _in_hosts(hosts, argv_of, env_of, timeout: float = 600) -> list[str]:
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv_of(rank)], stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO))
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    for p, out in zip(procs, outputs):
-        if p.returncode != 0:
-            raise RuntimeError(f"a host failed (exit {p.returncode}):\n{out[-3000:]}")
+    failed = [(rank, p.returncode, out) for rank, (p, out) in enumerate(zip(procs, outputs)) if p.returncode != 0]
+    if failed:
+        # Every failed host's end: the first by rank is often a peer of the one that failed first.
+        raise RuntimeError("\n".join(f"host {rank} failed (exit {code}):\n{out[-1500:]}" for rank, code, out in failed))
     return outputs
 
 
@@ -166,10 +171,17 @@ def fit(probed: dict) -> tuple[float, float]:
     return mean_t - slope * mean_s, slope
 
 
-def fit_link(probed: dict, world: int) -> tuple[float, float]:
+def fit_link(probed: dict, world: int, around: int | None = None) -> tuple[float, float]:
     """(bus bandwidth bytes/s, per-hop latency s) from the all-reduce probe: a ring all-reduce moves
-    2(N-1)/N * size per rank in 2(N-1) hops."""
-    intercept, slope = fit(probed["all_reduce"])
+    2(N-1)/N * size per rank in 2(N-1) hops. `around`: fitted only over the probe sizes from a
+    quarter to twice that message size, for a strategy that sends one size many times a step
+    (tensor parallelism's per-layer all-reduces): one line over 1 KiB to 16 MiB is set by the
+    large sizes and misses the middle by up to 2x on hosts that share cores."""
+    sizes = probed["all_reduce"]
+    if around is not None:
+        near = {size: t for size, t in sizes.items() if around / 4 <= int(size) <= around * 2}
+        sizes = near if len(near) >= 2 else sizes
+    intercept, slope = fit(sizes)
     return 2 * (world - 1) / world / slope, max(intercept, 0.0) / (2 * (world - 1))
 
 
@@ -239,27 +251,32 @@ def model_tensor_bytes() -> list[int]:
 
 
 def tensor_parallel_traffic(batch: int) -> dict:
-    """TP_MODEL's per-step all-reduces and split share, as `scaletrain scaling --strategy tensor`
-    counts them (nothing timed)."""
+    """TP_MODEL's per-step all-reduces, split share and DTensor's own work per step, as `scaletrain
+    scaling --strategy tensor` counts and measures them, on one thread as each host has."""
     out = subprocess.run([sys.executable, "-m", "scaletrain", "scaling", *TP_MODEL, "--batch-size", str(batch),
-                          "--strategy", "tensor", "--tensor-parallel", "2", "--step-time-ms", "1", "--json"],
-                         check=True, capture_output=True, text=True, cwd=REPO).stdout
+                          "--strategy", "tensor", "--tensor-parallel", "2", "--max-devices", "2", "--json"],
+                         check=True, capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
     record = json.loads(out)[0]
-    return {key: record[key] for key in ("allreduces", "allreduce_bytes", "split_share")}
+    return {key: record[key] for key in ("allreduces", "allreduce_bytes", "split_share", "dtensor_overhead_s")}
 
 
 def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes: list[int], probed: dict,
-                  per_byte: tuple[float, float], tp: dict | None = None, shared_cores: bool = False):
-    """The predictor's step time for strategy `name` on n workers, from the probed link."""
+                  per_byte: tuple[float, float], tp: dict | None = None, shared_cores: bool = False,
+                  core_share: float = 1.0):
+    """The predictor's step time for strategy `name` on n workers, from the probed link.
+    `core_share`: how much slower a host computes when n of them share this machine (the
+    compute of n at once over one alone); DTensor's own work is compute too."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
     from scaletrain.planning.hardware import Interconnect
     from scaletrain.planning.scaling import (ScalingInputs, predict, predict_parameter_server,
                                              predict_tensor_parallel, strategy_traffic)
     if name == "tensor":
-        bandwidth, hop = fit_link(probed, n)
-        link = Interconnect("probed", bandwidth, hop, "all-reduce probe")
+        message = tp["allreduce_bytes"] / tp["allreduces"]
+        bandwidth, hop = fit_link(probed, n, around=message)
+        link = Interconnect("probed", bandwidth, hop, "all-reduce probe around the message size")
         return predict_tensor_parallel(compute_s, n, tp["split_share"], tp["allreduces"], tp["allreduce_bytes"],
-                                       link).step_time_s
+                                       link, tp.get("dtensor_overhead_s", 0.0) * core_share).step_time_s
     if name == "ps":
         intercept, slope = fit(probed["p2p"])
         link = Interconnect("probed p2p", 1 / slope, max(intercept, 0.0), "point-to-point probe")
@@ -290,13 +307,15 @@ def add_predictions(result: dict) -> None:
     tensor_bytes = model_tensor_bytes()
     for row in result["points"]:
         row["link_bound"] = link_bound(row, result["points"])
+        alone = result["tensor_parallel_compute_s" if row["strategy"] == "tensor" else "compute_s"]
         row["predicted_step_s"] = predict_point(row["strategy"], row["hosts"], row["compute_s"],
                                                 result["per_host_batch"], tensor_bytes, row["probe"],
                                                 (result["update_s_per_byte"], result["message_s_per_byte"]),
                                                 result.get("tensor_parallel"),
-                                                shared_cores=not row["link_bound"])
+                                                shared_cores=not row["link_bound"],
+                                                core_share=row["compute_s"] / alone["1"])
         row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
-        print(f"{row['strategy']}, {row['rate_mbit'] or 'unshaped'} Mbit/s, {row['hosts']} workers "
+        print(f"{row['strategy']}, {link_label(row['rate_mbit'], row.get('latency_ms'))}, {row['hosts']} workers "
               f"({'the link binds' if row['link_bound'] else 'the cores bind'}): measured "
               f"{row['measured_step_s'] * 1e3:.1f} ms, predicted {row['predicted_step_s'] * 1e3:.1f} ms "
               f"({row['error']:+.0%})")
@@ -319,6 +338,34 @@ def predict_again(source: Path, out: Path) -> None:
     print(f"written to {out}")
 
 
+def link_label(rate, latency) -> str:
+    return (f"{rate:,} Mbit/s" if rate else "unshaped") + (f" + {latency:g} ms" if latency is not None else "")
+
+
+def measure_hosts(all_hosts, n: int, servers: int, rate, latency, strategies, args, workdir, compute, tp_compute):
+    """Probes the first n hosts, then trains each strategy on them (a parameter server on the
+    `servers` hosts after them): one row per strategy."""
+    hosts = all_hosts[:n]
+    probed = probe(hosts)
+    rows = []
+    for name in strategies:
+        on = all_hosts if name == "ps" else hosts
+        times = [train_step_time(on, args.batch, args.epochs, workdir, name, servers if name == "ps" else 0)
+                 for _ in range(args.repeats)]
+        measured = statistics.median(times)
+        compute_s = tp_compute[n] if name == "tensor" else compute[n]
+        bandwidth, hop = fit_link(probed, n)
+        row = {"strategy": name, "rate_mbit": rate, "latency_ms": latency, "hosts": n,
+               "servers": servers if name == "ps" else 0, "bus_bandwidth_Bps": bandwidth, "hop_latency_s": hop,
+               "p2p_bandwidth_Bps": 1 / fit(probed["p2p"])[1], "factors": algorithm_factors(probed),
+               "probe": probed, "compute_s": compute_s, "measured_step_s": measured, "measured_runs_s": times}
+        rows.append(row)
+        print(f"{name}, {link_label(rate, latency)}, {n} workers: bus {bandwidth * 8 / 1e6:,.0f} Mbit/s, "
+              f"{hop * 1e6:.0f} us/hop, factors " + " ".join(f"{k} {v:.2f}" for k, v in row["factors"].items())
+              + f"; step measured {measured * 1e3:.1f} ms ({', '.join(f'{t * 1e3:.1f}' for t in times)})", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe-worker", action="store_true", help=argparse.SUPPRESS)
@@ -327,6 +374,11 @@ def main() -> None:
     parser.add_argument("--strategies", default="ddp,fsdp,ps",
                         help="ddp, fsdp, zero2, zero1, ps, tensor (comma-separated; ps adds one server host; "
                              "tensor splits gpt-tiny's blocks over the hosts, 4 heads: up to 4)")
+    parser.add_argument("--latency-ms", default=None,
+                        help="one-way latencies to add at each rate (comma-separated, ms): the hosts are then joined "
+                             "by benchmarks/link_switch.py instead of tbf-shaped veths (this kernel has no netem); "
+                             "'tbf' in the list also runs the tbf-shaped veths, to compare the two")
+    parser.add_argument("--servers", type=int, default=1, help="parameter servers, each on a host of its own")
     parser.add_argument("--unshaped", action=argparse.BooleanOptionalAction, default=True,
                         help="also run on the unshaped bridge")
     parser.add_argument("--batch", type=int, default=16, help="per-host batch")
@@ -351,7 +403,7 @@ def main() -> None:
     # The compute each host has: n processes training at once on this machine's cores, no links.
     strategies = args.strategies.split(",")
     compute = {n: statistics.median(concurrent_step_time(n, args.batch, args.epochs, workdir) for _ in range(2))
-               for n in sorted({1, *counts})}
+               for n in sorted({1, *counts})} if set(strategies) - {"tensor"} else {1: 0.0}
     print(f"gradients {S / 2**20:.1f} MiB; compute per step at batch {args.batch}: "
           + ", ".join(f"{n} at once {t * 1e3:.2f} ms" for n, t in compute.items()), flush=True)
     tp, tp_compute = None, {}
@@ -363,30 +415,17 @@ def main() -> None:
               + ", ".join(f"{n} at once {t * 1e3:.2f} ms" for n, t in tp_compute.items()), flush=True)
     rows = []
     rates = ([None] if args.unshaped else []) + [int(r) for r in args.rates.split(",")]
+    # tbf shapes the rate alone; an added latency needs the user-space switch (link_switch.py).
+    latencies = [None if ms == "tbf" else float(ms) for ms in args.latency_ms.split(",")] if args.latency_ms else [None]
     for rate in rates:
-        for n in counts:
-            servers = 1 if "ps" in strategies else 0
-            with shaped_hosts(n + servers, rate) as all_hosts:
-                hosts = all_hosts[:n]
-                probed = probe(hosts)
-                for name in strategies:
-                    on = all_hosts if name == "ps" else hosts
-                    times = [train_step_time(on, args.batch, args.epochs, workdir, name, servers if name == "ps" else 0)
-                             for _ in range(args.repeats)]
-                    measured = statistics.median(times)
-                    compute_s = tp_compute[n] if name == "tensor" else compute[n]
-                    bandwidth, hop = fit_link(probed, n)
-                    row = {"strategy": name, "rate_mbit": rate, "hosts": n, "servers": servers if name == "ps" else 0,
-                           "bus_bandwidth_Bps": bandwidth, "hop_latency_s": hop,
-                           "p2p_bandwidth_Bps": 1 / fit(probed["p2p"])[1], "factors": algorithm_factors(probed),
-                           "probe": probed, "compute_s": compute_s, "measured_step_s": measured,
-                           "measured_runs_s": times}
-                    rows.append(row)
-                    print(f"{name}, {rate or 'unshaped'} Mbit/s, {n} workers: bus {bandwidth * 8 / 1e6:,.0f} Mbit/s, "
-                          f"{hop * 1e6:.0f} us/hop, factors "
-                          + " ".join(f"{k} {v:.2f}" for k, v in row["factors"].items())
-                          + f"; step measured {measured * 1e3:.1f} ms ({', '.join(f'{t * 1e3:.1f}' for t in times)})",
-                          flush=True)
+        for latency in latencies if rate else [None]:
+            for n in counts:
+                servers = args.servers if "ps" in strategies else 0
+                joined = (switched_hosts(n + servers, rate, latency) if latency is not None
+                          else shaped_hosts(n + servers, rate))
+                with joined as all_hosts:
+                    rows += measure_hosts(all_hosts, n, servers, rate, latency, strategies, args, workdir,
+                                          compute, tp_compute)
     result = {"environment": environment(torch.device("cpu")), "one_process_step_s": compute[1],
               "compute_s": {str(n): t for n, t in compute.items()}, "grad_bytes": S, "per_host_batch": args.batch,
               "update_s_per_byte": per_byte[0], "message_s_per_byte": per_byte[1], "tensor_parallel": tp,

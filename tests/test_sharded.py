@@ -173,3 +173,17 @@ def test_cpu_offload_under_a_strategy_that_cannot_is_one_line():
         with pytest.raises(ConfigError, match="--cpu-offload needs --strategy fsdp or zero2"):
             from_mapping(TrainConfig, {"distributed": {"strategy": strategy, "fsdp": {"cpu_offload": True}}}).validate()
     from_mapping(TrainConfig, {"distributed": {"strategy": "zero2", "fsdp": {"cpu_offload": True}}}).validate()
+
+
+def test_zero1_with_more_processes_than_tensors_is_one_line_before_launch(tmp_path):
+    """ZeRO-1 owners get whole tensors: DIGITS_MLP has 4, so a 5th process would own none (its
+    optimizer could not be built, and the job died as a peer's "Connection closed by peer")."""
+    result = run(["train", *DIGITS_MLP, "--nproc", "5", "--batch-size", "125", "--strategy", "zero1",
+                  "--run-dir", str(tmp_path / "r")],
+                 tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        "scaletrain: error: --strategy zero1 gives each process whole tensors of the optimizer state, and the model "
+        "has 4 trainable tensors for 5 processes; use at most 4 processes, or --strategy zero2 or fsdp (they shard "
+        "inside each tensor)"]
+    assert not (tmp_path / "r").exists()

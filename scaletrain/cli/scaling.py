@@ -57,7 +57,7 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     given = args.step_time_ms is not None or args.assume_h100_mfu is not None
     console.print(f"{'counting' if given else 'measuring'} {cfg.model.name} at batch {cfg.batch_size} "
                   f"({cfg.precision.policy}) on one device...")
-    m = measure_single_device(cfg, steps=args.measure_steps, time_steps=not given)
+    m = measure_single_device(cfg, steps=args.measure_steps, time_steps=not given, tensor_overhead=bool(ways))
     step_time, source = m.step_time_s, f"measured on {m.device}"
     if args.step_time_ms is not None:
         step_time, source = args.step_time_ms / 1e3, "given with --step-time-ms"
@@ -150,23 +150,26 @@ def _tensor_parallel_prediction(cfg, args, console, m, step_time: float, source:
                                 ways: list[int]) -> int:
     """One replica's blocks split T ways over the host's interconnect (planning/scaling.py)."""
     link = get_interconnect(intra)
-    points = [predict_tensor_parallel(step_time, t, m.tp_split_share, m.tp_allreduces, m.tp_allreduce_bytes, link)
-              for t in [1, *ways]]
+    points = [predict_tensor_parallel(step_time, t, m.tp_split_share, m.tp_allreduces, m.tp_allreduce_bytes, link,
+                                      m.tp_overhead_s) for t in [1, *ways]]
     if args.json:
         print(json.dumps([{**p.to_dict(), "one_device_step_s": step_time, "step_time_source": source,
                            "batch": cfg.batch_size, "allreduces": m.tp_allreduces,
                            "allreduce_bytes": m.tp_allreduce_bytes, "split_share": m.tp_split_share,
-                           "interconnect": intra} for p in points], indent=2))
+                           "dtensor_overhead_s": m.tp_overhead_s, "interconnect": intra} for p in points], indent=2))
         return 0
     table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size}, blocks split over {intra}; one device "
                         f"{step_time * 1e3:.2f} ms per step ({source}); {m.tp_allreduces} all-reduces of "
                         f"{m.tp_allreduce_bytes / 2**20:.2f} MiB together per step; {m.tp_split_share:.0%} "
-                        "of the FLOPs in the split blocks")
-    for col in ("tensor-parallel", "compute ms", "all-reduce ms", "step ms", "speedup vs 1 device"):
+                        "of the FLOPs in the split blocks; "
+                        + (f"DTensor's own work {m.tp_overhead_s * 1e3:.2f} ms per step (measured split one way)"
+                           if m.tp_overhead_s or not given else "DTensor's own work not measured (step time not "
+                           "measured here)"))
+    for col in ("tensor-parallel", "compute ms", "DTensor ms", "all-reduce ms", "step ms", "speedup vs 1 device"):
         table.add_column(col, justify="right")
     for p in points:
-        table.add_row(str(p.ways), f"{p.compute_s * 1e3:.2f}", f"{p.collectives_s * 1e3:.2f}",
-                      f"{p.step_time_s * 1e3:.2f}", f"{p.speedup:.2f}x")
+        table.add_row(str(p.ways), f"{p.compute_s * 1e3:.2f}", f"{p.overhead_s * 1e3:.2f}",
+                      f"{p.collectives_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}", f"{p.speedup:.2f}x")
     console.print(table)
     console.print("tensor parallelism splits each block's matrices, so every layer waits for an all-reduce of "
                   "the whole batch's activations: keep it within a host's fast links (docs/model-parallel.md)",
@@ -239,7 +242,7 @@ def _measured_table(path: str, as_json: bool) -> int:
     bound = {True: "link", False: "cores", None: "-"}
     for p in points:
         error = p["predicted_step_s"] / p["measured_step_s"] - 1
-        table.add_row(p["strategy"], f"{p['rate_mbit']} Mbit/s" if p["rate_mbit"] else "unshaped", str(p["hosts"]),
+        table.add_row(p["strategy"], _link_name(p), str(p["hosts"]),
                       bound[p.get("link_bound")], f"{p['bus_bandwidth_Bps'] * 8 / 1e6:,.0f}",
                       f"{p['hop_latency_s'] * 1e6:.0f}", f"{p['measured_step_s'] * 1e3:.1f}",
                       f"{p['predicted_step_s'] * 1e3:.1f}", f"{error:+.0%}")
@@ -251,7 +254,11 @@ def _measured_table(path: str, as_json: bool) -> int:
             worst = max(subset, key=lambda p: abs(p["predicted_step_s"] / p["measured_step_s"] - 1))
             console.print(f"largest error{' ' + label if label else ''}: "
                           f"{worst['predicted_step_s'] / worst['measured_step_s'] - 1:+.0%} ({worst['strategy']}, "
-                          f"{worst['hosts']} hosts, "
-                          f"{str(worst['rate_mbit']) + ' Mbit/s' if worst['rate_mbit'] else 'unshaped'})",
-                          soft_wrap=True)
+                          f"{worst['hosts']} hosts, {_link_name(worst)})", soft_wrap=True)
     return 0
+
+
+def _link_name(point: dict) -> str:
+    """1000 Mbit/s, unshaped, or 1000 Mbit/s + 5 ms where the benchmark added a latency."""
+    name = f"{point['rate_mbit']} Mbit/s" if point["rate_mbit"] else "unshaped"
+    return name + (f" + {point['latency_ms']:g} ms" if point.get("latency_ms") is not None else "")

@@ -46,6 +46,9 @@ class StepMeasurement:
     tp_allreduces: int = 0
     tp_allreduce_bytes: int = 0
     tp_split_share: float = 0.0
+    # DTensor's own work per step once the blocks are split (tensor_parallel_overhead); 0 where not
+    # measured (no TP_PLAN, or not asked for).
+    tp_overhead_s: float = 0.0
 
 
 def boundary_bytes(trainer, dataset) -> int:
@@ -106,10 +109,64 @@ def tensor_parallel_traffic(trainer, dataset) -> tuple[int, int, float]:
     return len(sizes), sum(sizes), inside / max(counter.get_total_flops(), 1)
 
 
-def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = True) -> StepMeasurement:
+def tensor_parallel_overhead(trainer, dataset, optim_config, repeats: int = 12) -> float:
+    """DTensor's own work per training step on this device, in seconds: the step of `trainer.model`
+    with its blocks split by their TP_PLAN over a 1-way mesh (every planned layer a DTensor, no
+    partner to talk to: DTensor sends nothing) minus the plain model's step, the two timed side by
+    side in this process (forward, backward, optimizer step; medians). A split over T processes
+    pays this on top of its 1/T of the compute: on a 2-core CPU, gpt-tiny's 75 ms step took 116 ms
+    split one way (BENCHMARKS.md). The collectives themselves are the link's, not counted here."""
+    import statistics
+    import time
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scaletrain.distributed.strategies.model_parallel import apply_tensor_parallel
+    from scaletrain.optim import build_optimizer
+    owns_group = not dist.is_initialized()
+    if owns_group:      # a group of this process alone: the mesh needs one, and sends nothing
+        dist.init_process_group("gloo" if trainer.device.type == "cpu" else "cpu:gloo,cuda:nccl",
+                                store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain, split = copy.deepcopy(trainer.model), copy.deepcopy(trainer.model)
+        apply_tensor_parallel(split, init_device_mesh(trainer.device.type, (1,)))
+        trainer.adopt(dataset)
+        x, y = next(iter(trainer.loader(dataset.train, train=True)))
+        runs = [(model, build_optimizer(optim_config, model, trainer.device)) for model in (plain, split)]
+
+        def step(model, optimizer) -> float:
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize(trainer.device)
+            started = time.perf_counter()
+            with trainer.policy.autocast(trainer.device):
+                loss = trainer.task.loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize(trainer.device)
+            return time.perf_counter() - started
+
+        for _ in range(3):              # warm-up: optimizer state, DTensor's sharding caches
+            for run in runs:
+                step(*run)
+        times = [[], []]
+        for _ in range(repeats):        # interleaved, so drift touches both alike
+            for i, run in enumerate(runs):
+                times[i].append(step(*run))
+        return max(statistics.median(times[1]) - statistics.median(times[0]), 0.0)
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = True,
+                          tensor_overhead: bool = False) -> StepMeasurement:
     """Times `steps` training steps of `cfg` on one device with the real trainer (an untimed
     warm-up epoch first, evaluation off), and counts the gradient bytes DDP would all-reduce.
-    With `time_steps=False` only the counting is done (step_time_s is then nan)."""
+    With `time_steps=False` only the counting is done (step_time_s is then nan). `tensor_overhead`:
+    also time DTensor's own work per step (tensor_parallel_overhead), for a model with a TP_PLAN."""
     cfg = copy.deepcopy(cfg)
     cfg.epochs, cfg.eval_each_epoch, cfg.progress, cfg.save_model = 2, False, False, False
     cfg.per_replica_batch_size = None
@@ -128,12 +185,14 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     from scaletrain.summary import device_name
     step_time = cfg.batch_size / throughput.steady_state() if time_steps else float("nan")
     tp_allreduces, tp_bytes, tp_share = tensor_parallel_traffic(trainer, dataset)
+    tp_overhead = (tensor_parallel_overhead(trainer, dataset, cfg.optim)
+                   if tensor_overhead and time_steps and tp_allreduces else 0.0)
     return StepMeasurement(step_time_s=step_time, batch_size=cfg.batch_size,
                            grad_bytes=grad_bytes, params=sum(p.numel() for p in trainer.model.parameters()),
                            device=device_name(trainer.device), flops_per_sample=flops,
                            sample_shape=tuple(dataset.input_shape), boundary_bytes=boundary_bytes(trainer, dataset),
                            tensor_bytes=tensor_bytes, tp_allreduces=tp_allreduces, tp_allreduce_bytes=tp_bytes,
-                           tp_split_share=tp_share)
+                           tp_split_share=tp_share, tp_overhead_s=tp_overhead)
 
 
 def optimizer_seconds_per_byte(optim_config, tensor_bytes: int, repeats: int = 5) -> float:

@@ -351,6 +351,7 @@ def predict_stragglers(worker_step_s: list[list[float]], backups: int = 0, mode:
 class TensorParallelPoint:
     ways: int
     compute_s: float            # the split blocks' share over T devices, the rest whole on each
+    overhead_s: float           # DTensor's own work per step once split (measured; 0 if not)
     collectives_s: float        # the per-layer all-reduces, on the critical path
     step_time_s: float
     speedup: float              # one device's step over this one (the same batch)
@@ -360,22 +361,25 @@ class TensorParallelPoint:
 
 
 def predict_tensor_parallel(step_time_s: float, ways: int, split_share: float, allreduces: int,
-                            allreduce_bytes: float, link: Interconnect) -> TensorParallelPoint:
+                            allreduce_bytes: float, link: Interconnect, overhead_s: float = 0.0) -> TensorParallelPoint:
     """One replica's step with its blocks split T ways (Megatron-style, seed 004), from one
     device's step on the same batch:
 
-        t_compute = t_1 * (share / T + 1 - share)
+        t_compute = t_1 * (share / T + 1 - share)  +  t_overhead
         t_comm = 2(T-1)/T * bytes / B  +  count * 2(T-1) * alpha
         t_step = t_compute + t_comm
 
     share: the step's FLOPs inside the split blocks (embeddings and the head stay whole on every
     device); count and bytes: the step's per-layer all-reduces (each row-wise layer's output in the
     forward, each column-wise layer's input gradient in the backward, the whole batch's). None
-    overlaps compute: the next layer needs the sum."""
+    overlaps compute: the next layer needs the sum. t_overhead: what splitting costs in software
+    whatever T is (DTensor's dispatch of every split layer's ops; measure.tensor_parallel_overhead):
+    on a CPU with small layers it is as large as the compute the split saves."""
     t = ways
+    overhead = overhead_s if t > 1 else 0.0
     compute = step_time_s * (split_share / t + 1 - split_share)
     comm = 0.0 if t == 1 else (2 * (t - 1) / t * allreduce_bytes / link.bus_bandwidth
                                + allreduces * 2 * (t - 1) * link.hop_latency)
-    step = compute + comm
-    return TensorParallelPoint(ways=t, compute_s=compute, collectives_s=comm, step_time_s=step,
+    step = compute + overhead + comm
+    return TensorParallelPoint(ways=t, compute_s=compute, overhead_s=overhead, collectives_s=comm, step_time_s=step,
                                speedup=step_time_s / step)

@@ -29,6 +29,18 @@ class Zero1Strategy(DDPStrategy):
     # DDP's all-reduce, then each owner's partition broadcast after the step (nothing to hide behind).
     collectives = (("all_reduce", 1, True), ("broadcast", 1, False))
 
+    @classmethod
+    def model_problem(cls, model: nn.Module, layout, config, block_classes=()) -> str | None:
+        # Owners get whole tensors (largest first, each to the least loaded): with fewer tensors
+        # than processes some own none, and an optimizer over nothing cannot be built (seen as a
+        # rank dying and its peers' "Connection closed by peer": an 8-process run of a 6-tensor MLP).
+        tensors = sum(1 for p in model.parameters() if p.requires_grad)
+        if tensors < layout.world:
+            return (f"--strategy zero1 gives each process whole tensors of the optimizer state, and the model has "
+                    f"{tensors} trainable tensors for {layout.world} processes; use at most {tensors} processes, "
+                    "or --strategy zero2 or fsdp (they shard inside each tensor)")
+        return super().model_problem(model, layout, config, block_classes)
+
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         params = [p for p in model.parameters() if p.requires_grad]
         owners = partition_by_size([p.numel() for p in params], self.world_size)
