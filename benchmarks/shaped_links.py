@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -156,10 +157,16 @@ def probe_worker() -> None:
                 dist.recv(t, 0)
                 dist.send(t, 0)
         result["p2p"][size] = timed(ping_pong) / 2      # one way
+    # A collective is done when every rank has its result: each entry is the slowest rank's median.
+    # (The root of a broadcast returns once its sends are queued, long before the others receive:
+    # its own time alone made a 16 MiB broadcast over 1 Gbit/s look 3x faster than the link.)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, result)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({**result, "world": world}))
+        slowest = {kind: {size: max(r[kind][size] for r in everyone) for size in result[kind]} for kind in result}
+        print(json.dumps({**slowest, "world": world}))
 
 
 def fit(probed: dict) -> tuple[float, float]:
@@ -218,7 +225,8 @@ def train_step_time(hosts, per_host_batch: int, epochs: int, workdir: Path, stra
     # Data parallelism: every worker takes the per-host batch; tensor parallelism: one replica, its
     # batch split over nobody (every host computes its slice of each layer on the whole batch).
     batch = per_host_batch if strategy == "tensor" else per_host_batch * workers
-    extra = ["--tensor-parallel", str(workers)] if strategy == "tensor" else []
+    extra = (["--tensor-parallel", str(workers)] if strategy == "tensor"
+             else ["--num-ps", str(servers)] if servers else [])
     args = lambda rank: [sys.executable, "-m", "scaletrain", "train", *model_args(strategy),  # noqa: E731
                          "--epochs", str(epochs), "--batch-size", str(batch), "--run-dir", str(run_dirs[rank]),
                          "--strategy", strategy, *extra]
@@ -391,6 +399,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.probe_worker:
         return probe_worker()
+    # SIGTERM as an exit, so that the hosts' namespaces and the switch are cleaned up (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.predict_again:
         return predict_again(Path(args.predict_again), Path(args.out))
     from benchmarks.common import environment
