@@ -228,6 +228,26 @@ def test_gloo_collectives_cost_what_was_measured_and_nccl_the_ideal_ring():
     assert (zero1.volume(overlaps=True), zero1.volume(overlaps=False)) == (2.0, 1.0)
 
 
+def test_zero1s_broadcast_is_paced_by_the_largest_owner():
+    """ZeRO-1's owners broadcast their partitions at once; whole tensors go to owners (largest
+    first), so the owner of the MLP's 12 MiB layer sends it to N-1 peers: 4 x 12/16 = 3 units at
+    N = 4 (balanced partitions would be 1)."""
+    from scaletrain.distributed.strategies.registry import STRATEGIES
+    from scaletrain.planning.scaling import strategy_traffic
+    tensors = (12 * MiB, 4096, 4 * MiB, 4096, 40960, 40)
+    zero1 = _inputs(grad_bytes=sum(tensors), tensor_bytes=tensors, **strategy_traffic(STRATEGIES.get("zero1"), "gloo"))
+    assert zero1.volume(overlaps=False, devices=4) == pytest.approx(4 * (12 * MiB) / sum(tensors))
+    assert zero1.volume(overlaps=False, devices=2) == pytest.approx(2 * (12 * MiB) / sum(tensors))
+    balanced = _inputs(grad_bytes=4 * MiB, tensor_bytes=(MiB,) * 4, **strategy_traffic(STRATEGIES.get("zero1"), "gloo"))
+    assert balanced.volume(overlaps=False, devices=4) == pytest.approx(1.0)
+    # The step pays it after the update, never hidden: the busiest owner's (N-1) * 12 MiB.
+    link = get_interconnect("pcie4")
+    point = predict(_inputs(step_time_s=0.01, grad_bytes=sum(tensors), tensor_bytes=tensors, intra=link,
+                            **strategy_traffic(STRATEGIES.get("zero1"), "nccl")), 4)
+    ddp = predict(_inputs(step_time_s=0.01, grad_bytes=sum(tensors), tensor_bytes=tensors, intra=link), 4)
+    assert point.bandwidth_s - ddp.bandwidth_s == pytest.approx(3 * 12 * MiB / link.bus_bandwidth)
+
+
 def test_stragglers_sync_waits_for_the_slowest_and_backups_for_the_rest():
     from scaletrain.planning.scaling import predict_stragglers
     fast, slow = [0.003], [0.053]

@@ -23,8 +23,8 @@ t_backward).
 Each strategy states the collectives of its step (its `collectives`): DDP one all-reduce; FSDP
 gathers the parameters in the forward and again in the backward and reduce-scatters the
 gradients (on a ring 1 + 1 + 1 = 3 units of S(N-1)/N against DDP's 2: seed 004's 1.5x); ZeRO-2
-gathers once; ZeRO-1 all-reduces, then broadcasts the updated parameters after the step, never
-hidden. Sharded strategies can hide behind the whole step: they prefetch in the forward too.
+gathers once; ZeRO-1 all-reduces, then each owner broadcasts its updated partition after the step,
+never hidden (the largest partition's owner sets the pace: whole tensors are not balanced). Sharded strategies can hide behind the whole step: they prefetch in the forward too.
 A collective moves RING_VOLUME units on an ideal ring, times the library's measured factor
 (`ALGORITHM_FACTORS`): gloo's reduce-scatter costs a whole all-reduce, not half of one.
 """
@@ -79,10 +79,24 @@ class ScalingInputs:
     def wire_bytes(self) -> float:
         return self.grad_bytes / 2 if self.compression in ("bf16", "fp16") else float(self.grad_bytes)
 
-    def volume(self, overlaps: bool) -> float:
-        """What the collectives that do (or do not) overlap compute move, in units of S (N-1)/N."""
-        return sum(count * RING_VOLUME[kind] * self.algorithm.get(kind, 1.0)
-                   for kind, count, hides in self.collectives if hides == overlaps)
+    def volume(self, overlaps: bool, devices: int | None = None) -> float:
+        """What the collectives that do (or do not) overlap compute move, in units of S (N-1)/N,
+        on the busiest link. A broadcast is ZeRO-1's: every owner sends its partition to the N-1
+        others at once, so the largest partition's owner sets the pace (whole tensors, as
+        partition_by_size gives them: N * P_max / S units; 1 when balanced or unknown)."""
+        return sum(count * self._units(kind, devices) for kind, count, hides in self.collectives if hides == overlaps)
+
+    def _units(self, kind: str, devices: int | None) -> float:
+        if kind == "broadcast":
+            # gloo's broadcast is flat (the root sends to each peer: measured 2.0x and 3.8x the ring
+            # at 2 and 4 hosts), which is what the owners' sends below count.
+            if not self.tensor_bytes or not devices or devices < 2:
+                return RING_VOLUME[kind]
+            from scaletrain.distributed.partition import partition_by_size
+            owners = partition_by_size(list(self.tensor_bytes), devices)
+            largest = max(sum(b for b, o in zip(self.tensor_bytes, owners) if o == r) for r in range(devices))
+            return devices * largest / sum(self.tensor_bytes)
+        return RING_VOLUME[kind] * self.algorithm.get(kind, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +135,8 @@ def predict(inputs: ScalingInputs, devices: int) -> ScalingPoint:
     n = devices
     hosts = math.ceil(n / inputs.devices_per_host)
     link = inputs.intra if hosts == 1 else min((inputs.intra, inputs.network), key=lambda i: i.bus_bandwidth)
-    overlappable_volume = inputs.volume(overlaps=True)
-    volume = overlappable_volume + inputs.volume(overlaps=False)
+    overlappable_volume = inputs.volume(overlaps=True, devices=n)
+    volume = overlappable_volume + inputs.volume(overlaps=False, devices=n)
     scheduled = bool(inputs.tensor_bytes) and inputs.overlap_window == BACKWARD_SHARE
     buckets = (ddp_buckets(inputs.tensor_bytes, inputs.bucket_bytes) if scheduled
                else [inputs.grad_bytes] * max(1, math.ceil(inputs.wire_bytes / inputs.bucket_bytes)))
