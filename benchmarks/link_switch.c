@@ -10,7 +10,11 @@
  *   leaves    = max(now, when i's link is free) + size / rate
  *   delivered = max(leaves + latency, when j's link is free + size / rate)
  *
- * Queues never drop. Standard input closing (the benchmark ending) ends the loop. */
+ * Queues never drop, and they push back as a NIC does: a host's packets are read only while its
+ * link has less than QUEUE_S of them still to send. (Reading everything at once hid the queue from
+ * TCP's small-queue limit, so a sender's whole window waited here, and a ring's ACKs, sent to the
+ * other neighbour, waited behind it: 8 hosts' DDP step ran 21 % slower than over tbf.)
+ * Standard input closing (the benchmark ending) ends the loop. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,6 +28,7 @@
 #include <unistd.h>
 
 #define MAX_HOSTS 64
+#define QUEUE_S 1e-3        /* what a host's link may hold before the switch stops reading it */
 
 typedef struct {
     double due;
@@ -105,9 +110,17 @@ int main(int argc, char **argv) {
     unsigned char buffer[65536];
     uint64_t order = 0;
     for (;;) {
+        /* Wake for the next delivery, or when a full link has drained enough to read its host again. */
+        double t = now_s(), wake = heap_len ? heap[0].due : -1;
+        for (int i = 0; i < hosts; i++) {
+            int full = link_out[i] - t >= QUEUE_S;
+            watched[i].events = full ? 0 : POLLIN;
+            double reopens = link_out[i] - QUEUE_S;
+            if (full && (wake < 0 || reopens < wake)) wake = reopens;
+        }
         struct timespec wait, *waiting = NULL;
-        if (heap_len) {
-            double left = heap[0].due - now_s();
+        if (wake >= 0) {
+            double left = wake - t;
             if (left < 0) left = 0;
             wait.tv_sec = (time_t)left;
             wait.tv_nsec = (long)((left - (double)wait.tv_sec) * 1e9);
@@ -120,7 +133,7 @@ int main(int argc, char **argv) {
         }
         for (int from = 0; from < hosts; from++) {
             if (!(watched[from].revents & POLLIN)) continue;
-            for (;;) {
+            while (link_out[from] - now_s() < QUEUE_S) {
                 ssize_t len = read(watched[from].fd, buffer, sizeof buffer);
                 if (len < 0) break;                   /* EAGAIN: drained */
                 if (len < 20 || (buffer[0] >> 4) != 4) continue;   /* not IPv4 */
@@ -129,8 +142,8 @@ int main(int argc, char **argv) {
                 int to = -1;
                 for (int j = 0; j < hosts; j++) if (address[j] == destination) { to = j; break; }
                 if (to < 0) continue;
-                double wire = (double)len / rate, t = now_s();
-                link_out[from] = (link_out[from] > t ? link_out[from] : t) + wire;
+                double wire = (double)len / rate, read_at = now_s();
+                link_out[from] = (link_out[from] > read_at ? link_out[from] : read_at) + wire;
                 double arrives = link_out[from] + latency, free_in = link_in[to] + wire;
                 link_in[to] = arrives > free_in ? arrives : free_in;
                 Packet p = {link_in[to], order++, to, (int)len, malloc((size_t)len)};
@@ -139,7 +152,7 @@ int main(int argc, char **argv) {
                 push(p);
             }
         }
-        double t = now_s();
+        t = now_s();
         while (heap_len && heap[0].due <= t) {
             Packet p = pop();
             if (write(watched[p.to].fd, p.data, (size_t)p.len) < 0 && errno != EAGAIN) {

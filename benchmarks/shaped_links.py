@@ -423,7 +423,10 @@ def main() -> None:
                                            for _ in range(2)) for n in sorted({1, *counts})}
         print(f"tensor parallel: {tp}; the whole model's step: "
               + ", ".join(f"{n} at once {t * 1e3:.2f} ms" for n, t in tp_compute.items()), flush=True)
-    rows = []
+    result = {"environment": environment(torch.device("cpu")), "one_process_step_s": compute[1],
+              "compute_s": {str(n): t for n, t in compute.items()}, "grad_bytes": S, "per_host_batch": args.batch,
+              "update_s_per_byte": per_byte[0], "message_s_per_byte": per_byte[1], "tensor_parallel": tp,
+              "tensor_parallel_compute_s": {str(n): t for n, t in tp_compute.items()}, "points": []}
     rates = ([None] if args.unshaped else []) + [int(r) for r in args.rates.split(",")]
     # tbf shapes the rate alone; an added latency needs the user-space switch (link_switch.py).
     latencies = [None if ms == "tbf" else float(ms) for ms in args.latency_ms.split(",")] if args.latency_ms else [None]
@@ -434,12 +437,10 @@ def main() -> None:
                 joined = (switched_hosts(n + servers, rate, latency) if latency is not None
                           else shaped_hosts(n + servers, rate))
                 with joined as all_hosts:
-                    rows += measure_hosts(all_hosts, n, servers, rate, latency, strategies, args, workdir,
-                                          compute, tp_compute)
-    result = {"environment": environment(torch.device("cpu")), "one_process_step_s": compute[1],
-              "compute_s": {str(n): t for n, t in compute.items()}, "grad_bytes": S, "per_host_batch": args.batch,
-              "update_s_per_byte": per_byte[0], "message_s_per_byte": per_byte[1], "tensor_parallel": tp,
-              "tensor_parallel_compute_s": {str(n): t for n, t in tp_compute.items()}, "points": rows}
+                    result["points"] += measure_hosts(all_hosts, n, servers, rate, latency, strategies, args, workdir,
+                                                      compute, tp_compute)
+                # What is measured so far, in case the rest does not finish (no predictions yet).
+                Path(args.out).write_text(json.dumps({**result, "partial": True}, indent=2))
     add_predictions(result)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"written to {args.out}")
