@@ -271,8 +271,9 @@ def tensor_parallel_traffic(batch: int) -> dict:
 
 def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes: list[int], probed: dict,
                   per_byte: tuple[float, float], tp: dict | None = None, shared_cores: bool = False,
-                  core_share: float = 1.0):
-    """The predictor's step time for strategy `name` on n workers, from the probed link.
+                  core_share: float = 1.0, servers: int = 1):
+    """The predictor's step time for strategy `name` on n workers (and `servers` parameter
+    servers), from the probed link.
     `core_share`: how much slower a host computes when n of them share this machine (the
     compute of n at once over one alone); DTensor's own work is compute too."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
@@ -288,7 +289,7 @@ def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes:
     if name == "ps":
         intercept, slope = fit(probed["p2p"])
         link = Interconnect("probed p2p", 1 / slope, max(intercept, 0.0), "point-to-point probe")
-        return predict_parameter_server(compute_s, batch, tensor_bytes, n, 1, link, *per_byte).step_time_s
+        return predict_parameter_server(compute_s, batch, tensor_bytes, n, servers, link, *per_byte).step_time_s
     bandwidth, hop = fit_link(probed, n)
     link = Interconnect("probed", bandwidth, hop, "all-reduce probe")
     traffic = {**strategy_traffic(STRATEGIES.get(name)), "algorithm": algorithm_factors(probed)}
@@ -321,7 +322,8 @@ def add_predictions(result: dict) -> None:
                                                 (result["update_s_per_byte"], result["message_s_per_byte"]),
                                                 result.get("tensor_parallel"),
                                                 shared_cores=not row["link_bound"],
-                                                core_share=row["compute_s"] / alone["1"])
+                                                core_share=row["compute_s"] / alone["1"],
+                                                servers=row.get("servers") or 1)
         row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
         print(f"{row['strategy']}, {link_label(row['rate_mbit'], row.get('latency_ms'))}, {row['hosts']} workers "
               f"({'the link binds' if row['link_bound'] else 'the cores bind'}): measured "

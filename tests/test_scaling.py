@@ -166,6 +166,13 @@ def test_a_shaped_links_result_is_shown_measured_beside_predicted(tmp_path, caps
     (tmp_path / "r.json").write_text(json.dumps(result))
     assert main(["scaling", "--measured", str(tmp_path / "r.json")]) == 0
     assert "1000 Mbit/s + 5 ms" in capsys.readouterr().out
+    # A tensor-parallel file names its collectives, not a data-parallel model it never ran.
+    result.update(points=[{**point, "strategy": "tensor"}], one_process_step_s=0,
+                  tensor_parallel={"allreduces": 16, "allreduce_bytes": 8 * MiB})
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    assert main(["scaling", "--measured", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "16 all-reduces of 8.0 MiB" in out and "MiB of gradients" not in out
     (tmp_path / "bad.json").write_text(json.dumps({"points": [{"hosts": 2}]}))
     assert main(["scaling", "--measured", str(tmp_path / "bad.json")]) == 2
     assert "is not a benchmarks/shaped_links.py result" in capsys.readouterr().err
@@ -265,3 +272,21 @@ def test_stragglers_sync_waits_for_the_slowest_and_backups_for_the_rest():
     assert predict_stragglers([uniform] * 4, backups=1).waits_for_s == pytest.approx(3 / 5, rel=0.02)
     with pytest.raises(ValueError, match="backups must be in"):
         predict_stragglers([fast, fast], backups=2)
+
+
+def test_the_shaped_links_benchmark_predicts_the_servers_it_ran():
+    """`shaped_links.py --servers 2` measures two parameter servers: its prediction lays the model
+    over two as well (it once priced every point with one)."""
+    from benchmarks.shaped_links import predict_point
+    from scaletrain.planning.hardware import Interconnect
+    from scaletrain.planning.scaling import predict_parameter_server
+    tensor_bytes = [12 * MiB, 4 * MiB, 4096, 4096, 40 * 1024, 40]
+    # A point-to-point probe of exactly 100 MB/s and 50 us: the fit gives the link back.
+    probed = {"p2p": {str(size): 50e-6 + size / 1e8 for size in (1024, 2**20, 16 * 2**20)}}
+    link = Interconnect("probed p2p", 1e8, 50e-6, "")
+    for servers in (1, 2):
+        expected = predict_parameter_server(0.01, 16, tensor_bytes, 2, servers, link, 1e-10, 2e-10).step_time_s
+        got = predict_point("ps", 2, 0.01, 16, tensor_bytes, probed, (1e-10, 2e-10), servers=servers)
+        assert got == pytest.approx(expected, rel=1e-6)
+    assert (predict_point("ps", 2, 0.01, 16, tensor_bytes, probed, (1e-10, 2e-10), servers=2)
+            < 0.8 * predict_point("ps", 2, 0.01, 16, tensor_bytes, probed, (1e-10, 2e-10), servers=1))

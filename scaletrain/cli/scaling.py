@@ -88,17 +88,14 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
                            "grad_bytes": m.grad_bytes, "interconnect": intra, "network": args.network}
                           for p in points], indent=2))
         return 0
-    table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size} per device, {cfg.precision.policy}; "
-                        f"{intra} within a host ({args.devices_per_host}/host), {args.network} between hosts; "
-                        f"step time {source}")
-    for col in ("devices", "hosts", "link", "all-reduce ms", "exposed ms", "step ms", "images/s", "speedup",
-                "efficiency"):
-        table.add_column(col, justify="right")
-    for p in points:
-        table.add_row(str(p.devices), str(p.hosts), p.link, f"{p.allreduce_s * 1e3:.2f}",
-                      f"{p.exposed_comm_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}", f"{p.images_per_sec:,.0f}",
-                      f"{p.speedup:.2f}x", f"{p.efficiency:.0%}")
-    console.print(table)
+    console.print(_table(f"{cfg.model.name}, batch {cfg.batch_size} per device, {cfg.precision.policy}; "
+                         f"{intra} within a host ({args.devices_per_host}/host), {args.network} between hosts; "
+                         f"step time {source}",
+                         ("devices", "hosts", "link", "all-reduce ms", "exposed ms", "step ms", "images/s", "speedup",
+                          "efficiency"),
+                         [(str(p.devices), str(p.hosts), p.link, f"{p.allreduce_s * 1e3:.2f}",
+                           f"{p.exposed_comm_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}", f"{p.images_per_sec:,.0f}",
+                           f"{p.speedup:.2f}x", f"{p.efficiency:.0%}") for p in points]))
     for line in explain(inputs, points):
         console.print(line, soft_wrap=True)
     return 0
@@ -118,15 +115,13 @@ def _pipeline_prediction(cfg, args, console, m, step_time: float, source: str, i
                            "batch": cfg.batch_size, "boundary_bytes": m.boundary_bytes, "interconnect": intra,
                            "speedup": step_time / p.step_time_s} for p in points], indent=2))
         return 0
-    table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size}, {stages} stages over {intra}; one device "
-                        f"{step_time * 1e3:.2f} ms per step ({source}); {m.boundary_bytes / 2**20:.2f} MiB "
-                        "cross each cut per step")
-    for col in ("micro-batches", "bubble", "compute ms", "transfer ms", "step ms", "speedup vs 1 device"):
-        table.add_column(col, justify="right")
-    for p in points:
-        table.add_row(str(p.microbatches), f"{p.bubble_fraction:.0%}", f"{p.compute_s * 1e3:.2f}",
-                      f"{p.transfer_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}", f"{step_time / p.step_time_s:.2f}x")
-    console.print(table)
+    console.print(_table(f"{cfg.model.name}, batch {cfg.batch_size}, {stages} stages over {intra}; one device "
+                         f"{step_time * 1e3:.2f} ms per step ({source}); {m.boundary_bytes / 2**20:.2f} MiB "
+                         "cross each cut per step",
+                         ("micro-batches", "bubble", "compute ms", "transfer ms", "step ms", "speedup vs 1 device"),
+                         [(str(p.microbatches), f"{p.bubble_fraction:.0%}", f"{p.compute_s * 1e3:.2f}",
+                           f"{p.transfer_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}",
+                           f"{step_time / p.step_time_s:.2f}x") for p in points]))
     console.print(f"a pipeline of {stages} balanced stages idles (P-1)/(M+P-1) of each step; more micro-batches "
                   "shrink the bubble until each micro-batch is too small to keep a device busy (not modelled: "
                   "measure it, BENCHMARKS.md)", soft_wrap=True)
@@ -158,19 +153,17 @@ def _tensor_parallel_prediction(cfg, args, console, m, step_time: float, source:
                            "allreduce_bytes": m.tp_allreduce_bytes, "split_share": m.tp_split_share,
                            "dtensor_overhead_s": m.tp_overhead_s, "interconnect": intra} for p in points], indent=2))
         return 0
-    table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size}, blocks split over {intra}; one device "
-                        f"{step_time * 1e3:.2f} ms per step ({source}); {m.tp_allreduces} all-reduces of "
-                        f"{m.tp_allreduce_bytes / 2**20:.2f} MiB together per step; {m.tp_split_share:.0%} "
-                        "of the FLOPs in the split blocks; "
-                        + (f"DTensor's own work {m.tp_overhead_s * 1e3:.2f} ms per step (measured split one way)"
-                           if m.tp_overhead_s or not given else "DTensor's own work not measured (step time not "
-                           "measured here)"))
-    for col in ("tensor-parallel", "compute ms", "DTensor ms", "all-reduce ms", "step ms", "speedup vs 1 device"):
-        table.add_column(col, justify="right")
-    for p in points:
-        table.add_row(str(p.ways), f"{p.compute_s * 1e3:.2f}", f"{p.overhead_s * 1e3:.2f}",
-                      f"{p.collectives_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}", f"{p.speedup:.2f}x")
-    console.print(table)
+    measured = (f"DTensor's own work {m.tp_overhead_s * 1e3:.2f} ms per step (measured split one way)"
+                if m.tp_overhead_s or not given else "DTensor's own work not measured (step time not measured here)")
+    console.print(_table(f"{cfg.model.name}, batch {cfg.batch_size}, blocks split over {intra}; one device "
+                         f"{step_time * 1e3:.2f} ms per step ({source}); {m.tp_allreduces} all-reduces of "
+                         f"{m.tp_allreduce_bytes / 2**20:.2f} MiB together per step; {m.tp_split_share:.0%} "
+                         f"of the FLOPs in the split blocks; {measured}",
+                         ("tensor-parallel", "compute ms", "DTensor ms", "all-reduce ms", "step ms",
+                          "speedup vs 1 device"),
+                         [(str(p.ways), f"{p.compute_s * 1e3:.2f}", f"{p.overhead_s * 1e3:.2f}",
+                           f"{p.collectives_s * 1e3:.2f}", f"{p.step_time_s * 1e3:.2f}", f"{p.speedup:.2f}x")
+                          for p in points]))
     console.print("tensor parallelism splits each block's matrices, so every layer waits for an all-reduce of "
                   "the whole batch's activations: keep it within a host's fast links (docs/model-parallel.md)",
                   soft_wrap=True)
@@ -191,16 +184,13 @@ def _parameter_server_prediction(cfg, args, console, m, step_time: float, source
                            "network": args.network, "update_s_per_byte": per_byte,
                            "message_s_per_byte": message_per_byte} for p in points], indent=2))
         return 0
-    table = Table(title=f"{cfg.model.name}, batch {cfg.batch_size} per worker, {args.workers} workers, parameter "
-                        f"servers over {args.network}; step time {source}")
-    for col in ("servers", "largest shard MiB", "server link ms", "worker link ms", "update ms", "exchange ms",
-                "step ms", "images/s"):
-        table.add_column(col, justify="right")
-    for p in points:
-        table.add_row(str(p.servers), f"{p.largest_shard_bytes / 2**20:.2f}", f"{p.server_link_s * 1e3:.2f}",
-                      f"{p.worker_link_s * 1e3:.2f}", f"{p.update_s * 1e3:.2f}", f"{p.exchange_s * 1e3:.2f}",
-                      f"{p.step_time_s * 1e3:.2f}", f"{p.images_per_sec:,.0f}")
-    console.print(table)
+    console.print(_table(f"{cfg.model.name}, batch {cfg.batch_size} per worker, {args.workers} workers, parameter "
+                         f"servers over {args.network}; step time {source}",
+                         ("servers", "largest shard MiB", "server link ms", "worker link ms", "update ms",
+                          "exchange ms", "step ms", "images/s"),
+                         [(str(p.servers), f"{p.largest_shard_bytes / 2**20:.2f}", f"{p.server_link_s * 1e3:.2f}",
+                           f"{p.worker_link_s * 1e3:.2f}", f"{p.update_s * 1e3:.2f}", f"{p.exchange_s * 1e3:.2f}",
+                           f"{p.step_time_s * 1e3:.2f}", f"{p.images_per_sec:,.0f}") for p in points]))
     console.print(f"each server's link carries {args.workers} workers' shards each way: sharding over more servers "
                   "divides that until a worker's own link (the whole model each way) or the largest tensor (a "
                   "server holds whole tensors) sets the pace", soft_wrap=True)
@@ -233,20 +223,15 @@ def _measured_table(path: str, as_json: bool) -> int:
         return 0
     console = make_console(width=None if sys.stdout.isatty() else 140)
     env = result.get("environment", {})
-    table = Table(title=f"measured against predicted: {result.get('grad_bytes', 0) / 2**20:.1f} MiB of gradients, "
-                        f"one process {result.get('one_process_step_s', 0) * 1e3:.2f} ms per step; "
-                        f"{env.get('device', '?')}, torch {env.get('torch', '?')}, {env.get('date', '?')}")
-    for col in ("strategy", "link", "hosts", "bound by", "probed bus Mbit/s", "probed us/hop", "measured ms",
-                "predicted ms", "error"):
-        table.add_column(col, justify="right")
     bound = {True: "link", False: "cores", None: "-"}
-    for p in points:
-        error = p["predicted_step_s"] / p["measured_step_s"] - 1
-        table.add_row(p["strategy"], _link_name(p), str(p["hosts"]),
-                      bound[p.get("link_bound")], f"{p['bus_bandwidth_Bps'] * 8 / 1e6:,.0f}",
-                      f"{p['hop_latency_s'] * 1e6:.0f}", f"{p['measured_step_s'] * 1e3:.1f}",
-                      f"{p['predicted_step_s'] * 1e3:.1f}", f"{error:+.0%}")
-    console.print(table)
+    console.print(_table(f"measured against predicted: {_models_measured(result, points)}; "
+                         f"{env.get('device', '?')}, torch {env.get('torch', '?')}, {env.get('date', '?')}",
+                         ("strategy", "link", "hosts", "bound by", "probed bus Mbit/s", "probed us/hop",
+                          "measured ms", "predicted ms", "error"),
+                         [(p["strategy"], _link_name(p), str(p["hosts"]), bound[p.get("link_bound")],
+                           f"{p['bus_bandwidth_Bps'] * 8 / 1e6:,.0f}", f"{p['hop_latency_s'] * 1e6:.0f}",
+                           f"{p['measured_step_s'] * 1e3:.1f}", f"{p['predicted_step_s'] * 1e3:.1f}",
+                           f"{p['predicted_step_s'] / p['measured_step_s'] - 1:+.0%}") for p in points]))
     for label, subset in (("where the links bind", [p for p in points if p.get("link_bound")]),
                           ("where this machine's cores bind", [p for p in points if p.get("link_bound") is False]),
                           ("", [p for p in points if p.get("link_bound") is None])):
@@ -258,7 +243,30 @@ def _measured_table(path: str, as_json: bool) -> int:
     return 0
 
 
+def _models_measured(result: dict, points: list[dict]) -> str:
+    """What the file's points trained: the data-parallel model, the tensor-parallel one, or both."""
+    parts = []
+    if any(p["strategy"] != "tensor" for p in points):
+        parts.append(f"{result.get('grad_bytes', 0) / 2**20:.1f} MiB of gradients, one process "
+                     f"{result.get('one_process_step_s', 0) * 1e3:.2f} ms per step")
+    if any(p["strategy"] == "tensor" for p in points):
+        tp = result.get("tensor_parallel") or {}
+        parts.append(f"tensor parallel: {tp.get('allreduces', '?')} all-reduces of "
+                     f"{tp.get('allreduce_bytes', 0) / 2**20:.1f} MiB together per step")
+    return "; ".join(parts)
+
+
 def _link_name(point: dict) -> str:
     """1000 Mbit/s, unshaped, or 1000 Mbit/s + 5 ms where the benchmark added a latency."""
     name = f"{point['rate_mbit']} Mbit/s" if point["rate_mbit"] else "unshaped"
     return name + (f" + {point['latency_ms']:g} ms" if point.get("latency_ms") is not None else "")
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    """One of this command's tables: right-aligned numbers under a title that says what was assumed."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    return table
