@@ -192,13 +192,17 @@ def fit_link(probed: dict, world: int, around: int | None = None) -> tuple[float
     return 2 * (world - 1) / world / slope, max(intercept, 0.0) / (2 * (world - 1))
 
 
-def algorithm_factors(probed: dict) -> dict:
+def algorithm_factors(probed: dict, message: int | None = None) -> dict:
     """Each collective's time against the ideal ring's at the same bytes, the ring priced by this
     link's own all-reduce (planning/scaling.py's ALGORITHM_FACTORS, measured here): the median over
-    the sizes from 1 MiB up, where bandwidth, not latency, sets the time. (One size alone is noisy:
-    a 16 MiB all-gather over tbf took 83-108 ms in three probes of the same 2 hosts.)"""
+    the sizes from 1 MiB up, where bandwidth, not latency, sets the time; given the strategy's
+    `message` (the bytes one collective moves), over the probe sizes from a quarter of it up. A
+    whole-model all-gather between 2 hosts over tbf runs 1.3-1.5x the ring at 16 MiB, 1.0x at
+    4 MiB: each host sends and receives at once, and the ACKs of what it receives wait behind what
+    it sends. (One size alone is noisy: a 16 MiB all-gather over tbf took 83-108 ms in three
+    probes of the same 2 hosts.)"""
     from scaletrain.planning.scaling import RING_VOLUME
-    sizes = [size for size in probed["all_reduce"] if int(size) >= 2**20]
+    sizes = [size for size in probed["all_reduce"] if int(size) >= max(2**20, (message or 0) // 4)]
     return {kind: statistics.median(probed[kind][size] / (probed["all_reduce"][size] * RING_VOLUME[kind]
                                                           / RING_VOLUME["all_reduce"]) for size in sizes)
             for kind in ("all_gather", "reduce_scatter", "broadcast")}
@@ -253,9 +257,30 @@ def concurrent_step_time(n: int, per_host_batch: int, epochs: int, workdir: Path
 
 
 def model_tensor_bytes() -> list[int]:
+    return [p.numel() * p.element_size() for p in _model().parameters()]
+
+
+def model_blocks() -> int:
+    """MODEL's repeated blocks (none: the MLP is one unit to fsdp and zero2)."""
+    from scaletrain.planning.measure import count_blocks
+    return count_blocks(_model())
+
+
+def _model():
     from scaletrain.models import build_model
-    model = build_model("mlp", input_shape=(3, 32, 32), num_classes=10, hidden=[1024, 1024])
-    return [p.numel() * p.element_size() for p in model.parameters()]
+    return build_model("mlp", input_shape=(3, 32, 32), num_classes=10, hidden=[1024, 1024])
+
+
+def shard_copy_per_byte(tensor_bytes: list[int]) -> float:
+    """FSDP2's copies around its collectives, per byte, on one thread as each host has."""
+    import torch
+    from scaletrain.planning.measure import shard_copy_seconds_per_byte
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return shard_copy_seconds_per_byte(tensor_bytes, 2)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def tensor_parallel_traffic(batch: int) -> dict:
@@ -271,14 +296,14 @@ def tensor_parallel_traffic(batch: int) -> dict:
 
 def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes: list[int], probed: dict,
                   per_byte: tuple[float, float], tp: dict | None = None, shared_cores: bool = False,
-                  core_share: float = 1.0, servers: int = 1):
+                  core_share: float = 1.0, servers: int = 1, copy_s_per_byte: float = 0.0):
     """The predictor's step time for strategy `name` on n workers (and `servers` parameter
     servers), from the probed link.
     `core_share`: how much slower a host computes when n of them share this machine (the
     compute of n at once over one alone); DTensor's own work is compute too."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
     from scaletrain.planning.hardware import Interconnect
-    from scaletrain.planning.scaling import (ScalingInputs, predict, predict_parameter_server,
+    from scaletrain.planning.scaling import (SHARDED_KINDS, ScalingInputs, predict, predict_parameter_server,
                                              predict_tensor_parallel, strategy_traffic)
     if name == "tensor":
         message = tp["allreduce_bytes"] / tp["allreduces"]
@@ -292,10 +317,15 @@ def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes:
         return predict_parameter_server(compute_s, batch, tensor_bytes, n, servers, link, *per_byte).step_time_s
     bandwidth, hop = fit_link(probed, n)
     link = Interconnect("probed", bandwidth, hop, "all-reduce probe")
-    traffic = {**strategy_traffic(STRATEGIES.get(name)), "algorithm": algorithm_factors(probed)}
+    blocks = model_blocks()
+    traffic = strategy_traffic(STRATEGIES.get(name), blocks=blocks)
+    # A sharded collective's message: one unit's bytes (the whole model when it has no blocks).
+    sharded = any(kind in SHARDED_KINDS for kind, _, _ in traffic["collectives"])
+    traffic["algorithm"] = algorithm_factors(probed, sum(tensor_bytes) // max(blocks, 1) if sharded else None)
     inputs = ScalingInputs(step_time_s=compute_s, per_device_batch=batch, grad_bytes=sum(tensor_bytes), intra=link,
                            network=link, devices_per_host=1, tensor_bytes=tuple(tensor_bytes),
-                           shared_cores=shared_cores, **traffic)
+                           shared_cores=shared_cores, shard_copy_s_per_byte=copy_s_per_byte * core_share,
+                           **traffic)
     return predict(inputs, n).step_time_s
 
 
@@ -323,7 +353,8 @@ def add_predictions(result: dict) -> None:
                                                 result.get("tensor_parallel"),
                                                 shared_cores=not row["link_bound"],
                                                 core_share=row["compute_s"] / alone["1"],
-                                                servers=row.get("servers") or 1)
+                                                servers=row.get("servers") or 1,
+                                                copy_s_per_byte=result["shard_copy_s_per_byte"])
         row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
         print(f"{row['strategy']}, {link_label(row['rate_mbit'], row.get('latency_ms'))}, {row['hosts']} workers "
               f"({'the link binds' if row['link_bound'] else 'the cores bind'}): measured "
@@ -343,6 +374,8 @@ def predict_again(source: Path, out: Path) -> None:
     result = json.loads(source.read_text())
     if "message_s_per_byte" not in result:      # a file from before both were measured
         result["update_s_per_byte"], result["message_s_per_byte"] = server_per_byte(result["grad_bytes"])
+    if "shard_copy_s_per_byte" not in result:   # measured now, on this machine, and kept in --out
+        result["shard_copy_s_per_byte"] = shard_copy_per_byte(model_tensor_bytes())
     add_predictions(result)
     out.write_text(json.dumps(result, indent=2))
     print(f"written to {out}")
@@ -427,7 +460,8 @@ def main() -> None:
               + ", ".join(f"{n} at once {t * 1e3:.2f} ms" for n, t in tp_compute.items()), flush=True)
     result = {"environment": environment(torch.device("cpu")), "one_process_step_s": compute[1],
               "compute_s": {str(n): t for n, t in compute.items()}, "grad_bytes": S, "per_host_batch": args.batch,
-              "update_s_per_byte": per_byte[0], "message_s_per_byte": per_byte[1], "tensor_parallel": tp,
+              "update_s_per_byte": per_byte[0], "message_s_per_byte": per_byte[1],
+              "shard_copy_s_per_byte": shard_copy_per_byte(tensor_bytes), "tensor_parallel": tp,
               "tensor_parallel_compute_s": {str(n): t for n, t in tp_compute.items()}, "points": []}
     rates = ([None] if args.unshaped else []) + [int(r) for r in args.rates.split(",")]
     # tbf shapes the rate alone; an added latency needs the user-space switch (link_switch.py).

@@ -5,6 +5,7 @@ sizes; the batch-size finder agrees across ranks."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -42,6 +43,25 @@ def test_sharded_strategies_match_ddp(worker_results, strategy):
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
     for name, value in ddp["weights"].items():
         assert torch.allclose(value, sharded["weights"][name], atol=1e-6), name
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "fsdp"])
+def test_the_predictor_states_what_a_model_without_blocks_really_sends(worker_results, strategy):
+    """`scaletrain scaling` prices what step_collectives states: for the MLP (no repeated block, one
+    unit) one all-gather and one reduce-scatter of the whole model per step, under fsdp as under
+    zero2 (the root keeps its gathered parameters for the backward). Counted in a real step."""
+    from scaletrain.distributed.strategies.registry import STRATEGIES
+    from scaletrain.models import build_model
+    from scaletrain.planning.measure import count_blocks
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[64, 32])
+    assert count_blocks(model) == 0
+    stated = STRATEGIES.get(strategy).step_collectives(count_blocks(model))
+    for rank in worker_results[strategy]:
+        model_bytes = 4 * sum(math.prod(shape) for shape in rank["shapes"])     # float32
+        for kind in ("all_gather", "reduce_scatter"):
+            times = sum(count for k, count, _ in stated if k == kind)
+            assert rank["collective_bytes"][kind] / model_bytes == pytest.approx(times, rel=0.05), kind
+    assert not any(hides for *_, hides in stated)   # one unit: nothing to prefetch or reduce behind
 
 
 def test_cpu_offload_trains_exactly_like_fsdp(worker_results):

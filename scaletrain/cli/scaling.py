@@ -12,8 +12,9 @@ from rich.table import Table
 from scaletrain.cli.flags import add_number
 from scaletrain.errors import ConfigError
 from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS, get_interconnect
-from scaletrain.planning.scaling import (ScalingInputs, device_counts, explain, predict, predict_parameter_server,
-                                        predict_pipeline, predict_tensor_parallel, strategy_traffic)
+from scaletrain.planning.scaling import (SHARDED_KINDS, ScalingInputs, device_counts, explain, predict,
+                                        predict_parameter_server, predict_pipeline, predict_tensor_parallel,
+                                        strategy_traffic)
 
 
 def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +48,7 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     if args.measured:
         return _measured_table(args.measured, args.json)
     from scaletrain.cli.train import config_from_args
-    from scaletrain.planning.measure import measure_single_device
+    from scaletrain.planning.measure import measure_single_device, shard_copy_seconds_per_byte
     cfg = config_from_args(args)
     from scaletrain.distributed.strategies.registry import strategy_class
     ways = _tensor_parallel_ways(cfg, args.max_devices) if strategy_class(cfg.distributed, world=2).traffic == "tensor" \
@@ -76,12 +77,16 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         return _parameter_server_prediction(cfg, args, console, m, step_time, source)
     if strategy.traffic == "tensor":
         return _tensor_parallel_prediction(cfg, args, console, m, step_time, source, intra, ways)
+    traffic = strategy_traffic(strategy, library="nccl" if on_gpu else "gloo", blocks=m.blocks)
+    # FSDP2's copies around its collectives, timed where the step was (not for a given step time).
+    copies = (shard_copy_seconds_per_byte(m.tensor_bytes, 2, device="cuda" if on_gpu else "cpu")
+              if not given and any(kind in SHARDED_KINDS for kind, _, _ in traffic["collectives"]) else 0.0)
     inputs = ScalingInputs(step_time_s=step_time, per_device_batch=cfg.batch_size, grad_bytes=m.grad_bytes,
                            intra=get_interconnect(intra), network=get_interconnect(args.network),
                            devices_per_host=args.devices_per_host, overlap=args.overlap,
                            compression=cfg.distributed.grad_compression,
                            bucket_bytes=int(cfg.distributed.bucket_cap_mb * 2**20), tensor_bytes=m.tensor_bytes,
-                           **strategy_traffic(strategy, library="nccl" if on_gpu else "gloo"))
+                           shard_copy_s_per_byte=copies, **traffic)
     points = [predict(inputs, n) for n in device_counts(args.max_devices)]
     if args.json:
         print(json.dumps([{**p.to_dict(), "step_time_source": source, "per_device_batch": cfg.batch_size,

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from scaletrain.callbacks import Throughput
 from scaletrain.config import DistributedConfig, TrainConfig
 from scaletrain.errors import ConfigError
-from scaletrain.models.blocks import pipeline_layers
+from scaletrain.models.blocks import find_blocks, pipeline_layers
 from scaletrain.training import build_training
 
 
@@ -49,6 +49,8 @@ class StepMeasurement:
     # DTensor's own work per step once the blocks are split (tensor_parallel_overhead); 0 where not
     # measured (no TP_PLAN, or not asked for).
     tp_overhead_s: float = 0.0
+    # The model's repeated blocks (models/blocks.py; 0: none): the units fsdp and zero2 shard by.
+    blocks: int = 0
 
 
 def boundary_bytes(trainer, dataset) -> int:
@@ -192,7 +194,16 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
                            device=device_name(trainer.device), flops_per_sample=flops,
                            sample_shape=tuple(dataset.input_shape), boundary_bytes=boundary_bytes(trainer, dataset),
                            tensor_bytes=tensor_bytes, tp_allreduces=tp_allreduces, tp_allreduce_bytes=tp_bytes,
-                           tp_split_share=tp_share, tp_overhead_s=tp_overhead)
+                           tp_split_share=tp_share, tp_overhead_s=tp_overhead,
+                           blocks=count_blocks(trainer.model, cfg.memory.block_classes))
+
+
+def count_blocks(model: torch.nn.Module, class_names=()) -> int:
+    """How many repeated blocks fsdp and zero2 would shard `model` by (0: none, one unit)."""
+    try:
+        return len(find_blocks(model, tuple(class_names)))
+    except ConfigError:
+        return 0
 
 
 def optimizer_seconds_per_byte(optim_config, tensor_bytes: int, repeats: int = 5) -> float:
@@ -224,3 +235,48 @@ def server_seconds_per_byte(tensor_bytes: int, repeats: int = 5) -> float:
         total.add_(kept)
         torch.cat([torch.zeros(5), params])
     return (time.perf_counter() - started) / repeats / tensor_bytes
+
+
+def shard_copy_seconds_per_byte(tensor_bytes: list[int] | tuple[int, ...], world: int, device=None,
+                                repeats: int = 9) -> float:
+    """FSDP2's own copies around its collectives, per byte of the model, on `device` (default CPU):
+    an all-gather copies the rank's shards into a send buffer and splits the gathered buffer back
+    into the parameters (torch._foreach_copy_, torch.split_with_sizes_copy); a reduce-scatter
+    concatenates each gradient's chunks into one buffer (torch._chunk_cat) and the reduced shard is
+    divided in place. The ops FSDP2's collectives run, on float32 tensors of the model's sizes, in
+    buffers allocated afresh each time as FSDP2 allocates them (the gathered one first written, as
+    the collective would: a probe reusing one buffer never pays for fresh pages; reusing them here
+    measured half of what a profile of the real step shows). Per byte of (S + S / world), what one
+    collective copies."""
+    import time
+    device = torch.device(device or "cpu")
+    sizes = [max(b // 4, world) // world * world for b in tensor_bytes]    # whole chunks per rank
+    total = sum(sizes)
+    params = [torch.ones(n, device=device) for n in sizes]
+    shards = [torch.ones(n // world, device=device) for n in sizes]
+
+    def one_round():
+        send = torch.empty(total // world, device=device)
+        torch._foreach_copy_(list(torch.split(send, [s.numel() for s in shards])), shards)
+        gathered = torch.empty(total, device=device)
+        gathered.fill_(1.0)
+        torch.split_with_sizes_copy(gathered, sizes, out=params)
+        reduce_in = torch.empty(total, device=device)
+        torch._chunk_cat(params, 0, world, out=reduce_in.view(world, -1))
+        reduce_in[: total // world].div_(world)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    # Timed twice, the first pass discarded: the allocator settles on how it serves these sizes
+    # only after the first few frees (on glibc a first pass ran 5.8 ms a round, every later one 16).
+    for _ in range(2):
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            one_round()
+            sync()
+            times.append(time.perf_counter() - started)
+    # One all-gather's and one reduce-scatter's copies in a round.
+    return sorted(times)[len(times) // 2] / (2 * total * 4 * (1 + 1 / world))

@@ -24,7 +24,11 @@ Each strategy states the collectives of its step (its `collectives`): DDP one al
 gathers the parameters in the forward and again in the backward and reduce-scatters the
 gradients (on a ring 1 + 1 + 1 = 3 units of S(N-1)/N against DDP's 2: seed 004's 1.5x); ZeRO-2
 gathers once; ZeRO-1 all-reduces, then each owner broadcasts its updated partition after the step,
-never hidden (the largest partition's owner sets the pace: whole tensors are not balanced). Sharded strategies can hide behind the whole step: they prefetch in the forward too.
+never hidden (the largest partition's owner sets the pace: whole tensors are not balanced). Sharded
+strategies can hide behind the whole step: they prefetch in the forward too. A model without
+repeated blocks is one unit to FSDP and ZeRO-2: one all-gather before the forward, one
+reduce-scatter after the backward, nothing hidden (the strategy's `step_collectives`), and FSDP2's
+copies into and out of its flat buffers add to the step (`shard_copy_s_per_byte`, measured).
 A collective moves RING_VOLUME units on an ideal ring, times the library's measured factor
 (`ALGORITHM_FACTORS`): gloo's reduce-scatter costs a whole all-reduce, not half of one.
 """
@@ -41,6 +45,8 @@ FIRST_BUCKET_BYTES = 2**20     # DDP's first gradient bucket (torch.distributed'
 # The bytes one rank sends per collective on an ideal ring, in units of S (N-1)/N for a tensor of
 # S bytes (the gathered or reduced whole, not one shard).
 RING_VOLUME = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
+# The collectives FSDP2 copies into and out of flat buffers around (ScalingInputs.shard_copy_s_per_byte).
+SHARDED_KINDS = ("all_gather", "reduce_scatter")
 # How much longer a library's collective takes than the ideal ring at the same bytes, measured
 # against its own all-reduce over links shaped to 1 Gbit/s (BENCHMARKS.md, "The scaling predictor
 # against shaped links"): gloo's reduce-scatter takes as long as its all-reduce (1.01-1.07x at 2 and
@@ -74,6 +80,11 @@ class ScalingInputs:
     # The communication runs on the cores that compute (gloo over TCP with no core to spare, as
     # when several hosts share one machine): nothing hides, whatever the schedule allows.
     shared_cores: bool = False
+    # FSDP2's copies around each all-gather and reduce-scatter (into and out of their flat buffers),
+    # per byte of S + S/N, measured on the device (measure.shard_copy_seconds_per_byte): they run
+    # on the compute's stream between the collective and the layers that need it, so they never
+    # hide. 0: not measured.
+    shard_copy_s_per_byte: float = 0.0
 
     @property
     def wire_bytes(self) -> float:
@@ -83,7 +94,9 @@ class ScalingInputs:
         """What the collectives that do (or do not) overlap compute move, in units of S (N-1)/N,
         on the busiest link. A broadcast is ZeRO-1's: every owner sends its partition to the N-1
         others at once, so the largest partition's owner sets the pace (whole tensors, as
-        partition_by_size gives them: N * P_max / S units; 1 when balanced or unknown)."""
+        partition_by_size gives them), or the two largest owners, whose broadcasts to each other
+        take turns: max((N-1) P_max, P_max + P_next) * N / ((N-1) S) units; 1 when balanced or
+        unknown."""
         return sum(count * self._units(kind, devices) for kind, count, hides in self.collectives if hides == overlaps)
 
     def _units(self, kind: str, devices: int | None) -> float:
@@ -94,8 +107,13 @@ class ScalingInputs:
                 return RING_VOLUME[kind]
             from scaletrain.distributed.partition import partition_by_size
             owners = partition_by_size(list(self.tensor_bytes), devices)
-            largest = max(sum(b for b, o in zip(self.tensor_bytes, owners) if o == r) for r in range(devices))
-            return devices * largest / sum(self.tensor_bytes)
+            loads = sorted((sum(b for b, o in zip(self.tensor_bytes, owners) if o == r) for r in range(devices)),
+                           reverse=True)
+            # Two owners' broadcasts to each other do not overlap: between 2 hosts the step paid
+            # their sum (293.5 ms over the link switch, 296.7 over tbf; the largest alone
+            # predicted 250.6), between 4 the largest owner's sends to its 3 peers (BENCHMARKS.md).
+            busiest = max((devices - 1) * loads[0], loads[0] + loads[1])
+            return devices * busiest / ((devices - 1) * sum(self.tensor_bytes))
         return RING_VOLUME[kind] * self.algorithm.get(kind, 1.0)
 
 
@@ -112,6 +130,7 @@ class ScalingPoint:
     images_per_sec: float
     speedup: float
     efficiency: float
+    copy_s: float = 0.0     # FSDP2's copies around its sharded collectives (in exposed_comm_s too)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -155,11 +174,15 @@ def predict(inputs: ScalingInputs, devices: int) -> ScalingPoint:
         exposed_overlappable = overlappable - min(inputs.overlap * overlappable,
                                                   inputs.overlap_window * inputs.step_time_s)
     exposed = exposed_overlappable + (allreduce - overlappable)
+    sharded = sum(count for kind, count, _ in inputs.collectives if kind in SHARDED_KINDS)
+    copies = 0.0 if n == 1 else sharded * inputs.wire_bytes * (1 + 1 / n) * inputs.shard_copy_s_per_byte
+    exposed += copies
     step = inputs.step_time_s + exposed
     speedup = n * inputs.step_time_s / step
     return ScalingPoint(devices=n, hosts=hosts, link=link.name if n > 1 else "-", allreduce_s=allreduce,
                         bandwidth_s=bandwidth, latency_s=latency, exposed_comm_s=exposed, step_time_s=step,
-                        images_per_sec=n * inputs.per_device_batch / step, speedup=speedup, efficiency=speedup / n)
+                        images_per_sec=n * inputs.per_device_batch / step, speedup=speedup, efficiency=speedup / n,
+                        copy_s=copies)
 
 
 def _exposed_after_backward(buckets: list[int], comm_s: float, backward_s: float) -> float:
@@ -175,10 +198,12 @@ def _exposed_after_backward(buckets: list[int], comm_s: float, backward_s: float
     return max(link_free - backward_s, 0.0)
 
 
-def strategy_traffic(strategy, library: str = "nccl") -> dict:
-    """The ScalingInputs fields a data-parallel strategy class states (`collectives`, `hides_behind`),
-    with `library`'s algorithm factors (gloo, nccl)."""
-    return {"collectives": tuple(strategy.collectives), "algorithm": ALGORITHM_FACTORS[library],
+def strategy_traffic(strategy, library: str = "nccl", blocks: int | None = None) -> dict:
+    """The ScalingInputs fields a data-parallel strategy class states (its collectives for a model of
+    `blocks` repeated blocks, None: the usual, blocked model's; `hides_behind`), with `library`'s
+    algorithm factors (gloo, nccl)."""
+    collectives = strategy.collectives if blocks is None else strategy.step_collectives(blocks)
+    return {"collectives": tuple(collectives), "algorithm": ALGORITHM_FACTORS[library],
             "overlap_window": 1.0 if strategy.hides_behind == "step" else BACKWARD_SHARE}
 
 

@@ -1,7 +1,9 @@
 """A torchrun worker: trains the digits MLP under the strategy named in argv[1] (`fsdp+offload`:
 with --cpu-offload) and writes, per
 rank, the epoch history, the full final weights and the bytes this rank really holds for
-parameters, gradients and optimizer state (after a step, gradients kept), for the planner test."""
+parameters, gradients and optimizer state (after a step, gradients kept), for the planner test,
+and the bytes FSDP2 all-gathered and reduce-scattered in that step's forward and backward, for
+the scaling predictor's test."""
 
 import gc
 import os
@@ -28,10 +30,28 @@ def local_bytes(t):
     return t.numel() * t.element_size()
 
 
-# One more step with gradients kept, to see their real (sharded or replicated) size.
+# One more step with gradients kept, to see their real (sharded or replicated) size. FSDP2's
+# collectives (torch.distributed's all_gather_single and reduce_scatter_single) counted meanwhile.
+sent = {"all_gather": 0, "reduce_scatter": 0}
+
+
+def counted(kind, collective, whole):
+    def call(*args, **kwargs):
+        tensor = kwargs[whole] if whole in kwargs else args[0 if kind == "all_gather" else 1]
+        sent[kind] += tensor.numel() * tensor.element_size()
+        return collective(*args, **kwargs)
+    return call
+
+
+originals = {"all_gather_single": torch.distributed.all_gather_single,
+             "reduce_scatter_single": torch.distributed.reduce_scatter_single}
+torch.distributed.all_gather_single = counted("all_gather", originals["all_gather_single"], "output_tensor")
+torch.distributed.reduce_scatter_single = counted("reduce_scatter", originals["reduce_scatter_single"], "input")
 x, y = next(iter(trainer.loader(dataset.train, train=True)))
 loss, _ = trainer.train_step.forward_loss(x, y)   # the fitted trainer's own step: forward and loss
 loss.backward()
+for name, collective in originals.items():
+    setattr(torch.distributed, name, collective)
 held = {
     "param_bytes": sum(local_bytes(p) for p in trainer.model.parameters()),
     "grad_bytes": sum(local_bytes(p.grad) for p in trainer.model.parameters() if p.grad is not None),
@@ -44,7 +64,8 @@ policies = sorted({type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__
                    and m._get_fsdp_state()._fsdp_param_group is not None})
 weights = trainer.strategy.full_state_dict(trainer.model)
 torch.save({"history": trainer.history, "held": held, "weights": weights, "offload_policies": policies,
-            "shapes": [tuple(p.shape) for p in model.parameters()]}, f"{out}/rank{trainer.strategy.rank}.pt")
+            "shapes": [tuple(p.shape) for p in model.parameters()], "collective_bytes": sent},
+           f"{out}/rank{trainer.strategy.rank}.pt")
 built.close()
 # As the CLI does: free the wrappers' work objects before interpreter finalization.
 del trainer, model, weights
