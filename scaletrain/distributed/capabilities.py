@@ -8,6 +8,7 @@ of these, and the caller asks with `isinstance` (or takes the no-op default belo
     EpochControl       ps               training/trainer.py: each epoch's begin and end, early cuts, own figures
     CheckpointJoining  ps               checkpoint/checkpointer.py: who writes what, over which group
     CostBalancing      pipeline         training/parallelize.py: the layers' measured costs, before wrap
+    BlockSharding      fsdp, zero2      planning/scaling.py: the step's collectives for the model's blocks
 """
 
 from __future__ import annotations
@@ -82,3 +83,15 @@ def epoch_control(strategy) -> EpochControl:
 
 # Defined by the checkpointer that asks for it (checkpoint/ sits below distributed/).
 __all__ = ["CheckpointJoining", "CostBalancing", "EpochControl", "NoEpochControl", "Serving", "epoch_control"]
+
+
+@runtime_checkable
+class BlockSharding(Protocol):
+    """A strategy that shards the model unit by unit, a unit per repeated block (fsdp, zero2): what
+    crosses the links each step, and what can hide, depends on the blocks the model has. Asked of
+    the strategy class (`issubclass`), before any process exists."""
+
+    @classmethod
+    def step_collectives(cls, blocks: int) -> tuple:
+        """The step's collectives (as `Strategy.collectives`) for a model of `blocks` repeated
+        blocks (models/blocks.py; 0: none, the whole model one unit)."""

@@ -24,7 +24,8 @@ Each strategy states the collectives of its step (its `collectives`): DDP one al
 gathers the parameters in the forward and again in the backward and reduce-scatters the
 gradients (on a ring 1 + 1 + 1 = 3 units of S(N-1)/N against DDP's 2: seed 004's 1.5x); ZeRO-2
 gathers once; ZeRO-1 all-reduces, then each owner broadcasts its updated partition after the step,
-never hidden (the largest partition's owner sets the pace: whole tensors are not balanced). Sharded
+never hidden (the largest partition's owner sets the pace: whole tensors are not balanced; between
+2 hosts both owners', which take turns). Sharded
 strategies can hide behind the whole step: they prefetch in the forward too. A model without
 repeated blocks is one unit to FSDP and ZeRO-2: one all-gather before the forward, one
 reduce-scatter after the backward, nothing hidden (the strategy's `step_collectives`), and FSDP2's
@@ -202,7 +203,9 @@ def strategy_traffic(strategy, library: str = "nccl", blocks: int | None = None)
     """The ScalingInputs fields a data-parallel strategy class states (its collectives for a model of
     `blocks` repeated blocks, None: the usual, blocked model's; `hides_behind`), with `library`'s
     algorithm factors (gloo, nccl)."""
-    collectives = strategy.collectives if blocks is None else strategy.step_collectives(blocks)
+    from scaletrain.distributed.capabilities import BlockSharding
+    sharded_by_blocks = blocks is not None and issubclass(strategy, BlockSharding)
+    collectives = strategy.step_collectives(blocks) if sharded_by_blocks else strategy.collectives
     return {"collectives": tuple(collectives), "algorithm": ALGORITHM_FACTORS[library],
             "overlap_window": 1.0 if strategy.hides_behind == "step" else BACKWARD_SHARE}
 

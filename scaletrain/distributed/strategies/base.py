@@ -55,12 +55,6 @@ class Strategy(ABC):
     collectives = (("all_reduce", 1, True),)
     hides_behind = "backward"
 
-    @classmethod
-    def step_collectives(cls, blocks: int) -> tuple:
-        """`collectives` for a model with `blocks` repeated blocks (models/blocks.py; 0: none found):
-        a strategy that wraps the model block by block sends differently without them."""
-        return cls.collectives
-
     def __init__(self, config, env: DistEnv, layout: Layout | None = None):
         self.config = config     # the DistributedConfig
         self.env = env
