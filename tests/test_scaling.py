@@ -67,6 +67,8 @@ def test_a_model_without_blocks_is_one_unit_nothing_hides_and_fsdp2s_copies_add(
         assert p.exposed_comm_s == pytest.approx(p.allreduce_s + p.copy_s)  # nothing hides
         assert p.step_time_s == pytest.approx(0.100 + p.allreduce_s + p.copy_s)
         assert predict(inputs, 1).copy_s == 0.0
+        small = _inputs(**strategy_traffic(strategy, blocks=0), grad_bytes=MiB)
+        assert "none of it can hide" in explain(small, [predict(small, n) for n in (1, 2)])[-1]
     # DDP has no sharded collective: no copies, whatever the rate.
     ddp = predict(_inputs(**strategy_traffic(STRATEGIES.get("ddp"), blocks=0), shard_copy_s_per_byte=1e-10), 4)
     assert ddp.copy_s == 0.0

@@ -244,8 +244,10 @@ def explain(inputs: ScalingInputs, points: list[ScalingPoint]) -> list[str]:
                          f"communication {p.exposed_comm_s * 1e3:.2f} ms per step, dominated by {cause}.")
             break
     else:
+        hides = any(can_hide for *_, can_hide in inputs.collectives) and not inputs.shared_cores
         lines.append(f"efficiency stays at or above 90 % up to {points[-1].devices} devices: communication "
-                     "hides behind the backward pass.")
+                     + ("hides behind the backward pass." if hides else "is small against the step (none of it "
+                        "can hide)."))
     return lines
 
 
