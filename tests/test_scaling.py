@@ -315,3 +315,25 @@ def test_the_shaped_links_benchmark_predicts_the_servers_it_ran():
         assert got == pytest.approx(expected, rel=1e-6)
     assert (predict_point("ps", 2, 0.01, 16, tensor_bytes, probed, (1e-10, 2e-10), servers=2)
             < 0.8 * predict_point("ps", 2, 0.01, 16, tensor_bytes, probed, (1e-10, 2e-10), servers=1))
+
+
+def test_fsdp2s_copies_are_timed_and_blocks_counted():
+    """The two inputs `scaletrain scaling` measures for fsdp and zero2: the blocks fsdp shards by
+    (none in a plain MLP) and FSDP2's copies per byte, timed on this machine."""
+    import math
+
+    from torch import nn
+
+    from scaletrain.planning.measure import count_blocks, shard_copy_seconds_per_byte
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(8, 8)
+
+    blocked = nn.Sequential(Block(), Block(), Block(), nn.Linear(8, 2))
+    assert count_blocks(blocked) == 3
+    assert count_blocks(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))) == 0
+    per_byte = shard_copy_seconds_per_byte([4 * MiB, 4096, MiB], 2, repeats=3)
+    # Memory copies: more than nothing, less than 10 ns a byte (100 MB/s) on any machine this runs on.
+    assert math.isfinite(per_byte) and 0 < per_byte < 1e-8

@@ -246,8 +246,8 @@ def shard_copy_seconds_per_byte(tensor_bytes: list[int] | tuple[int, ...], world
     divided in place. The ops FSDP2's collectives run, on float32 tensors of the model's sizes, in
     buffers allocated afresh each time as FSDP2 allocates them (the gathered one first written, as
     the collective would: a probe reusing one buffer never pays for fresh pages; reusing them here
-    measured half of what a profile of the real step shows). Per byte of (S + S / world), what one
-    collective copies."""
+    measured a third to a half of what a profile of the real step shows). Per byte of
+    (S + S / world), what one collective copies."""
     import time
     device = torch.device(device or "cpu")
     sizes = [max(b // 4, world) // world * world for b in tensor_bytes]    # whole chunks per rank
