@@ -29,6 +29,7 @@ kernel, and this benchmark does not add any: the latency the predictor is given 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -260,6 +261,7 @@ def model_tensor_bytes() -> list[int]:
     return [p.numel() * p.element_size() for p in _model().parameters()]
 
 
+@functools.cache
 def model_blocks() -> int:
     """MODEL's repeated blocks (none: the MLP is one unit to fsdp and zero2)."""
     from scaletrain.planning.measure import count_blocks

@@ -81,10 +81,6 @@ def epoch_control(strategy) -> EpochControl:
     return strategy if isinstance(strategy, EpochControl) else NoEpochControl()
 
 
-# Defined by the checkpointer that asks for it (checkpoint/ sits below distributed/).
-__all__ = ["CheckpointJoining", "CostBalancing", "EpochControl", "NoEpochControl", "Serving", "epoch_control"]
-
-
 @runtime_checkable
 class BlockSharding(Protocol):
     """A strategy that shards the model unit by unit, a unit per repeated block (fsdp, zero2): what
@@ -95,3 +91,9 @@ class BlockSharding(Protocol):
     def step_collectives(cls, blocks: int) -> tuple:
         """The step's collectives (as `Strategy.collectives`) for a model of `blocks` repeated
         blocks (models/blocks.py; 0: none, the whole model one unit)."""
+
+
+# Defined by the checkpointer that asks for it (checkpoint/ sits below distributed/).
+__all__ = ["BlockSharding", "CheckpointJoining", "CostBalancing", "EpochControl", "NoEpochControl", "Serving",
+           "epoch_control"]
+

@@ -25,11 +25,11 @@ gathers the parameters in the forward and again in the backward and reduce-scatt
 gradients (on a ring 1 + 1 + 1 = 3 units of S(N-1)/N against DDP's 2: seed 004's 1.5x); ZeRO-2
 gathers once; ZeRO-1 all-reduces, then each owner broadcasts its updated partition after the step,
 never hidden (the largest partition's owner sets the pace: whole tensors are not balanced; between
-2 hosts both owners', which take turns). Sharded
-strategies can hide behind the whole step: they prefetch in the forward too. A model without
-repeated blocks is one unit to FSDP and ZeRO-2: one all-gather before the forward, one
-reduce-scatter after the backward, nothing hidden (the strategy's `step_collectives`), and FSDP2's
-copies into and out of its flat buffers add to the step (`shard_copy_s_per_byte`, measured).
+2 hosts both owners', which take turns). Sharded strategies can hide behind the whole step: they
+prefetch in the forward too. A model without repeated blocks is one unit to FSDP and ZeRO-2: one
+all-gather before the forward, one reduce-scatter after the backward, nothing hidden (their
+BlockSharding capability's `step_collectives`), and FSDP2's copies into and out of its flat
+buffers add to the step (`shard_copy_s_per_byte`, measured).
 A collective moves RING_VOLUME units on an ideal ring, times the library's measured factor
 (`ALGORITHM_FACTORS`): gloo's reduce-scatter costs a whole all-reduce, not half of one.
 """
