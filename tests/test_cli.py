@@ -155,6 +155,21 @@ def test_bad_input_through_the_real_console_entry_point(tmp_path):
     assert result.returncode == 2 and "invalid int value: 'many'" in result.stderr
 
 
+def test_a_command_line_argparse_refuses_is_one_line_naming_the_help_to_read(capsys):
+    cases = [
+        (["scaling", "--network", "1g"], "argument --network: invalid choice: '1g'", "scaletrain scaling --help"),
+        (["train", "--no-such-flag"], "unrecognized arguments: --no-such-flag", "scaletrain train --help"),
+        (["runs"], "the following arguments are required: COMMAND", "scaletrain runs --help"),
+        (["runs", "show"], "required: run_id", "scaletrain runs show --help"),
+        (["no-such-command"], "invalid choice: 'no-such-command'", "scaletrain --help"),
+    ]
+    for argv, message, help_line in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("scaletrain: error: ") and message in err and f"`{help_line}`" in err, (argv, err)
+        assert err.count("\n") == 1 and "usage:" not in err, err
+
+
 def test_model_option_flag_is_read_as_toml():
     args = build_parser().parse_args(["train", "--model", "mlp", "--model-option", "hidden=[32, 16]",
                                       "--model-option", "dropout=0.1"])

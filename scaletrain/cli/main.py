@@ -65,6 +65,36 @@ COMMANDS = [
 ]
 
 
+class UsageError(UserError):
+    """A command line argparse refuses (an unknown flag, a choice not offered, a missing value)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is one line naming the problem and where the options
+    are listed, not the usage block (`scaletrain train`'s is 60 lines, above the error)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.command_parsers: dict[str, _Parser] = {}
+
+    def add_subparsers(self, **kwargs):
+        # Named in the "required" error: "COMMAND", not the attribute it is stored in.
+        kwargs.setdefault("metavar", "COMMAND")
+        return super().add_subparsers(**kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse reports flags no command knows from the top parser; the command's own --help
+        # is the one that lists what it takes.
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            where = self.command_parsers.get(getattr(parsed, "command", ""), self)
+            where.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (`{self.prog} --help` lists the options)")
+
+
 def _function(command: Command, attribute: str):
     return getattr(importlib.import_module(f"scaletrain.cli.{command.module}"), attribute)
 
@@ -72,11 +102,12 @@ def _function(command: Command, attribute: str):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or (`only`) every command's name and help with only that command's
     arguments: a command then imports no other command's module (`list` answers in 0.2 s)."""
-    parser = argparse.ArgumentParser(prog="scaletrain", description="Fast, honestly measured training.")
+    parser = _Parser(prog="scaletrain", description="Fast, honestly measured training.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         # No abbreviations: the launcher passes a worker's arguments through verbatim.
         command_parser = sub.add_parser(command.name, help=command.help, allow_abbrev=False)
+        parser.command_parsers[command.name] = command_parser
         if only is None or command.name == only:
             _function(command, command.add)(command_parser)
     return parser
