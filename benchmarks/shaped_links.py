@@ -219,9 +219,15 @@ def _step_time(run_dir: Path, batch: int) -> float:
     return batch / json.loads((run_dir / "summary.json").read_text())["images_per_sec"]
 
 
-def train_step_time(hosts, per_host_batch: int, epochs: int, workdir: Path, strategy: str, servers: int = 0) -> float:
-    """Seconds per optimizer step of `scaletrain train` over these hosts: the first len(hosts) -
-    servers are workers, the rest parameter servers (--strategy ps)."""
+def _steps_per_epoch(run_dir: Path) -> int:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary["optimizer_steps"] // summary["epochs_run"]
+
+
+def train_step_time(hosts, per_host_batch: int, epochs: int, workdir: Path, strategy: str,
+                    servers: int = 0) -> tuple[float, int]:
+    """Seconds per optimizer step of `scaletrain train` over these hosts (the first len(hosts) -
+    servers are workers, the rest parameter servers: --strategy ps), and its steps per epoch."""
     workers = len(hosts) - servers
     addresses = [f"{addr}:{PORT + 1}" for *_, addr in hosts]
     cluster = {"worker": addresses[:workers], **({"ps": addresses[workers:]} if servers else {})}
@@ -238,7 +244,7 @@ def train_step_time(hosts, per_host_batch: int, epochs: int, workdir: Path, stra
     spec = lambda rank: json.dumps({"cluster": cluster,  # noqa: E731
                                     "task": {"type": roles[rank][0], "index": roles[rank][1]}})
     _in_hosts(hosts, args, lambda rank: {"SCALETRAIN_CLUSTER": spec(rank)} if len(hosts) > 1 else {})
-    return _step_time(run_dirs[0], batch)
+    return _step_time(run_dirs[0], batch), _steps_per_epoch(run_dirs[0])
 
 
 def concurrent_step_time(n: int, per_host_batch: int, epochs: int, workdir: Path, model: list[str] = MODEL) -> float:
@@ -298,11 +304,14 @@ def tensor_parallel_traffic(batch: int) -> dict:
 
 def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes: list[int], probed: dict,
                   per_byte: tuple[float, float], tp: dict | None = None, shared_cores: bool = False,
-                  core_share: float = 1.0, servers: int = 1, copy_s_per_byte: float = 0.0):
+                  core_share: float = 1.0, servers: int = 1, copy_s_per_byte: float = 0.0,
+                  steps_per_epoch: int | None = None):
     """The predictor's step time for strategy `name` on n workers (and `servers` parameter
     servers), from the probed link.
     `core_share`: how much slower a host computes when n of them share this machine (the
-    compute of n at once over one alone); DTensor's own work is compute too."""
+    compute of n at once over one alone); DTensor's own work is compute too. `steps_per_epoch`: the
+    measured run's, for the pull that ends a parameter server's epoch (None: files from before it
+    was recorded, when every notice cost a shard, too)."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
     from scaletrain.planning.hardware import Interconnect
     from scaletrain.planning.scaling import (SHARDED_KINDS, ScalingInputs, predict, predict_parameter_server,
@@ -316,7 +325,8 @@ def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes:
     if name == "ps":
         intercept, slope = fit(probed["p2p"])
         link = Interconnect("probed p2p", 1 / slope, max(intercept, 0.0), "point-to-point probe")
-        return predict_parameter_server(compute_s, batch, tensor_bytes, n, servers, link, *per_byte).step_time_s
+        return predict_parameter_server(compute_s, batch, tensor_bytes, n, servers, link, *per_byte,
+                                        steps_per_epoch=steps_per_epoch).step_time_s
     bandwidth, hop = fit_link(probed, n)
     link = Interconnect("probed", bandwidth, hop, "all-reduce probe")
     blocks = model_blocks()
@@ -351,12 +361,13 @@ def add_predictions(result: dict) -> None:
         alone = result["tensor_parallel_compute_s" if row["strategy"] == "tensor" else "compute_s"]
         row["predicted_step_s"] = predict_point(row["strategy"], row["hosts"], row["compute_s"],
                                                 result["per_host_batch"], tensor_bytes, row["probe"],
-                                                (result["update_s_per_byte"], result["message_s_per_byte"]),
+                                                (result["update_s_per_byte"], message_per_byte(result, row["hosts"])),
                                                 result.get("tensor_parallel"),
                                                 shared_cores=not row["link_bound"],
                                                 core_share=row["compute_s"] / alone["1"],
                                                 servers=row.get("servers") or 1,
-                                                copy_s_per_byte=result["shard_copy_s_per_byte"])
+                                                copy_s_per_byte=result["shard_copy_s_per_byte"],
+                                                steps_per_epoch=row.get("steps_per_epoch"))
         row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
         print(f"{row['strategy']}, {link_label(row['rate_mbit'], row.get('latency_ms'))}, {row['hosts']} workers "
               f"({'the link binds' if row['link_bound'] else 'the cores bind'}): measured "
@@ -364,18 +375,32 @@ def add_predictions(result: dict) -> None:
               f"({row['error']:+.0%})")
 
 
-def server_per_byte(total_bytes: int) -> tuple[float, float]:
-    """A parameter server's update (the run's optimizer: MODEL's defaults) and its own work on a
-    message, each per byte, on this CPU (planning/measure.py)."""
+def server_per_byte(total_bytes: int, counts: list[int]) -> tuple[float, dict[str, float]]:
+    """A parameter server's update (the run's optimizer: MODEL's defaults), and its own work on a
+    message at each worker count, each per byte, on one thread as each host has (planning/measure.py)."""
+    import torch
     from scaletrain.config import OptimConfig
     from scaletrain.planning.measure import optimizer_seconds_per_byte, server_seconds_per_byte
-    return (optimizer_seconds_per_byte(OptimConfig(lr=0.01), total_bytes), server_seconds_per_byte(total_bytes))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return (optimizer_seconds_per_byte(OptimConfig(lr=0.01), total_bytes),
+                {str(n): server_seconds_per_byte(total_bytes, workers=n) for n in counts})
+    finally:
+        torch.set_num_threads(threads)
+
+
+def message_per_byte(result: dict, workers: int) -> float:
+    """The server's own work per message byte at `workers` (a single figure in older files)."""
+    figure = result["message_s_per_byte"]
+    return figure[str(workers)] if isinstance(figure, dict) else figure
 
 
 def predict_again(source: Path, out: Path) -> None:
     result = json.loads(source.read_text())
     if "message_s_per_byte" not in result:      # a file from before both were measured
-        result["update_s_per_byte"], result["message_s_per_byte"] = server_per_byte(result["grad_bytes"])
+        counts = sorted({row["hosts"] for row in result["points"]})
+        result["update_s_per_byte"], result["message_s_per_byte"] = server_per_byte(result["grad_bytes"], counts)
     if "shard_copy_s_per_byte" not in result:   # measured now, on this machine, and kept in --out
         result["shard_copy_s_per_byte"] = shard_copy_per_byte(model_tensor_bytes())
     add_predictions(result)
@@ -395,15 +420,17 @@ def measure_hosts(all_hosts, n: int, servers: int, rate, latency, strategies, ar
     rows = []
     for name in strategies:
         on = all_hosts if name == "ps" else hosts
-        times = [train_step_time(on, args.batch, args.epochs, workdir, name, servers if name == "ps" else 0)
-                 for _ in range(args.repeats)]
+        runs = [train_step_time(on, args.batch, args.epochs, workdir, name, servers if name == "ps" else 0)
+                for _ in range(args.repeats)]
+        times = [t for t, _ in runs]
         measured = statistics.median(times)
         compute_s = tp_compute[n] if name == "tensor" else compute[n]
         bandwidth, hop = fit_link(probed, n)
         row = {"strategy": name, "rate_mbit": rate, "latency_ms": latency, "hosts": n,
                "servers": servers if name == "ps" else 0, "bus_bandwidth_Bps": bandwidth, "hop_latency_s": hop,
                "p2p_bandwidth_Bps": 1 / fit(probed["p2p"])[1], "factors": algorithm_factors(probed),
-               "probe": probed, "compute_s": compute_s, "measured_step_s": measured, "measured_runs_s": times}
+               "probe": probed, "compute_s": compute_s, "measured_step_s": measured, "measured_runs_s": times,
+               "steps_per_epoch": runs[0][1]}
         rows.append(row)
         print(f"{name}, {link_label(rate, latency)}, {n} workers: bus {bandwidth * 8 / 1e6:,.0f} Mbit/s, "
               f"{hop * 1e6:.0f} us/hop, factors " + " ".join(f"{k} {v:.2f}" for k, v in row["factors"].items())
@@ -445,8 +472,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="shaped-"))
     tensor_bytes = model_tensor_bytes()
     S = sum(tensor_bytes)
-    per_byte = server_per_byte(S)
     counts = [int(h) for h in args.hosts.split(",")]
+    per_byte = server_per_byte(S, counts)
     # The compute each host has: n processes training at once on this machine's cores, no links.
     strategies = args.strategies.split(",")
     compute = {n: statistics.median(concurrent_step_time(n, args.batch, args.epochs, workdir) for _ in range(2))

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from tests.processes import (DIGITS_MLP, children, cli_env, committed_steps, kill_group,
+from tests.processes import (DIGITS_MLP, PLUGINS, children, cli_env, committed_steps, kill_group,
                              metrics, run, start, summary, wait_for)
 import torch.distributed.checkpoint as dcp
 
@@ -44,6 +44,44 @@ def test_sync_parameter_servers_equal_ddp_with_one_and_two_servers(tmp_path):
         assert [m[k] for m in metrics(tmp_path / "ddp") for k in keys] == \
                pytest.approx([m[k] for m in metrics(tmp_path / f"ps{servers}") for k in keys], rel=1e-6)
         assert all(m["ps_dropped"] == 0 and m["ps_staleness_max"] == 0 for m in metrics(tmp_path / f"ps{servers}"))
+
+
+# Counts the bytes each process hands to c10d's point-to-point sends (every message of the parameter
+# server protocol), in sent-<RANK>.json beside the run.
+_COUNTING_SENDS = """
+import json, os
+if os.environ.get("RANK") is not None and os.environ.get("COUNT_SENDS_IN"):
+    import torch.distributed as dist
+    _sent = {"bytes": 0, "messages": 0}
+    def _counting(send):
+        def counted(tensor, *args, **kwargs):
+            _sent["bytes"] += tensor.numel() * tensor.element_size()
+            _sent["messages"] += 1
+            with open(os.path.join(os.environ["COUNT_SENDS_IN"], f"sent-{os.environ['RANK']}.json"), "w") as fh:
+                json.dump(_sent, fh)
+            return send(tensor, *args, **kwargs)
+        return counted
+    dist.send, dist.isend = _counting(dist.send), _counting(dist.isend)
+"""
+
+
+def test_a_notice_to_the_servers_costs_a_header_not_a_shard(tmp_path):
+    """A worker sends its servers one gradient per step and, at meetings and each epoch's end, a
+    few notices. A notice is a header of 6 floats: the link carries the gradients and nothing of
+    their size more (a notice padded to the shard's size cost 4-5 shards an epoch per worker)."""
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "sitecustomize.py").write_text(_COUNTING_SENDS)
+    result = run(["train", *COMMON, "--nproc", "3", "--strategy", "ps", "--run-dir", str(tmp_path / "r")], tmp_path,
+                 PYTHONPATH=os.pathsep.join([str(tmp_path / "hooks"), str(PLUGINS)]), COUNT_SENDS_IN=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    steps = summary(tmp_path / "r")["optimizer_steps"]
+    model_bytes = 4 * ((64 * 64 + 64) + (64 * 10 + 10))
+    for rank in (0, 1):
+        sent = json.loads((tmp_path / f"sent-{rank}.json").read_text())
+        gradients = steps * model_bytes + (model_bytes if rank == 0 else 0)    # the chief sends the initial values
+        notices = sent["messages"] - 2 * steps - (rank == 0)                     # each push: a header and a gradient
+        assert notices >= 2 * 2, sent                                            # meetings and epoch ends, 2 epochs
+        assert sent["bytes"] == gradients + 6 * 4 * (steps + notices), sent
 
 
 def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):

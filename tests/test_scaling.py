@@ -134,8 +134,14 @@ def test_parameter_server_formula_the_busiest_server_and_whole_tensors():
     assert one.largest_shard_bytes == 100 * MiB
     assert one.server_link_s == pytest.approx(8 * 100 * MiB / 11e9)          # W shards through one link
     assert one.worker_link_s == pytest.approx(100 * MiB / 11e9)
-    # Sync: the pull waits for every push and the update, so the link is used one way, then the other.
-    assert one.exchange_s == pytest.approx(2 * one.server_link_s + 2 * 20e-6 + 100 * MiB * 1e-11)
+    # Sync: the pull waits for every push and the update, so the link is used one way, then the other;
+    # each of the 8 pushes is handed over after a ready notice and a trip, the pull after one trip.
+    assert one.latency_s == pytest.approx((2 * 8 + 1) * 20e-6)
+    assert one.exchange_s == pytest.approx(2 * one.server_link_s + 17 * 20e-6 + 100 * MiB * 1e-11)
+    assert one.epoch_pull_s == 0.0
+    # An epoch of 10 steps ends with a pull: one more shard per worker out of the busiest server.
+    tenth = predict_parameter_server(0.050, 32, tensors, workers=8, servers=1, link=link, steps_per_epoch=10)
+    assert tenth.step_time_s == pytest.approx(one.step_time_s - 100 * MiB * 1e-11 + one.server_link_s / 10)
     assert one.images_per_sec == pytest.approx(8 * 32 / (0.050 + one.exchange_s))
     two = predict_parameter_server(0.050, 32, tensors, workers=8, servers=2, link=link)
     assert two.largest_shard_bytes == 50 * MiB and two.server_link_s == pytest.approx(one.server_link_s / 2)
@@ -144,7 +150,7 @@ def test_parameter_server_formula_the_busiest_server_and_whole_tensors():
     assert four.largest_shard_bytes == 40 * MiB
     # One worker's own link is the floor: with W = 1 the servers never carry more than it does.
     assert predict_parameter_server(0.050, 32, tensors, 1, 4, link).exchange_s == \
-           pytest.approx(2 * 100 * MiB / 11e9 + 2 * 20e-6)
+           pytest.approx(2 * 100 * MiB / 11e9 + 3 * 20e-6)
 
 
 def test_scaling_command_predicts_parameter_servers(capsys):

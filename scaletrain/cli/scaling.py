@@ -181,7 +181,7 @@ def _parameter_server_prediction(cfg, args, console, m, step_time: float, source
     counts = [k for k in (1, 2, 4, 8, 16) if k <= len(m.tensor_bytes)]
     from scaletrain.planning.measure import optimizer_seconds_per_byte, server_seconds_per_byte
     per_byte = optimizer_seconds_per_byte(cfg.optim, sum(m.tensor_bytes))
-    message_per_byte = server_seconds_per_byte(sum(m.tensor_bytes))
+    message_per_byte = server_seconds_per_byte(sum(m.tensor_bytes), workers=args.workers)
     points = [predict_parameter_server(step_time, cfg.batch_size, list(m.tensor_bytes), args.workers, k, link,
                                        per_byte, message_per_byte) for k in counts]
     if args.json:

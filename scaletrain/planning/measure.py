@@ -222,19 +222,24 @@ def optimizer_seconds_per_byte(optim_config, tensor_bytes: int, repeats: int = 5
     return (time.perf_counter() - started) / repeats / tensor_bytes
 
 
-def server_seconds_per_byte(tensor_bytes: int, repeats: int = 5) -> float:
+def server_seconds_per_byte(tensor_bytes: int, repeats: int = 5, workers: int = 4) -> float:
     """A parameter server's own work on one worker's message, per byte of it, on this CPU: what
-    distributed/strategies/ps/server.py does with each push and each reply (keep the gradient, add
-    it into the sum, pack the parameters into the reply), without the transfer."""
+    distributed/strategies/ps/server.py does with a sync step's `workers` pushes and replies (keep
+    each gradient, stack and sum them, pack the parameters into each reply), without the transfer.
+    In fresh buffers, as the server allocates them: the stack of 8 pushes of 16 MiB took 83 ms a
+    step, twice what adding each into one reused sum measured (BENCHMARKS.md)."""
     import time
     message = torch.full((max(tensor_bytes // 4, 1),), 1e-3)
-    total, params = torch.zeros_like(message), torch.zeros_like(message)
-    started = time.perf_counter()
-    for _ in range(repeats):
-        kept = message.clone()
-        total.add_(kept)
-        torch.cat([torch.zeros(5), params])
-    return (time.perf_counter() - started) / repeats / tensor_bytes
+    params = torch.zeros_like(message)
+    times = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        kept = [message.clone() for _ in range(workers)]
+        (torch.stack(kept).sum(0) / workers).neg_()
+        for _ in range(workers):
+            torch.cat([torch.zeros(6), params])
+        times.append(time.perf_counter() - started)
+    return sorted(times[1:])[repeats // 2] / (workers * tensor_bytes)
 
 
 def shard_copy_seconds_per_byte(tensor_bytes: list[int] | tuple[int, ...], world: int, device=None,

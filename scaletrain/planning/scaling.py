@@ -290,9 +290,10 @@ class ParameterServerPoint:
     largest_shard_bytes: int
     server_link_s: float        # the busiest server's link, one way: W gradient shards in (then W parameter shards out)
     worker_link_s: float        # one worker's link, one way: its whole gradient out (then the parameters in)
-    latency_s: float
+    latency_s: float            # the hand-overs: a ready notice and a trip per push, one trip for the pull
     update_s: float             # the busiest server's optimizer step on its shard
     handling_s: float           # the busiest server's own work on the W messages (copies, sum, reply)
+    epoch_pull_s: float         # the pull that ends every epoch, per step of the epoch (0: not asked)
     exchange_s: float
     step_time_s: float
     images_per_sec: float
@@ -303,7 +304,8 @@ class ParameterServerPoint:
 
 def predict_parameter_server(step_time_s: float, per_worker_batch: int, tensor_bytes: list[int], workers: int,
                              servers: int, link: Interconnect, update_s_per_byte: float = 0.0,
-                             message_s_per_byte: float = 0.0) -> ParameterServerPoint:
+                             message_s_per_byte: float = 0.0, steps_per_epoch: int | None = None
+                             ) -> ParameterServerPoint:
     """A synchronous parameter-server step (seed 002): every worker pushes its gradient, shard by
     shard, to K servers after its backward pass, and pulls the new parameters back once every
     push has arrived and the server has stepped, so the push and the pull do not overlap:
@@ -312,29 +314,36 @@ def predict_parameter_server(step_time_s: float, per_worker_batch: int, tensor_b
         t_server = W * max_k S_k / B      the busiest server's link: W shards in, then W out
         t_worker = S / B                  a worker's own link: the whole model out, then in
         t_handle = W * max_k S_k * h      the busiest server's own work on W messages
-        t_exchange = 2 * max(t_server, t_worker) + t_handle + 2 * alpha + max_k S_k * u
+        t_latency = (2W + 1) * alpha      a server takes the W pushes one at a time, each handed
+                                          over only after its ready notice crossed the link (2 trips);
+                                          the pull's receives are posted early (1 trip)
+        t_exchange = 2 * max(t_server, t_worker) + t_handle + t_latency + max_k S_k * u
         t_step = t_compute + t_exchange   nothing overlaps: the push starts after the backward
+        t_epoch = t_server / steps        every epoch ends with a pull of the servers' parameters,
+                                          W more shards out of the busiest server (steps_per_epoch)
 
     The busiest server's link is the bottleneck seed 002 describes: it carries W times its shard,
     so sharding over K servers divides it until one worker's own link, or the largest tensor (a
     server holds whole tensors), limits it. u: the optimizer step's seconds per byte of a shard;
-    h: a server's own seconds per byte of each message (keep the gradient, add it in, pack the
-    reply; measure.server_seconds_per_byte). One process handles every message, so h grows with W.
-    Over links shaped to 1 Gbit/s the push and the pull took one phase each (BENCHMARKS.md)."""
+    h: a server's own seconds per byte of each message (keep the gradient, stack and sum it with
+    the others, pack the reply; measure.server_seconds_per_byte). One process handles every
+    message, so h grows with W. Over links shaped to 1 Gbit/s the push and the pull took one phase
+    each, and each push its hand-over (BENCHMARKS.md)."""
     from scaletrain.distributed.strategies.ps.strategy import balance
     shards = balance(list(tensor_bytes), servers)
     largest = max(sum(tensor_bytes[i] for i in shard) for shard in shards)
     server_link = workers * largest / link.bus_bandwidth
     worker_link = sum(tensor_bytes) / link.bus_bandwidth
-    latency = 2 * link.hop_latency
+    latency = (2 * workers + 1) * link.hop_latency
     update = largest * update_s_per_byte
     handling = workers * largest * message_s_per_byte
     exchange = 2 * max(server_link, worker_link) + handling + latency + update
-    step = step_time_s + exchange
+    epoch_pull = max(server_link, worker_link) / steps_per_epoch if steps_per_epoch else 0.0
+    step = step_time_s + exchange + epoch_pull
     return ParameterServerPoint(servers=servers, workers=workers, largest_shard_bytes=largest,
                                 server_link_s=server_link, worker_link_s=worker_link, latency_s=latency,
-                                update_s=update, handling_s=handling, exchange_s=exchange, step_time_s=step,
-                                images_per_sec=workers * per_worker_batch / step)
+                                update_s=update, handling_s=handling, epoch_pull_s=epoch_pull, exchange_s=exchange,
+                                step_time_s=step, images_per_sec=workers * per_worker_batch / step)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,18 @@
 """The messages between parameter-server workers and servers: one vocabulary both sides speak.
 
-Every message is one float tensor (c10d point-to-point sends tensors): a header, then a payload of
-the receiving server's shard size (gradients, or nothing for a notice), so a server receives any
-message into one buffer.
+c10d point-to-point sends float tensors. A request is a small header on HEADER_TAG, and a
+gradient's payload (the receiving server's shard) follows as a second message on PAYLOAD_TAG:
+a server receives the next header from any worker into one small buffer, then the payload from
+that worker. A notice (a meeting, an epoch's end, a pull) is its header alone. (Until 2026-11-26
+every request carried a shard-sized payload, zeros for a notice, so that one buffer could take any
+message: each epoch's 4-5 notices per worker then cost as much link time as 4-5 steps' pushes, 6.6 s
+an epoch at 8 workers over 1 Gbit/s, BENCHMARKS.md.)
 
-    request  [kind, parameter version, lr, meetings, epoch] + payload
+    request  [kind, parameter version, lr, meetings, epoch, sender's rank]   (HEADER_TAG)
              meetings: how many meetings the worker has entered (server.py); a LOST notice puts
              (the lost worker's rank, how many more follow) in the version and lr slots
-    reply    [version, epoch over, 0, staleness (or DROPPED), 0] + the server's parameters
+    payload  the gradient of the server's shard, for GRADIENT and SYNC_GRADIENT   (PAYLOAD_TAG)
+    reply    [version, epoch over, 0, staleness (or DROPPED), 0, 0] + the server's parameters (tag 0)
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-HEADER = 5
+HEADER = 6
+# Separate tags keep a payload from being matched to the server's posted receive for the next header.
+HEADER_TAG = 1
+PAYLOAD_TAG = 2
 
 # Request kinds (floats: they travel in the header of a float tensor).
 GRADIENT = 1.0        # apply this gradient (the run's mode: sync or async)
@@ -39,6 +47,11 @@ class Request:
     lr: float
     meetings: int
     epoch: int
+    worker: int
+
+    @property
+    def carries_payload(self) -> bool:
+        return carries_payload(self.kind)
 
     @property
     def lost(self) -> tuple[int, int]:
@@ -46,18 +59,20 @@ class Request:
         return int(self.version), int(self.lr)
 
 
-def request(kind: float, payload: torch.Tensor | int, *, version: float = 0, lr: float = 0.0, meetings: int = 0,
+def carries_payload(kind: float) -> bool:
+    """Whether a request of this kind is followed by its payload (a gradient)."""
+    return kind in (GRADIENT, SYNC_GRADIENT)
+
+
+def request(kind: float, worker: int, *, version: float = 0, lr: float = 0.0, meetings: int = 0,
             epoch: int = 0) -> torch.Tensor:
-    """A request: the header and `payload` (a tensor, or that many zeros for a notice)."""
-    header = torch.tensor([kind, float(version), float(lr), float(meetings), float(epoch)])
-    if isinstance(payload, int):
-        return torch.cat([header, torch.zeros(payload)])
-    return torch.cat([header, payload])
+    """A request's header, from worker rank `worker`."""
+    return torch.tensor([kind, float(version), float(lr), float(meetings), float(epoch), float(worker)])
 
 
-def read_request(message: torch.Tensor) -> Request:
-    h = message[:HEADER].tolist()
-    return Request(h[0], int(h[1]), h[2], int(h[3]), int(h[4]))
+def read_request(header: torch.Tensor) -> Request:
+    h = header[:HEADER].tolist()
+    return Request(h[0], int(h[1]), h[2], int(h[3]), int(h[4]), int(h[5]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +87,7 @@ class Reply:
 
 
 def reply(version: int, staleness: float, epoch_over: bool, params: list[torch.Tensor]) -> torch.Tensor:
-    header = torch.tensor([float(version), float(epoch_over), 0.0, staleness, 0.0])
+    header = torch.tensor([float(version), float(epoch_over), 0.0, staleness, 0.0, 0.0])
     return torch.cat([header] + [p.detach().reshape(-1) for p in params])
 
 

@@ -21,8 +21,46 @@ from torch import nn
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 
-from scaletrain.distributed.strategies.ps.protocol import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOST,
-                                                           PULL, SAVE, SYNC_GRADIENT, read_request, reply)
+from scaletrain.distributed.strategies.ps.protocol import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, HEADER_TAG, IDLE,
+                                                           LOST, PAYLOAD_TAG, PULL, SAVE, SYNC_GRADIENT, Request,
+                                                           read_request, reply)
+
+
+class Inbox:
+    """Request headers from any worker, the next one's receive posted before this request's payload
+    is received. gloo hands a message over only once its receiver has said it is ready (one trip
+    across the link) and the header then crosses (another): posted early, both happen while the
+    payload before it is still arriving, so a separate header costs the link nothing."""
+
+    def __init__(self, survives_lost_workers: bool):
+        self.survives_lost_workers = survives_lost_workers
+        self._buffers = [torch.empty(HEADER), torch.empty(HEADER)]
+        self._next = 0
+        self._posted = None
+
+    def post(self) -> None:
+        """Posts the receive of the next header (call it only while a worker may still send one:
+        a receive left posted at the end would wait forever)."""
+        if self._posted is None:
+            self._posted = dist.irecv(self._buffers[self._next], tag=HEADER_TAG)     # from any worker
+
+    def take(self) -> Request:
+        """The next request's header (posting its receive if not yet posted). Where workers may die, a
+        connection reset by a dead one is skipped: gloo goes on receiving from the others."""
+        failures = 0
+        while True:
+            self.post()
+            try:
+                self._posted.wait()
+                break
+            except RuntimeError:
+                self._posted = None
+                failures += 1
+                if not self.survives_lost_workers or failures >= 1000:
+                    raise
+        header = self._buffers[self._next]
+        self._next, self._posted = 1 - self._next, None
+        return read_request(header)
 
 
 class Server:
@@ -74,17 +112,15 @@ class Server:
             # That worker is dead (gloo: its connection closed). The others go on; the chief tells
             # us who is gone once the workers' roll call has settled it (LOST).
 
-    def _receive_any(self, message: torch.Tensor) -> int:
-        """The next message from any worker. Where workers may die, a connection reset by a dead
-        one is skipped: gloo goes on receiving from the others."""
-        failures = 0
-        while True:
-            try:
-                return dist.recv(message)
-            except RuntimeError:
-                failures += 1
-                if not self.options.survives_lost_workers or failures >= 1000:
-                    raise
+    def _receive_payload(self, payload: torch.Tensor, worker: int) -> bool:
+        """A request's payload from `worker`; False where workers may die and this one has."""
+        try:
+            dist.recv(payload, src=worker, tag=PAYLOAD_TAG)
+            return True
+        except RuntimeError:
+            if not self.options.survives_lost_workers:
+                raise
+            return False
 
     # -- checkpoints: the servers write and read their shard beside the workers' state
     def state_dict(self) -> dict:
@@ -121,7 +157,8 @@ class Server:
 
     # -- the loop
     def run(self) -> dict:
-        message = torch.empty(HEADER + self.size)
+        inbox = Inbox(self.options.survives_lost_workers)
+        payload = torch.empty(self.size)
         active = set(range(self.workers))
         meetings = dict.fromkeys(active, 0)     # meetings each worker has entered
         checkpoints: dict[int, float] = {}      # meeting number -> SAVE or LOAD
@@ -131,9 +168,13 @@ class Server:
         cut: set[int] = set()                   # epochs ended for everyone (backup workers)
         backups = self.options.backup_workers
         while active:
-            worker = self._receive_any(message)
-            r = read_request(message)
-            kind, version, lr, entered, epoch = r.kind, r.version, r.lr, r.meetings, r.epoch
+            r = inbox.take()
+            worker, kind, version, lr, entered, epoch = r.worker, r.kind, r.version, r.lr, r.meetings, r.epoch
+            leaving = {worker} if kind == DONE else {r.lost[0]} if kind == LOST else set()
+            if active - leaving:
+                inbox.post()                    # the next header, while this one's payload arrives
+            if r.carries_payload and not self._receive_payload(payload, worker):
+                continue                        # its sender died between the header and the payload
             if kind == DONE:
                 active.discard(worker)
             elif kind == PULL:                  # the current parameters, nothing applied
@@ -158,7 +199,7 @@ class Server:
                     self._reply(worker, DROPPED, epoch_over=True)
                 else:
                     mode = "sync" if kind == SYNC_GRADIENT else self.options.ps_mode
-                    self._receive(mode, worker, version, lr, epoch, message, pending)
+                    self._receive(mode, worker, version, lr, epoch, payload, pending)
             elif kind == EPOCH_END:
                 done = finished.setdefault(epoch, set())
                 done.add(worker)
@@ -193,7 +234,7 @@ class Server:
                 pending.clear()
         return {"applied": self.applied, "dropped": self.dropped, "staleness": self.staleness}
 
-    def _receive(self, mode: str, worker: int, version: int, lr: float, epoch: int, message: torch.Tensor,
+    def _receive(self, mode: str, worker: int, version: int, lr: float, epoch: int, payload: torch.Tensor,
                  pending: dict) -> None:
         if mode == "async":
             staleness = self.version - version
@@ -202,10 +243,10 @@ class Server:
                 self._reply(worker, DROPPED)
                 return
             self.staleness.append(staleness)
-            self._apply(message[HEADER:], lr / (1 + staleness) if self.options.stale_lr else lr)
+            self._apply(payload, lr / (1 + staleness) if self.options.stale_lr else lr)
             self._reply(worker, float(staleness))
         elif version < self.version:      # sync: computed on an older version, a late gradient
             self.dropped += 1
             self._reply(worker, DROPPED)
         else:
-            pending[worker] = (message[HEADER:].clone(), lr, epoch)
+            pending[worker] = (payload.clone(), lr, epoch)

@@ -28,7 +28,8 @@ only carries the LR the training step's schedule writes; the servers hold the re
 Why c10d point-to-point and not torch.distributed.rpc: it is the same process group, launcher
 (torchrun) and backends as every other strategy, gloo's receive-from-any-source is exactly the
 server's loop, and TensorPipe, rpc's only agent, is in maintenance mode (pytorch/tensorpipe#468).
-The cost per step is two messages per (worker, server) pair of the shard's size (BENCHMARKS.md).
+The cost per step is two messages per (worker, server) pair of the shard's size (BENCHMARKS.md);
+a notice is a header of a few floats (protocol.py).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ from scaletrain.distributed.partition import partition_by_size
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.distributed.strategies.ps.membership import Heartbeat, roll_call, store_client
-from scaletrain.distributed.strategies.ps.protocol import (DONE, EPOCH_END, GRADIENT, HEADER, LOAD, LOST, PULL, SAVE,
-                                                           SYNC_GRADIENT, IDLE, read_reply, request)
+from scaletrain.distributed.strategies.ps.protocol import (DONE, EPOCH_END, GRADIENT, HEADER, HEADER_TAG, IDLE, LOAD,
+                                                           LOST, PAYLOAD_TAG, PULL, SAVE, SYNC_GRADIENT, read_reply,
+                                                           request)
 from scaletrain.distributed.strategies.ps.server import Server
 from scaletrain.errors import ConfigError, UserError
 from scaletrain.optim import build_optimizer
@@ -191,8 +193,8 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         self._pull()
 
     def _pull(self) -> None:
-        for k, shard in enumerate(self.shards):
-            dist.send(request(PULL, sum(self.params[i].numel() for i in shard)), dst=self.server_rank(k))
+        for k in range(len(self.shards)):
+            dist.send(request(PULL, self.rank), dst=self.server_rank(k), tag=HEADER_TAG)
         replies = []
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
@@ -256,9 +258,10 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         started = time.perf_counter()
         sends, replies = [], []
         for k, shard in enumerate(self.shards):
-            message = request(self.gradient_kind, self._flat(shard, grads=True), version=self.version, lr=lr,
-                              meetings=self.meetings, epoch=self.epoch)
-            sends.append(dist.isend(message, dst=self.server_rank(k)))
+            header = request(self.gradient_kind, self.rank, version=self.version, lr=lr, meetings=self.meetings,
+                             epoch=self.epoch)
+            sends.append(dist.isend(header, dst=self.server_rank(k), tag=HEADER_TAG))
+            sends.append(dist.isend(self._flat(shard, grads=True), dst=self.server_rank(k), tag=PAYLOAD_TAG))
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
             dist.recv(reply, src=self.server_rank(k))
@@ -291,10 +294,9 @@ class ParameterServerStrategy(ProcessGroupStrategy):
     def _tell_servers(self, kind: float, about: tuple[float, float] = (0.0, 0.0)) -> None:
         if kind not in (DONE, EPOCH_END, LOST):
             self.meetings += 1
-        for k, shard in enumerate(self.shards):
-            message = request(kind, sum(self.params[i].numel() for i in shard), version=about[0], lr=about[1],
-                              meetings=self.meetings, epoch=self.epoch)
-            dist.send(message, dst=self.server_rank(k))
+        for k in range(len(self.shards)):
+            header = request(kind, self.rank, version=about[0], lr=about[1], meetings=self.meetings, epoch=self.epoch)
+            dist.send(header, dst=self.server_rank(k), tag=HEADER_TAG)
 
     def teardown(self, clean: bool = True) -> None:
         if self.heartbeat is not None:
