@@ -199,6 +199,9 @@ def _parameter_server_prediction(cfg, args, console, m, step_time: float, source
     console.print(f"each server's link carries {args.workers} workers' shards each way: sharding over more servers "
                   "divides that until a worker's own link (the whole model each way) or the largest tensor (a "
                   "server holds whole tensors) sets the pace", soft_wrap=True)
+    console.print(f"steady steps; every epoch also ends with a pull of the parameters, one more server link out "
+                  f"({points[0].server_link_s * 1e3:.2f} ms with one server): short epochs pay it more often",
+                  soft_wrap=True)
     return 0
 
 
