@@ -279,16 +279,21 @@ def _model():
     return build_model("mlp", input_shape=(3, 32, 32), num_classes=10, hidden=[1024, 1024])
 
 
-def shard_copy_per_byte(tensor_bytes: list[int]) -> float:
-    """FSDP2's copies around its collectives, per byte, on one thread as each host has."""
+def on_one_thread(measure):
+    """`measure()` on one thread, as each host has (OMP_NUM_THREADS=1), this process's count kept."""
     import torch
-    from scaletrain.planning.measure import shard_copy_seconds_per_byte
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return shard_copy_seconds_per_byte(tensor_bytes, 2)
+        return measure()
     finally:
         torch.set_num_threads(threads)
+
+
+def shard_copy_per_byte(tensor_bytes: list[int]) -> float:
+    """FSDP2's copies around its collectives, per byte, on one thread as each host has."""
+    from scaletrain.planning.measure import shard_copy_seconds_per_byte
+    return on_one_thread(lambda: shard_copy_seconds_per_byte(tensor_bytes, 2))
 
 
 def tensor_parallel_traffic(batch: int) -> dict:
@@ -378,16 +383,10 @@ def add_predictions(result: dict) -> None:
 def server_per_byte(total_bytes: int, counts: list[int]) -> tuple[float, dict[str, float]]:
     """A parameter server's update (the run's optimizer: MODEL's defaults), and its own work on a
     message at each worker count, each per byte, on one thread as each host has (planning/measure.py)."""
-    import torch
     from scaletrain.config import OptimConfig
     from scaletrain.planning.measure import optimizer_seconds_per_byte, server_seconds_per_byte
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return (optimizer_seconds_per_byte(OptimConfig(lr=0.01), total_bytes),
-                {str(n): server_seconds_per_byte(total_bytes, workers=n) for n in counts})
-    finally:
-        torch.set_num_threads(threads)
+    return on_one_thread(lambda: (optimizer_seconds_per_byte(OptimConfig(lr=0.01), total_bytes),
+                                  {str(n): server_seconds_per_byte(total_bytes, workers=n) for n in counts}))
 
 
 def message_per_byte(result: dict, workers: int) -> float:

@@ -96,4 +96,3 @@ class BlockSharding(Protocol):
 # Defined by the checkpointer that asks for it (checkpoint/ sits below distributed/).
 __all__ = ["BlockSharding", "CheckpointJoining", "CostBalancing", "EpochControl", "NoEpochControl", "Serving",
            "epoch_control"]
-

@@ -229,6 +229,7 @@ def server_seconds_per_byte(tensor_bytes: int, repeats: int = 5, workers: int = 
     In fresh buffers, as the server allocates them: the stack of 8 pushes of 16 MiB took 83 ms a
     step, twice what adding each into one reused sum measured (BENCHMARKS.md)."""
     import time
+    from scaletrain.distributed.strategies.ps.protocol import reply
     message = torch.full((max(tensor_bytes // 4, 1),), 1e-3)
     params = torch.zeros_like(message)
     times = []
@@ -237,7 +238,7 @@ def server_seconds_per_byte(tensor_bytes: int, repeats: int = 5, workers: int = 
         kept = [message.clone() for _ in range(workers)]
         (torch.stack(kept).sum(0) / workers).neg_()
         for _ in range(workers):
-            torch.cat([torch.zeros(6), params])
+            reply(1, 0.0, False, [params])
         times.append(time.perf_counter() - started)
     return sorted(times[1:])[repeats // 2] / (workers * tensor_bytes)
 

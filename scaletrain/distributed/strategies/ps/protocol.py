@@ -51,17 +51,13 @@ class Request:
 
     @property
     def carries_payload(self) -> bool:
-        return carries_payload(self.kind)
+        """Whether the request's payload (a gradient) follows it."""
+        return self.kind in (GRADIENT, SYNC_GRADIENT)
 
     @property
     def lost(self) -> tuple[int, int]:
         """A LOST notice's (lost worker's rank, notices still to follow)."""
         return int(self.version), int(self.lr)
-
-
-def carries_payload(kind: float) -> bool:
-    """Whether a request of this kind is followed by its payload (a gradient)."""
-    return kind in (GRADIENT, SYNC_GRADIENT)
 
 
 def request(kind: float, worker: int, *, version: float = 0, lr: float = 0.0, meetings: int = 0,

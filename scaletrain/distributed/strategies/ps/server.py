@@ -34,15 +34,14 @@ class Inbox:
 
     def __init__(self, survives_lost_workers: bool):
         self.survives_lost_workers = survives_lost_workers
-        self._buffers = [torch.empty(HEADER), torch.empty(HEADER)]
-        self._next = 0
+        self._header = torch.empty(HEADER)     # free again once take() has read it out
         self._posted = None
 
     def post(self) -> None:
         """Posts the receive of the next header (call it only while a worker may still send one:
         a receive left posted at the end would wait forever)."""
         if self._posted is None:
-            self._posted = dist.irecv(self._buffers[self._next], tag=HEADER_TAG)     # from any worker
+            self._posted = dist.irecv(self._header, tag=HEADER_TAG)     # from any worker
 
     def take(self) -> Request:
         """The next request's header (posting its receive if not yet posted). Where workers may die, a
@@ -58,9 +57,8 @@ class Inbox:
                 failures += 1
                 if not self.survives_lost_workers or failures >= 1000:
                     raise
-        header = self._buffers[self._next]
-        self._next, self._posted = 1 - self._next, None
-        return read_request(header)
+        self._posted = None
+        return read_request(self._header)
 
 
 class Server:
