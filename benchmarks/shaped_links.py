@@ -66,8 +66,9 @@ def sh(*cmd: str) -> None:
 
 
 @contextmanager
-def shaped_hosts(n: int, rate_mbit: int | None):
-    """n namespaces on one bridge; each veth end shaped to rate_mbit (None: unshaped)."""
+def shaped_hosts(n: int, rate_mbit: int | None, burst: int | None = None):
+    """n namespaces on one bridge; each veth end shaped to rate_mbit (None: unshaped). `burst`:
+    tbf's bucket, bytes (None: ~2 ms at the rate, at least 64 KiB)."""
     tag = uuid.uuid4().hex[:4]
     bridge = f"stbr{tag}"
     hosts = [(f"sth{tag}{i}", f"sh{tag}{i}", f"sb{tag}{i}", f"10.78.{int(tag[:2], 16) % 200}.{i + 1}")
@@ -86,8 +87,8 @@ def shaped_hosts(n: int, rate_mbit: int | None):
             sh("ip", "-n", ns, "link", "set", "lo", "up")
             if rate_mbit:
                 # A burst of ~2 ms at the rate (at least 64 KiB) keeps tbf from starving large segments.
-                burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 * 0.002))
-                tbf = ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms"]
+                bucket = burst or max(64 * 1024, int(rate_mbit * 1e6 / 8 * 0.002))
+                tbf = ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(bucket), "latency", "100ms"]
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", *tbf)
                 sh("tc", "qdisc", "add", "dev", outer, "root", *tbf)
         yield hosts
@@ -207,6 +208,17 @@ def algorithm_factors(probed: dict, message: int | None = None) -> dict:
     return {kind: statistics.median(probed[kind][size] / (probed["all_reduce"][size] * RING_VOLUME[kind]
                                                           / RING_VOLUME["all_reduce"]) for size in sizes)
             for kind in ("all_gather", "reduce_scatter", "broadcast")}
+
+
+def cpu_ticks() -> list[int]:
+    """This machine's cores' time so far, by state (/proc/stat: user, nice, system, idle, ...)."""
+    return [int(ticks) for ticks in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+
+
+def idle_share(before: list[int], after: list[int]) -> float:
+    """How much of the cores' time between two cpu_ticks() readings was idle (or waiting on I/O)."""
+    spent = [b - a for a, b in zip(before, after)]
+    return (spent[3] + spent[4]) / sum(spent)
 
 
 def _run_dirs(workdir: Path, n: int) -> list[Path]:
@@ -419,8 +431,12 @@ def measure_hosts(all_hosts, n: int, servers: int, rate, latency, strategies, ar
     rows = []
     for name in strategies:
         on = all_hosts if name == "ps" else hosts
+        # The cores' idle share over the runs: a point where they idle while the step is slow waits on
+        # the link (tensor parallelism at 4 hosts over 1 Gbit/s: 54 % idle), not on this machine.
+        before = cpu_ticks()
         runs = [train_step_time(on, args.batch, args.epochs, workdir, name, servers if name == "ps" else 0)
                 for _ in range(args.repeats)]
+        cores_idle = idle_share(before, cpu_ticks())
         times = [t for t, _ in runs]
         measured = statistics.median(times)
         compute_s = tp_compute[n] if name == "tensor" else compute[n]
@@ -429,11 +445,12 @@ def measure_hosts(all_hosts, n: int, servers: int, rate, latency, strategies, ar
                "servers": servers if name == "ps" else 0, "bus_bandwidth_Bps": bandwidth, "hop_latency_s": hop,
                "p2p_bandwidth_Bps": 1 / fit(probed["p2p"])[1], "factors": algorithm_factors(probed),
                "probe": probed, "compute_s": compute_s, "measured_step_s": measured, "measured_runs_s": times,
-               "steps_per_epoch": runs[0][1]}
+               "steps_per_epoch": runs[0][1], "cores_idle": cores_idle}
         rows.append(row)
         print(f"{name}, {link_label(rate, latency)}, {n} workers: bus {bandwidth * 8 / 1e6:,.0f} Mbit/s, "
               f"{hop * 1e6:.0f} us/hop, factors " + " ".join(f"{k} {v:.2f}" for k, v in row["factors"].items())
-              + f"; step measured {measured * 1e3:.1f} ms ({', '.join(f'{t * 1e3:.1f}' for t in times)})", flush=True)
+              + f"; step measured {measured * 1e3:.1f} ms ({', '.join(f'{t * 1e3:.1f}' for t in times)}), "
+              f"cores {cores_idle:.0%} idle", flush=True)
     return rows
 
 
