@@ -1,17 +1,18 @@
 """The messages between parameter-server workers and servers: one vocabulary both sides speak.
 
-c10d point-to-point sends float tensors. A request is a small header on HEADER_TAG, and a
-gradient's payload (the receiving server's shard) follows as a second message on PAYLOAD_TAG:
-a server receives the next header from any worker into one small buffer, then the payload from
-that worker. A notice (a meeting, an epoch's end, a pull) is its header alone. (Until 2026-11-26
-every request carried a shard-sized payload, zeros for a notice, so that one buffer could take any
-message: each epoch's 4-5 notices per worker then cost as much link time as 4-5 steps' pushes, 6.6 s
-an epoch at 8 workers over 1 Gbit/s, BENCHMARKS.md.)
+c10d point-to-point sends float tensors. Every request travels on REQUEST_TAG as one message: a
+gradient is its header followed by the gradient of the receiving server's shard; a notice (a
+meeting, an epoch's end, a pull) is its header alone. A server receives any request into one
+buffer of header + shard size: gloo's tcp transport takes a message shorter than the posted
+receive (it refuses only a longer one, gloo/transport/tcp/pair.cc), and the header's kind says
+whether a gradient follows it. History (BENCHMARKS.md): until 2026-11-26 every notice was padded
+with a shard of zeros, so each epoch's 4-5 notices per worker cost as much link time as 4-5
+pushes (6.6 s an epoch at 8 workers over 1 Gbit/s); then, for one day, a gradient was a header
+and a payload sent apart, and each push's second hand-over cost a small model ~1 ms a step.
 
-    request  [kind, parameter version, lr, meetings, epoch, sender's rank]   (HEADER_TAG)
+    request  [kind, parameter version, lr, meetings, epoch, sender's rank] (+ the gradient)   (REQUEST_TAG)
              meetings: how many meetings the worker has entered (server.py); a LOST notice puts
              (the lost worker's rank, how many more follow) in the version and lr slots
-    payload  the gradient of the server's shard, for GRADIENT and SYNC_GRADIENT   (PAYLOAD_TAG)
     reply    [version, epoch over, 0, staleness (or DROPPED), 0, 0] + the server's parameters (tag 0)
 """
 
@@ -22,9 +23,9 @@ from dataclasses import dataclass
 import torch
 
 HEADER = 6
-# Separate tags keep a payload from being matched to the server's posted receive for the next header.
-HEADER_TAG = 1
-PAYLOAD_TAG = 2
+# Its own tag keeps a request from being matched to another receive (the replies and the initial
+# parameters travel on tag 0).
+REQUEST_TAG = 1
 
 # Request kinds (floats: they travel in the header of a float tensor).
 GRADIENT = 1.0        # apply this gradient (the run's mode: sync or async)
@@ -50,8 +51,8 @@ class Request:
     worker: int
 
     @property
-    def carries_payload(self) -> bool:
-        """Whether the request's payload (a gradient) follows it."""
+    def carries_gradient(self) -> bool:
+        """Whether a gradient follows the header in the request's message."""
         return self.kind in (GRADIENT, SYNC_GRADIENT)
 
     @property
@@ -61,9 +62,13 @@ class Request:
 
 
 def request(kind: float, worker: int, *, version: float = 0, lr: float = 0.0, meetings: int = 0,
-            epoch: int = 0) -> torch.Tensor:
-    """A request's header, from worker rank `worker`."""
-    return torch.tensor([kind, float(version), float(lr), float(meetings), float(epoch), float(worker)])
+            epoch: int = 0, gradient: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """A request's message from worker rank `worker`: its header, then `gradient`'s tensors flat
+    (GRADIENT and SYNC_GRADIENT only)."""
+    header = torch.tensor([kind, float(version), float(lr), float(meetings), float(epoch), float(worker)])
+    if (gradient is not None) != (kind in (GRADIENT, SYNC_GRADIENT)):
+        raise ValueError(f"request kind {kind}: a gradient goes with GRADIENT and SYNC_GRADIENT only")
+    return header if gradient is None else torch.cat([header] + [g.detach().reshape(-1) for g in gradient])
 
 
 def read_request(header: torch.Tensor) -> Request:

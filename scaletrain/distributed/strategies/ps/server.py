@@ -21,31 +21,32 @@ from torch import nn
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 
-from scaletrain.distributed.strategies.ps.protocol import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, HEADER_TAG, IDLE,
-                                                           LOST, PAYLOAD_TAG, PULL, SAVE, SYNC_GRADIENT, Request,
-                                                           read_request, reply)
+from scaletrain.distributed.strategies.ps.protocol import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOST, PULL,
+                                                           REQUEST_TAG, SAVE, SYNC_GRADIENT, Request, read_request,
+                                                           reply)
 
 
 class Inbox:
-    """Request headers from any worker, the next one's receive posted before this request's payload
-    is received. gloo hands a message over only once its receiver has said it is ready (one trip
-    across the link) and the header then crosses (another): posted early, both happen while the
-    payload before it is still arriving, so a separate header costs the link nothing. (Its own
-    hand-over still costs time where messages are tiny: about 1 ms a step on loopback, BENCHMARKS.md.)"""
+    """Requests from any worker, into two buffers of header + shard size in turn: the next
+    request's receive is posted (into the other buffer) while this one is handled. gloo hands a
+    message over only once its receiver has said it is ready, one trip across the link; posted
+    early, that trip happens while the server works, not while the worker waits."""
 
-    def __init__(self, survives_lost_workers: bool):
+    def __init__(self, shard_size: int, survives_lost_workers: bool):
         self.survives_lost_workers = survives_lost_workers
-        self._header = torch.empty(HEADER)     # free again once take() has read it out
+        self._buffers = [torch.empty(HEADER + shard_size) for _ in range(2)]
+        self._next = 0          # the buffer the next request arrives in
         self._posted = None
 
     def post(self) -> None:
-        """Posts the receive of the next header (call it only while a worker may still send one:
+        """Posts the receive of the next request (call it only while a worker may still send one:
         a receive left posted at the end would wait forever)."""
         if self._posted is None:
-            self._posted = dist.irecv(self._header, tag=HEADER_TAG)     # from any worker
+            self._posted = dist.irecv(self._buffers[self._next], tag=REQUEST_TAG)     # from any worker
 
-    def take(self) -> Request:
-        """The next request's header (posting its receive if not yet posted). Where workers may die, a
+    def take(self) -> tuple[Request, torch.Tensor]:
+        """The next request and its gradient (a view into the buffer it came in, valid until the next
+        take(); meaningful only where the request carries one). Where workers may die, a
         connection reset by a dead one is skipped: gloo goes on receiving from the others."""
         failures = 0
         while True:
@@ -59,7 +60,9 @@ class Inbox:
                 if not self.survives_lost_workers or failures >= 1000:
                     raise
         self._posted = None
-        return read_request(self._header)
+        message = self._buffers[self._next]
+        self._next = 1 - self._next
+        return read_request(message), message[HEADER:]
 
 
 class Server:
@@ -111,16 +114,6 @@ class Server:
             # That worker is dead (gloo: its connection closed). The others go on; the chief tells
             # us who is gone once the workers' roll call has settled it (LOST).
 
-    def _receive_payload(self, payload: torch.Tensor, worker: int) -> bool:
-        """A request's payload from `worker`; False where workers may die and this one has."""
-        try:
-            dist.recv(payload, src=worker, tag=PAYLOAD_TAG)
-            return True
-        except RuntimeError:
-            if not self.options.survives_lost_workers:
-                raise
-            return False
-
     # -- checkpoints: the servers write and read their shard beside the workers' state
     def state_dict(self) -> dict:
         """This shard in the trainer's checkpoint layout (training/state.py): weights under
@@ -156,8 +149,7 @@ class Server:
 
     # -- the loop
     def run(self) -> dict:
-        inbox = Inbox(self.options.survives_lost_workers)
-        payload = torch.empty(self.size)
+        inbox = Inbox(self.size, self.options.survives_lost_workers)
         active = set(range(self.workers))
         meetings = dict.fromkeys(active, 0)     # meetings each worker has entered
         checkpoints: dict[int, float] = {}      # meeting number -> SAVE or LOAD
@@ -167,13 +159,11 @@ class Server:
         cut: set[int] = set()                   # epochs ended for everyone (backup workers)
         backups = self.options.backup_workers
         while active:
-            r = inbox.take()
+            r, gradient = inbox.take()
             worker, kind, version, lr, entered, epoch = r.worker, r.kind, r.version, r.lr, r.meetings, r.epoch
             leaving = {worker} if kind == DONE else {r.lost[0]} if kind == LOST else set()
             if active - leaving:
-                inbox.post()                    # the next header, while this one's payload arrives
-            if r.carries_payload and not self._receive_payload(payload, worker):
-                continue                        # its sender died between the header and the payload
+                inbox.post()                    # the next request, while this one is handled
             if kind == DONE:
                 active.discard(worker)
             elif kind == PULL:                  # the current parameters, nothing applied
@@ -198,7 +188,7 @@ class Server:
                     self._reply(worker, DROPPED, epoch_over=True)
                 else:
                     mode = "sync" if kind == SYNC_GRADIENT else self.options.ps_mode
-                    self._receive(mode, worker, version, lr, epoch, payload, pending)
+                    self._receive(mode, worker, version, lr, epoch, gradient, pending)
             elif kind == EPOCH_END:
                 done = finished.setdefault(epoch, set())
                 done.add(worker)
@@ -233,7 +223,7 @@ class Server:
                 pending.clear()
         return {"applied": self.applied, "dropped": self.dropped, "staleness": self.staleness}
 
-    def _receive(self, mode: str, worker: int, version: int, lr: float, epoch: int, payload: torch.Tensor,
+    def _receive(self, mode: str, worker: int, version: int, lr: float, epoch: int, gradient: torch.Tensor,
                  pending: dict) -> None:
         if mode == "async":
             staleness = self.version - version
@@ -242,10 +232,10 @@ class Server:
                 self._reply(worker, DROPPED)
                 return
             self.staleness.append(staleness)
-            self._apply(payload, lr / (1 + staleness) if self.options.stale_lr else lr)
+            self._apply(gradient, lr / (1 + staleness) if self.options.stale_lr else lr)
             self._reply(worker, float(staleness))
         elif version < self.version:      # sync: computed on an older version, a late gradient
             self.dropped += 1
             self._reply(worker, DROPPED)
         else:
-            pending[worker] = (payload.clone(), lr, epoch)
+            pending[worker] = (gradient.clone(), lr, epoch)     # the buffer takes a later request

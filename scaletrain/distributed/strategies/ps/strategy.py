@@ -28,8 +28,8 @@ only carries the LR the training step's schedule writes; the servers hold the re
 Why c10d point-to-point and not torch.distributed.rpc: it is the same process group, launcher
 (torchrun) and backends as every other strategy, gloo's receive-from-any-source is exactly the
 server's loop, and TensorPipe, rpc's only agent, is in maintenance mode (pytorch/tensorpipe#468).
-The cost per step is two messages per (worker, server) pair of the shard's size (BENCHMARKS.md);
-a notice is a header of a few floats (protocol.py).
+The cost per step is two messages per (worker, server) pair of the shard's size, the push and
+the reply (BENCHMARKS.md); a notice is a header of a few floats (protocol.py).
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ from scaletrain.distributed.partition import partition_by_size
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.distributed.strategies.ps.membership import Heartbeat, roll_call, store_client
-from scaletrain.distributed.strategies.ps.protocol import (DONE, EPOCH_END, GRADIENT, HEADER, HEADER_TAG, IDLE, LOAD,
-                                                           LOST, PAYLOAD_TAG, PULL, SAVE, SYNC_GRADIENT, read_reply,
-                                                           request)
+from scaletrain.distributed.strategies.ps.protocol import (DONE, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, LOST, PULL,
+                                                           REQUEST_TAG, SAVE, SYNC_GRADIENT, read_reply, request)
 from scaletrain.distributed.strategies.ps.server import Server
 from scaletrain.errors import ConfigError, UserError
 from scaletrain.optim import build_optimizer
@@ -194,7 +193,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
 
     def _pull(self) -> None:
         for k in range(len(self.shards)):
-            dist.send(request(PULL, self.rank), dst=self.server_rank(k), tag=HEADER_TAG)
+            dist.send(request(PULL, self.rank), dst=self.server_rank(k), tag=REQUEST_TAG)
         replies = []
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
@@ -230,7 +229,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         dist.broadcast_object_list(layout, src=0)
         if self.is_chief:
             for k, shard in enumerate(self.shards):
-                dist.send(self._flat(shard, grads=False), dst=self.server_rank(k))
+                dist.send(torch.cat([self.params[i].detach().reshape(-1) for i in shard]), dst=self.server_rank(k))
         return compile_fn(model), compile_fn(model)
 
     def make_optimizer(self, optim_config, model, device, capturable=False):
@@ -245,10 +244,6 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         super().after_first_step()
         self.live = True
 
-    def _flat(self, shard: list[int], grads: bool) -> torch.Tensor:
-        tensors = [(self.params[i].grad if grads else self.params[i]).detach().reshape(-1) for i in shard]
-        return torch.cat(tensors)
-
     def exchange(self, lr: float) -> None:
         """One push of this worker's gradient to every server and one pull of its parameters."""
         if not self.live:
@@ -258,10 +253,9 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         started = time.perf_counter()
         sends, replies = [], []
         for k, shard in enumerate(self.shards):
-            header = request(self.gradient_kind, self.rank, version=self.version, lr=lr, meetings=self.meetings,
-                             epoch=self.epoch)
-            sends.append(dist.isend(header, dst=self.server_rank(k), tag=HEADER_TAG))
-            sends.append(dist.isend(self._flat(shard, grads=True), dst=self.server_rank(k), tag=PAYLOAD_TAG))
+            message = request(self.gradient_kind, self.rank, version=self.version, lr=lr, meetings=self.meetings,
+                              epoch=self.epoch, gradient=[self.params[i].grad for i in shard])
+            sends.append(dist.isend(message, dst=self.server_rank(k), tag=REQUEST_TAG))
         for k, shard in enumerate(self.shards):
             reply = torch.empty(HEADER + sum(self.params[i].numel() for i in shard))
             dist.recv(reply, src=self.server_rank(k))
@@ -296,7 +290,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
             self.meetings += 1
         for k in range(len(self.shards)):
             header = request(kind, self.rank, version=about[0], lr=about[1], meetings=self.meetings, epoch=self.epoch)
-            dist.send(header, dst=self.server_rank(k), tag=HEADER_TAG)
+            dist.send(header, dst=self.server_rank(k), tag=REQUEST_TAG)
 
     def teardown(self, clean: bool = True) -> None:
         if self.heartbeat is not None:
