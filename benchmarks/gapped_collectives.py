@@ -67,33 +67,60 @@ def measure(hosts, size: int, count: int, gap_s: float, repeats: int) -> float:
     return json.loads(outputs[0].strip().splitlines()[-1])
 
 
+def numbers(low: float, kind=int):
+    """An argparse type: comma-separated numbers, each at least `low` (a bad one: one line, exit 2)."""
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+        if any(v < low for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: each must be at least {low:g}")
+        return values
+    return parse
+
+
+def number(low: float, kind=int):
+    """An argparse type: one number, at least `low`."""
+    def parse(text: str):
+        values = numbers(low, kind)(text)
+        if len(values) != 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: one number, please")
+        return values[0]
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--hosts", default="2,4", help="host counts (comma-separated)")
-    parser.add_argument("--rate", type=int, default=1000, help="link rate, Mbit/s")
+    parser.add_argument("--hosts", type=numbers(2), default=[2, 4], help="host counts (comma-separated)")
+    parser.add_argument("--rate", type=number(1), default=1000, help="link rate, Mbit/s")
     parser.add_argument("--link", choices=["tbf", "switch"], default="tbf",
                         help="tbf-shaped veths on a bridge, or benchmarks/link_switch.py (no added latency)")
-    parser.add_argument("--burst", default=None,
+    parser.add_argument("--burst", type=numbers(1500), default=None,
                         help="tbf bursts to compare, bytes (comma-separated; default: shaped_links.py's)")
-    parser.add_argument("--gap-ms", default="0,5", help="idle time before each all-reduce, ms (comma-separated)")
-    parser.add_argument("--size", type=int, default=2**19, help="bytes per all-reduce (gpt-tiny at batch 16: 512 KiB)")
-    parser.add_argument("--count", type=int, default=16, help="all-reduces in a row (gpt-tiny's step: 16)")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--gap-ms", type=numbers(0, float), default=[0.0, 5.0], help="idle time before each all-reduce, ms (comma-separated)")
+    parser.add_argument("--size", type=number(4), default=2**19, help="bytes per all-reduce (gpt-tiny at batch 16: 512 KiB)")
+    parser.add_argument("--count", type=number(1), default=16, help="all-reduces in a row (gpt-tiny's step: 16)")
+    parser.add_argument("--repeats", type=number(1), default=10)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     if args.worker:
         return worker()
     from benchmarks.link_switch import switched_hosts
     from benchmarks.shaped_links import shaped_hosts
-    bursts = [int(b) for b in args.burst.split(",")] if args.burst else [None]
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        parser.error(f"--out {args.out}: its folder does not exist")
+    if os.geteuid() != 0:
+        parser.error("needs root (network namespaces and tc): run it with sudo")
+    bursts = args.burst or [None]
     rows = []
-    for n in [int(h) for h in args.hosts.split(",")]:
+    for n in args.hosts:
         for burst in bursts if args.link == "tbf" else [None]:
             joined = (shaped_hosts(n, args.rate, burst) if args.link == "tbf"
                       else switched_hosts(n, args.rate, 0.0))
             with joined as hosts:
-                for gap_ms in [float(g) for g in args.gap_ms.split(",")]:
+                for gap_ms in args.gap_ms:
                     per = measure(hosts, args.size, args.count, gap_ms / 1e3, args.repeats)
                     wire = 2 * (n - 1) / n * args.size / (args.rate * 1e6 / 8)
                     rows.append({"hosts": n, "link": args.link, "rate_mbit": args.rate, "burst": burst,

@@ -343,3 +343,21 @@ def test_fsdp2s_copies_are_timed_and_blocks_counted():
     per_byte = shard_copy_seconds_per_byte([4 * MiB, 4096, MiB], 2, repeats=3)
     # Memory copies: more than nothing, less than 10 ns a byte (100 MB/s) on any machine this runs on.
     assert math.isfinite(per_byte) and 0 < per_byte < 1e-8
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--hosts", "1"], "argument --hosts: '1': each must be at least 2"),
+    (["--gap-ms", "1,x"], "argument --gap-ms: '1,x' is not a comma-separated list of numbers"),
+    (["--size", "2"], "argument --size: '2': each must be at least 4"),
+    (["--out", "/no/such/folder/out.json"], "--out /no/such/folder/out.json: its folder does not exist"),
+])
+def test_the_gapped_collectives_benchmark_refuses_bad_input_in_one_line_before_any_host(argv, says):
+    """benchmarks/gapped_collectives.py: a bad value ends it at once, exit 2, no traceback, no namespace made."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gapped_collectives.py"
+    result = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"gapped_collectives.py: error: {says}"
+    assert "Traceback" not in result.stderr

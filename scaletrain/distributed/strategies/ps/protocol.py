@@ -40,6 +40,8 @@ LOST = 9.0            # from the chief: a worker died
 
 DROPPED = -1.0        # the staleness slot of a reply whose gradient was not applied
 
+CARRY_GRADIENT = (GRADIENT, SYNC_GRADIENT)   # the kinds whose header a gradient follows
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -53,7 +55,7 @@ class Request:
     @property
     def carries_gradient(self) -> bool:
         """Whether a gradient follows the header in the request's message."""
-        return self.kind in (GRADIENT, SYNC_GRADIENT)
+        return self.kind in CARRY_GRADIENT
 
     @property
     def lost(self) -> tuple[int, int]:
@@ -66,7 +68,7 @@ def request(kind: float, worker: int, *, version: float = 0, lr: float = 0.0, me
     """A request's message from worker rank `worker`: its header, then `gradient`'s tensors flat
     (GRADIENT and SYNC_GRADIENT only)."""
     header = torch.tensor([kind, float(version), float(lr), float(meetings), float(epoch), float(worker)])
-    if (gradient is not None) != (kind in (GRADIENT, SYNC_GRADIENT)):
+    if (gradient is not None) != (kind in CARRY_GRADIENT):
         raise ValueError(f"request kind {kind}: a gradient goes with GRADIENT and SYNC_GRADIENT only")
     return header if gradient is None else torch.cat([header] + [g.detach().reshape(-1) for g in gradient])
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 
-from scaletrain.distributed.strategies.ps.protocol import (DONE, DROPPED, EPOCH_END, GRADIENT, HEADER, IDLE, LOST, PULL,
+from scaletrain.distributed.strategies.ps.protocol import (DONE, DROPPED, EPOCH_END, HEADER, IDLE, LOST, PULL,
                                                            REQUEST_TAG, SAVE, SYNC_GRADIENT, Request, read_request,
                                                            reply)
 
@@ -181,7 +181,7 @@ class Server:
                     # The workers then make their own group; a group of this server alone keeps its
                     # count of groups equal to theirs (torch names the next group by that count).
                     dist.new_group([dist.get_rank()], use_local_synchronization=True)
-            elif kind in (GRADIENT, SYNC_GRADIENT):
+            elif r.carries_gradient:
                 over = max(over, entered)
                 if epoch in cut:                # the epoch ended without this worker: not applied
                     self.dropped += 1
