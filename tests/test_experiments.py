@@ -81,6 +81,15 @@ def test_multi_trains_side_by_side_and_ensemble_averages_them(tmp_path):
     assert twice["ensemble_accuracy"] == pytest.approx(by_run[ids[0]], abs=1e-6)
 
 
+def test_multi_says_why_a_training_failed(tmp_path):
+    (tmp_path / "bad.toml").write_text('epochs = 1\nbatch_size = 64\n[model]\nname = "faulty_models:raising_mlp"\n'
+                                       '[model.options]\nrank = 0\nat_call = 2\n[data]\nname = "digits"\n')
+    out = run(["multi", "bad.toml", "--out", "multi"], tmp_path)
+    assert out.returncode == 1
+    [line] = [line for line in out.stdout.splitlines() if "bad on cpu" in line]
+    assert ": failed after " in line and "injected failure on rank 0 at forward 2" in line, out.stdout
+
+
 def test_ensemble_rejects_runs_without_models_or_on_other_data(tmp_path):
     store = RunStore(tmp_path / "runs.db")
     store.start_run("nomodel1", run_dir=str(tmp_path / "gone"), config={"data": {"name": "digits"}})

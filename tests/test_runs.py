@@ -88,6 +88,34 @@ def test_four_concurrent_writers_lose_nothing(tmp_path):
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+OPENER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from scaletrain.tracking import RunStore
+    folder, rounds, go = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    for i in range(rounds):  # every opener opens store i at the same moment, a new file each round
+        while time.time() < go + i * 0.05:
+            time.sleep(0.0005)
+        RunStore(folder / f"runs{i}.db").close()
+""")
+
+
+def test_processes_creating_one_new_store_at_once_all_open_it(tmp_path):
+    """Seen in CI: two `multi` trainings opening a new store together, one failed with "database
+    is locked" (SQLite answers the switch to WAL with BUSY at once while another opener switches)."""
+    import time
+    rounds, go = 30, time.time() + 3
+    openers = [subprocess.Popen([sys.executable, "-c", OPENER, str(tmp_path), str(rounds), str(go)],
+                                stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for opener in openers:
+        assert opener.wait(timeout=120) == 0, opener.stderr.read()
+    for i in range(rounds):
+        conn = sqlite3.connect(tmp_path / f"runs{i}.db")
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("1",)]
+        conn.close()
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """Two real CLI runs in a git repository: one to a target, one in bf16 with TensorBoard."""

@@ -50,7 +50,8 @@ def train_side_by_side(paths: list[str], out: Path, parallel: int | None, group:
             cfg.tracking.store = store_path
         jobs.append(training_job(cfg, name, out, group))
     slots = device_slots(parallel, device)
-    console.print(f"multi: {len(jobs)} trainings, {parallel} at a time on {', '.join(s.label for s in slots)}; "
+    trainings = f"{len(jobs)} training" + ("s" if len(jobs) != 1 else "")
+    console.print(f"multi: {trainings}, {parallel} at a time on {', '.join(s.label for s in slots)}; "
                   f"group {group}, folders under {out}", soft_wrap=True)
     records: dict[str, RunRecord] = {}
 
@@ -59,8 +60,9 @@ def train_side_by_side(paths: list[str], out: Path, parallel: int | None, group:
         with RunStore(cfg.tracking.store) as store:
             record = settle(store, finished)
         records[finished.job.name] = record
+        why = f": {record.error}" if record.status != "finished" and record.error else ""
         console.print(f"  {finished.job.name} on {finished.slot.label}: {record.status} after "
-                      f"{finished.seconds:.1f} s (run {record.id})", soft_wrap=True)
+                      f"{finished.seconds:.1f} s (run {record.id}){why}", soft_wrap=True, markup=False)
 
     SlotPool(slots).run_all(jobs, on_start=lambda job, slot: console.print(f"  {job.name} started on {slot.label}"),
                             on_done=done)

@@ -131,6 +131,30 @@ class Sample:
     gpu_util_percent: float | None = None
 
 
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _use_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Switches the file to WAL journaling (a setting kept in the file), waiting for other openers.
+
+    SQLite answers `journal_mode = WAL` with SQLITE_BUSY at once, without calling the busy
+    handler, while another connection is switching the same new file (two `multi` trainings
+    opening a fresh store together: 3 of 11 runs of that test failed), so the wait is ours.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
 class RunStore:
     """One SQLite run store. Opening creates the file (and its folder) unless `create=False`."""
 
@@ -147,7 +171,7 @@ class RunStore:
         try:
             self._conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
             self._conn.execute("PRAGMA busy_timeout = %d" % int(timeout_s * 1000))
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            _use_wal(self._conn, timeout_s)
             # In WAL mode NORMAL still never corrupts the database (a crashed process loses nothing
             # committed; only a power cut can drop the last transactions) and skips an fsync per
             # commit: the epoch-end write of a 20 ms epoch costs ~0.3 ms instead of ~2 ms.
@@ -157,6 +181,12 @@ class RunStore:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     conn.execute(statement)
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc):
+                raise UserError(f"run store {self.path} is not a readable SQLite database ({exc}); "
+                                "point --store at another file or move this one away") from None
+            raise UserError(f"run store {self.path} stayed locked by another process for {timeout_s:.0f} s; "
+                            "wait for it to finish or point --store at another file") from None
         except sqlite3.DatabaseError as exc:
             raise UserError(f"run store {self.path} is not a readable SQLite database ({exc}); "
                             "point --store at another file or move this one away") from None
