@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.processes import (DIGITS_MLP, PLUGINS, assert_a_raising_rank_ends_the_job, children, cli_env,
-                             committed_steps, kill_group, kill_slowed_run_after_checkpoint, metrics, run, start,
-                             summary, wait_for)
+                             committed_steps, free_port, kill_group, kill_slowed_run_after_checkpoint, metrics, run,
+                             start, summary, wait_for)
 from scaletrain.models import build_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -27,6 +27,40 @@ def _same(a: dict, b: dict, atol: float = 0.0) -> bool:
     if atol == 0.0:
         return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=atol, rtol=0) for k in a)
+
+
+LEAVE_RIGHT_AFTER_A_COLLECTIVE = """
+import datetime, os, sys
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from scaletrain.distributed.strategies.process_group import destroy_process_group
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=30))
+for round in range(60):
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"round{round}", store), rank=rank, world_size=2)
+    ddp = DistributedDataParallel(nn.Linear(2, 2))
+    dist.broadcast_object_list([None if rank else "stop"], src=0)   # a pruning verdict
+    destroy_process_group()
+    del ddp   # DDP's reducer held the group's last reference: its destructor joins gloo's threads
+print("left", round + 1, "groups")
+"""
+
+
+def test_leaving_the_group_right_after_a_collective_never_hangs():
+    """Seen in the suite: a pruned `--nproc 2` trial's rank 1 hung at exit until SIGKILL (gloo's
+    thread freeing the verdict's broadcast waited for the GIL, held by the main thread joining
+    that thread). With a plain dist.destroy_process_group() this loop hangs within ~20 rounds."""
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, "-c", LEAVE_RIGHT_AFTER_A_COLLECTIVE, str(rank), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env())
+             for rank in (0, 1)]
+    try:
+        outs = [r.communicate(timeout=60)[0] for r in ranks]
+    finally:
+        for r in ranks:
+            r.kill()
+    assert [r.returncode for r in ranks] == [0, 0] and all("left 60 groups" in out for out in outs), outs
 
 
 def test_two_ranks_with_batch_b_equal_one_rank_with_batch_2b(tmp_path):

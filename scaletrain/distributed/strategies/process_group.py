@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -13,6 +14,21 @@ import torch.distributed as dist
 from scaletrain.distributed.strategies.base import Strategy
 from scaletrain.distributed.strategies.single import resolve_device
 from scaletrain.errors import ConfigError
+
+
+def destroy_process_group() -> None:
+    """Leaves every process group, then lets the groups' worker threads finish without us.
+
+    A gloo group's worker thread frees each finished collective itself, and freeing a tensor made
+    in Python takes the GIL. The group's last reference is often dropped later, by Python (DDP's
+    reducer holds one, freed with the traceback of the exception ending the run), and its
+    destructor joins that thread while holding the GIL: if the thread was still freeing the last
+    collective, both wait for ever (pytorch#56297). Seen on pruned `--nproc 2` trials, 3 runs of
+    37: rank 1 left right after the verdict's broadcast, hung, ignored SIGTERM and was SIGKILLed
+    30 s later. A moment asleep here (the GIL released) lets the thread finish first.
+    """
+    dist.destroy_process_group()
+    time.sleep(0.05)
 
 
 def _free_port() -> int:
@@ -79,7 +95,7 @@ class ProcessGroupStrategy(Strategy):
             # Not after a failure: a dead or hung peer would never arrive.
             if clean:
                 dist.barrier()
-            dist.destroy_process_group()
+            destroy_process_group()
             self.owns_group = False
 
     def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ from torch import nn
 from scaletrain.distributed.layout import Degrees
 from scaletrain.distributed.partition import partition_by_size
 from scaletrain.distributed.strategies.base import register_strategy
-from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
+from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy, destroy_process_group
 from scaletrain.distributed.strategies.ps.membership import Heartbeat, roll_call, store_client
 from scaletrain.distributed.strategies.ps.protocol import (DONE, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, LOST, PULL,
                                                            REQUEST_TAG, SAVE, SYNC_GRADIENT, read_reply, request)
@@ -300,7 +300,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         if self.everyone_group is not None and self.owns_group and dist.is_initialized():
             if clean:     # the default group holds a dead worker: drain over the live processes only
                 dist.barrier(group=self.everyone_group)
-            dist.destroy_process_group()
+            destroy_process_group()
             self.owns_group = False
         super().teardown(clean)
 
