@@ -1,4 +1,5 @@
 import math
+import os
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from scaletrain.optim import LRSchedule, build_schedule
 from scaletrain.training import Trainer
 from tests.conftest import small_config
 from tests.helpers import fit, make_mlp, weights
+from tests.processes import children
 
 
 class FakeTrainer:
@@ -196,11 +198,15 @@ def test_streaming_and_device_paths_train_identically(tmp_path, digits):
 
 
 def test_streaming_with_worker_processes_trains_like_the_device_path(tmp_path, digits):
-    """num_workers > 0: the DataLoader's workers and the one-batch-ahead copy keep the order."""
+    """num_workers > 0: the DataLoader's workers and the one-batch-ahead copy keep the order. The
+    workers end with the fit: left to the cycle collector they never got their stop, and each cost
+    a 5 s join timeout later (a `--num-workers 2` run spent 30 s at exit)."""
     a = fit(small_config(tmp_path, epochs=2), digits)
     cfg = small_config(tmp_path, epochs=2)
     cfg.data.placement, cfg.data.num_workers = "stream", 2
+    before = set(children(os.getpid()))
     b = fit(cfg, digits)
+    assert set(children(os.getpid())) - before == set(), "the fit's DataLoader workers outlived it"
     wa, wb = weights(a.model), weights(b.model)
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
