@@ -116,6 +116,21 @@ def test_processes_creating_one_new_store_at_once_all_open_it(tmp_path):
         conn.close()
 
 
+def test_a_store_locked_past_its_timeout_is_one_line_not_unreadable(tmp_path):
+    from scaletrain.errors import UserError
+    path = tmp_path / "runs.db"
+    RunStore(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(UserError, match=r"stayed locked by another process for 0.2 s; wait for it"):
+            RunStore(path, timeout_s=0.2)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    RunStore(path, timeout_s=0.2).close()   # free again: it opens
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """Two real CLI runs in a git repository: one to a target, one in bf16 with TensorBoard."""

@@ -131,8 +131,9 @@ class Sample:
     gpu_util_percent: float | None = None
 
 
-def _is_locked(exc: sqlite3.OperationalError) -> bool:
-    return "locked" in str(exc) or "busy" in str(exc)
+def _is_locked(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_BUSY and SQLITE_LOCKED: another connection holds the lock."""
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
 
 def _use_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
@@ -181,13 +182,10 @@ class RunStore:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     conn.execute(statement)
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        except sqlite3.OperationalError as exc:
-            if not _is_locked(exc):
-                raise UserError(f"run store {self.path} is not a readable SQLite database ({exc}); "
-                                "point --store at another file or move this one away") from None
-            raise UserError(f"run store {self.path} stayed locked by another process for {timeout_s:.0f} s; "
-                            "wait for it to finish or point --store at another file") from None
         except sqlite3.DatabaseError as exc:
+            if _is_locked(exc):
+                raise UserError(f"run store {self.path} stayed locked by another process for {timeout_s:g} s; "
+                                "wait for it to finish or point --store at another file") from None
             raise UserError(f"run store {self.path} is not a readable SQLite database ({exc}); "
                             "point --store at another file or move this one away") from None
 
