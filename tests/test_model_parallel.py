@@ -78,17 +78,21 @@ def test_model_parallel_training_equals_one_device(single, tmp_path, layout):
 # SGD: some of their parameters have a gradient that is rounding noise only (a convolution's bias
 # before a BatchNorm; attention's key bias, which the softmax cancels), and AdamW scales noise to
 # full steps, so two orders of summation would move those weights apart; SGD keeps the steps tiny.
+# The WideResNet's reference runs the pipeline's very micro-batches in its order, so the two agree
+# bitwise (tolerance 0): any rounding of its own, such as a clip factor computed another way,
+# shows. (A float32 norm of norms made exactly that drift, past 1e-5 on AVX2 CPUs only.) The ViT's
+# reference takes the whole batch at once: its sums are ordered otherwise, equal within 1e-5.
 SEQUENCES = {
     "wrn": ({"model": "wrn", "options": {"depth": 10, "width": 2, "dropout": 0.0}, "data": "digits",
-             "optimizer": "sgd", "lr": 0.05}, {"grad_accum_steps": 4}),
+             "optimizer": "sgd", "lr": 0.05}, {"grad_accum_steps": 4}, 0.0),
     "vit": ({"model": "vit", "options": {"dim": 32, "depth": 3, "heads": 4, "patch_size": 4}, "data": "digits",
-             "optimizer": "sgd", "lr": 0.05}, {}),
+             "optimizer": "sgd", "lr": 0.05}, {}, 1e-5),
 }
 
 
 @pytest.mark.parametrize("name", SEQUENCES)
 def test_a_sequence_of_blocks_is_staged_by_cost_and_trains_like_one_device(tmp_path, name):
-    model, reference = SEQUENCES[name]
+    model, reference, tol = SEQUENCES[name]
     settings = {"strategy": "pipeline", "stages": 2, "schedule": "1f1b", "microbatches": 4}
     one = subprocess.run([sys.executable, WORKER, "{}", str(tmp_path), json.dumps({**model, **reference})],
                          capture_output=True, text=True, env=cli_env(), timeout=240)
@@ -101,15 +105,15 @@ def test_a_sequence_of_blocks_is_staged_by_cost_and_trains_like_one_device(tmp_p
     assert piped.returncode == 0, piped.stderr[-3000:]
     got = _results(tmp_path, 2)
     assert "% of FLOPs" in got["layout"]    # cut by the measured costs
-    assert got["losses"] == pytest.approx(single["losses"], abs=1e-5)
+    assert got["losses"] == pytest.approx(single["losses"], abs=tol, rel=0)
     for a, b in zip(single["history"], got["history"], strict=True):
         for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"):
-            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+            assert a[key] == pytest.approx(b[key], abs=tol, rel=0), key
     assert single["weights"].keys() == got["weights"].keys()
     for key, value in single["weights"].items():
-        assert torch.allclose(value.float(), got["weights"][key].float(), atol=1e-5), key
+        assert torch.allclose(value.float(), got["weights"][key].float(), atol=tol, rtol=0), key
     for key, value in single["grads"].items():
-        assert torch.allclose(value, got["grads"][key], atol=1e-5), key
+        assert torch.allclose(value, got["grads"][key], atol=tol, rtol=0), key
 
 
 # ------------------------------------------------------------------ cutting the model into stages

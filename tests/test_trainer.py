@@ -7,7 +7,7 @@ import torch
 from scaletrain.callbacks import EarlyStopping, StopAtTarget
 from scaletrain.config import OptimConfig, PrecisionConfig
 from scaletrain.data import DeviceLoader, StreamingLoader
-from scaletrain.optim import LRSchedule, build_schedule
+from scaletrain.optim import LRSchedule, build_schedule, squared_norm
 from scaletrain.training import Trainer
 from tests.conftest import small_config
 from tests.helpers import fit, make_mlp, weights
@@ -170,6 +170,21 @@ def test_gradient_clipping_bounds_the_update(tmp_path, digits):
     after = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
     # Each SGD step moves the weights by lr * ||clipped grad|| <= 1e-3.
     assert (after - before).norm() <= 1e-3 * trainer.steps_per_epoch + 1e-6
+
+
+def test_the_clip_norm_is_the_same_however_the_gradients_are_split():
+    """One device sums every gradient's squared norm; pipeline stages sum their own and add the
+    parts. The clip factor (float32) must come out bitwise equal either way, or a pipeline drifts
+    from one device (it did on AVX2 CPUs with torch's float32 norm of norms)."""
+    torch.manual_seed(0)
+    grads = [torch.randn(n) * s for n, s in [(10_000, 1e-3), (33, 5.0), (4_097, 0.2), (1, 1e-6), (777, 3e-2)] * 8]
+    whole = squared_norm(grads, torch.device("cpu"))
+    assert whole.dtype == torch.float64
+    assert whole.item() == pytest.approx(sum(g.double().square().sum().item() for g in grads), rel=1e-6)
+    for cut in range(1, len(grads)):
+        split = squared_norm(grads[:cut], torch.device("cpu")) + squared_norm(grads[cut:], torch.device("cpu"))
+        assert (0.5 / (split.sqrt() + 1e-6)).float() == (0.5 / (whole.sqrt() + 1e-6)).float()
+    assert squared_norm([], torch.device("cpu")).item() == 0.0
 
 
 def test_evaluate_and_predict_agree(tmp_path, digits):

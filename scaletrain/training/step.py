@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from scaletrain.distributed.strategies.base import Strategy
-from scaletrain.optim import LRSchedule, set_lr
+from scaletrain.optim import LRSchedule, set_lr, squared_norm
 from scaletrain.precision import DynamicLossScaler, PrecisionPolicy
 from scaletrain.tasks import Task
 from scaletrain.training.counters import DeviceCounters
@@ -82,14 +82,16 @@ class TrainStep:
         """Scales the gradients down to a total norm of `clip_grad_norm`. Where processes hold
         different parts of the model (pipeline stages, tensor-parallel shards), the strategy's
         `total_sq_norm(grads)` gives the whole model's squared norm, so every process clips by
-        it, as one device would."""
+        it, as one device would; whole gradients (one device, replicas) take the same sum
+        (`squared_norm` says why it is not torch's `clip_grad_norm_`)."""
         if self.clip_grad_norm is None:
             return
-        if total_sq_norm is None:
+        if total_sq_norm is None and not self.strategy.replicated_gradients:
+            # FSDP's DTensor shards: torch's clip reduces their norm over the mesh.
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm, foreach=True)
             return
         grads = [p.grad for p in self.params if p.grad is not None]
-        total = total_sq_norm(grads).sqrt()
+        total = (total_sq_norm(grads) if total_sq_norm else squared_norm(grads, self.device)).sqrt()
         # Device-side, as clip_grad_norm_ does: no host read of the norm.
         coef = (self.clip_grad_norm / (total + 1e-6)).clamp(max=1.0).float()
         local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]

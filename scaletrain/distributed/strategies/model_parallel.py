@@ -39,6 +39,7 @@ from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import find_blocks
+from scaletrain.optim import squared_norm
 
 
 
@@ -249,9 +250,7 @@ class ModelParallelStrategy(ProcessGroupStrategy):
         """The whole model's squared gradient norm: tensor-parallel shards summed over `tp`,
         replicated tensors counted once, stages summed over `pp`."""
         def sq_norm(tensors):
-            if not tensors:
-                return torch.zeros((), dtype=torch.float64, device=self.device)
-            return torch.stack(torch._foreach_norm(tensors)).double().square().sum()
+            return squared_norm(tensors, self.device)
         def sharded(g):
             return isinstance(g, DTensor) and any(p.is_shard() for p in g.placements)
         sq = sq_norm([g.to_local() for g in grads if sharded(g)])
