@@ -10,15 +10,19 @@ train:
 	bash scripts/setup.sh mnist1d
 	.venv/bin/scaletrain train
 
-# setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. One pytest process:
-# two xdist workers (`-n 2 --dist loadfile`) took 17.5 min instead of 26.5, but one of two such
-# runs lost a tune resume to the 300 s limit and a 2-rank worker to exit -6 (README).
+# setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. First the tests
+# marked `alone`, whose claims are wall-clock bounds, with nothing beside them; then the rest on
+# two pytest-xdist workers, a test file's tests on one of them (module fixtures are built once).
+# Each target says how long it took (README, "Tests").
 test:
 	bash scripts/setup.sh dev
 	bash scripts/setup-system.sh
-	.venv/bin/python -m pytest -q tests
+	bash scripts/timed.sh "make test" \
+	  .venv/bin/python -m pytest -q -m alone tests -- \
+	  .venv/bin/python -m pytest -q -n 2 --dist loadfile -m "not alone" tests
 
-# Every command in README.md and docs/, run as written (shortened as doctests/ says); CI runs it after `make test`.
+# Every command in README.md and docs/, run as written (shortened as doctests/ says), each doc
+# workspace's lines in order on one of two workers; CI runs it after `make test`.
 doc-test:
 	bash scripts/setup.sh dev
-	.venv/bin/python -m pytest -q doctests
+	bash scripts/timed.sh "make doc-test" .venv/bin/python -m pytest -q -n 2 --dist loadgroup doctests

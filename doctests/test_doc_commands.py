@@ -14,10 +14,16 @@ run store). What the harness may change is agreed here, and nothing else:
   the directive before its block, `<!-- doc-test: ... = FLAGS -->` (or `... in "TEXT" = FLAGS`
   for the lines containing TEXT);
 - not run here: `<!-- doc-test: skip TEXT :: WHY -->` before a block skips its lines containing
-  TEXT; WHY names what needs another machine and where the same thing is tested.
+  TEXT; WHY names what needs another machine and where the same thing is tested;
+- narrower: a line that trains or measures a WideResNet runs it at width 1 (`NARROWER`): the same
+  layers, code paths and flags on 1/100 of the work (WRN-16-10 in bf16 took minutes a line on a
+  CPU without bfloat16 instructions, and proved nothing more);
+- side by side: `<!-- doc-test: workspace NAME -->` before a block runs its lines in a workspace
+  of their own (blocks naming the same NAME share it), which needs nothing another line made;
+  `make doc-test` runs the workspaces on two pytest-xdist workers, each one's lines in order.
 
 A command passes when it exits 0 and prints no traceback. A trailing `&` runs it in the
-background; the file's last line waits for every one.
+background; its workspace's last line waits for every one.
 
 Run with `make doc-test`.
 """
@@ -48,6 +54,8 @@ SHORTER = {
     "tune": ["--trials", "2", "--epochs", "1"],
     "autotune": ["--trials", "2", "--steps", "3"],
 }
+# A WideResNet line (by name, or the recipe that names one) at width 1 (see the docstring).
+NARROWER = (re.compile(r"--model wrn-|--recipe fashion-wrn"), ["--model-option", "width=1"])
 # Small CIFAR shards, so the harness's 1,000 images still make the 32 a doc line's pattern names.
 SHORTER_CIFAR_SHARDS = ["--samples-per-shard", "25"]
 FILES = {
@@ -69,16 +77,23 @@ class Command:
     text: str                       # as the doc writes it (continuations joined)
     fill: str | None = None         # what a `...` stands for
     skip: str | None = None         # why it does not run here
+    workspace: str = ""             # "": the file's own; else the file's workspace of that name
 
     @property
     def id(self) -> str:
         return f"{self.file.relative_to(REPO)}:{self.line}"
+
+    @property
+    def group(self) -> str:
+        """The workspace, as xdist's group: its lines run in order on one worker."""
+        return f"{self.file.relative_to(REPO)}#{self.workspace}" if self.workspace else str(self.file.relative_to(REPO))
 
 
 @dataclass
 class Directives:
     fills: list[tuple[str, str]] = field(default_factory=list)    # (selector, flags)
     skips: list[tuple[str, str]] = field(default_factory=list)    # (selector, why)
+    workspace: str = ""                                            # "": the file's own
 
     def apply(self, command: Command) -> Command:
         for selector, why in self.skips:
@@ -87,16 +102,20 @@ class Directives:
         for selector, flags in self.fills:
             if selector in command.text:
                 command.fill = flags
+        command.workspace = self.workspace
         return command
 
 
 def _directive(body: str, pending: Directives) -> None:
     skip = re.fullmatch(r"skip (.+?) :: (.+)", body)
     fill = re.fullmatch(r'\.\.\.(?: in "(.+?)")? = ?(.*)', body)
+    workspace = re.fullmatch(r"workspace ([\w-]+)", body)
     if skip:
         pending.skips.append((skip.group(1), skip.group(2)))
     elif fill:
         pending.fills.append((fill.group(1) or "", fill.group(2)))
+    elif workspace:
+        pending.workspace = workspace.group(1)
     else:
         raise ValueError(f"unknown doc-test directive: {body}")
 
@@ -186,6 +205,8 @@ class Workspace:
         verb = next((w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)), "")
         sub = words[words.index(verb) + 1] if verb == "scaletrain" and len(words) > 1 else ""
         extra = SHORTER.get(sub, [])
+        if NARROWER[0].search(text):
+            extra = [*extra, *NARROWER[1]]
         if sub == "shard" and "--data cifar10" in text:
             extra = SHORTER_CIFAR_SHARDS
         if "--data shards" in text:
@@ -221,21 +242,27 @@ def _check(text: str, code: int, output: str) -> None:
 
 @pytest.fixture(scope="module")
 def workspaces(tmp_path_factory):
-    made: dict[Path, Workspace] = {}
-    yield lambda file: made.setdefault(file, Workspace(tmp_path_factory.mktemp(file.stem)))
+    made: dict[str, Workspace] = {}
+
+    def workspace(group: str) -> Workspace:
+        if group not in made:
+            made[group] = Workspace(tmp_path_factory.mktemp(re.sub(r"\W", "-", group)))
+        return made[group]
+    yield workspace
     for space in made.values():
         for _, proc in space.background:
             proc.kill()
 
 
-@pytest.mark.parametrize("command", ALL, ids=[c.id for c in ALL])
+@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.xdist_group(c.group)) for c in ALL],
+                         ids=[c.id for c in ALL])
 def test_doc_command_runs(command, workspaces):
     if command.skip:
         pytest.skip(command.skip)
-    space = workspaces(command.file)
+    space = workspaces(command.group)
     space.run(command)
-    if command is [c for c in ALL if c.file == command.file][-1]:
-        space.wait()
+    if command is [c for c in ALL if c.group == command.group and not c.skip][-1]:
+        space.wait()      # the workspace's last line: every background line must have passed too
 
 
 def test_every_doc_file_was_read():

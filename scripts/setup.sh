@@ -19,6 +19,16 @@ sys.exit(0 if (major, minor) >= (2, 6) else 1)
 PY
 }
 
+# Already set up: this repository's scaletrain is installed and every requirement of the extras
+# asked for is there, installed from this pyproject.toml. Then nothing is reinstalled: uv rebuilds
+# an editable package on every call (about 5 s here), and a reinstall under a running scaletrain (a
+# doc line's `make train` beside the other doc lines) could make it vanish for a moment
+# (scripts/setup_stamp.py).
+if [ -x .venv/bin/python ] && .venv/bin/python scripts/setup_stamp.py check "$extras" 2>/dev/null; then
+  echo "setup: .venv already has scaletrain[${extras}] (nothing to install)"
+  exit 0
+fi
+
 if [ ! -x .venv/bin/python ]; then
   if has_torch "$python"; then
     echo "setup: reusing the installed torch ($("$python" -c 'import torch; print(torch.__version__)'))"
@@ -46,3 +56,4 @@ else
   echo "setup: installing scaletrain[${extras}] with pip"
   .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 fi
+.venv/bin/python scripts/setup_stamp.py write "$extras"   # what is now there, for the check above

@@ -11,8 +11,9 @@ import pytest
 
 from tests.test_multihost import REASON
 
-pytestmark = pytest.mark.skipif(REASON is not None or shutil.which("cc") is None,
-                                reason=REASON or "needs a C compiler for the switch's loop")
+pytestmark = [pytest.mark.skipif(REASON is not None or shutil.which("cc") is None,
+                                 reason=REASON or "needs a C compiler for the switch's loop"),
+              pytest.mark.alone]   # latencies and rates of a switch that forwards on the CPU
 
 
 @pytest.mark.parametrize("latency_ms", [0.0, 5.0])

@@ -225,6 +225,7 @@ def test_tensor_parallel_formula_exactly():
         pytest.approx(0.100)
 
 
+@pytest.mark.alone   # DTensor's overhead timed against the step
 def test_scaling_command_predicts_tensor_parallelism_from_the_blocks_plan(capsys):
     """gpt-tiny: 4 blocks x (2 row-wise outputs forward + 2 column-wise input gradients backward),
     each the whole batch's activations; 4 heads, so 8 ways is not offered."""

@@ -276,6 +276,7 @@ def test_model_is_written_before_the_summaries(tmp_path):
 
 # -- 6. honest clocks -----------------------------------------------------------------------------
 
+@pytest.mark.alone   # two runs' throughputs compared
 def test_checkpoint_saves_do_not_inflate_throughput(tmp_path):
     """The epoch clock once restarted after each save, so images/sec counted only the steps after
     the last one (255k vs 88k on digits). Slow saves make the difference unmissable."""
