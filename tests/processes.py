@@ -32,13 +32,16 @@ def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
                           cwd=cwd, env=cli_env(**env), timeout=timeout)
 
 
-def run_here(args, cwd) -> subprocess.CompletedProcess:
+def run_here(args, cwd, **env) -> subprocess.CompletedProcess:
     """The CLI's own main() in this process, for commands that only read and print (the run
-    store's `runs` commands, plans, argument errors): the code `run` reaches, without the 2 s of
-    starting Python and torch. Anything that trains or launches keeps `run` (process-wide state,
-    real exits). An uncaught exception propagates and fails the test, as a traceback would."""
+    store's `runs` commands and exports, plans, argument errors): the code `run` reaches, without
+    the 2-5 s of starting Python and torch. Anything that trains or launches keeps `run`
+    (process-wide state, real exits). `env` is set for the call only. An uncaught exception
+    propagates and fails the test, as a traceback would."""
     from scaletrain.cli.main import main
     out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -48,6 +51,11 @@ def run_here(args, cwd) -> subprocess.CompletedProcess:
                 code = exc.code if isinstance(exc.code, int) else 1
     finally:
         os.chdir(before)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 

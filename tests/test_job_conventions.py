@@ -17,7 +17,7 @@ from scaletrain.distributed.cluster import (ClusterSpec, cluster_from_env, clust
                                             expand_tasks_per_node, slurm_step)
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
-from tests.processes import DIGITS_MLP, cli_env, free_port, run
+from tests.processes import DIGITS_MLP, cli_env, free_port, run, run_here
 
 QUICK = [*DIGITS_MLP, "--epochs", "1", "--batch-size", "64"]
 
@@ -118,7 +118,7 @@ def test_a_cloud_jobs_folders_receive_its_model_checkpoints_and_event_files(tmp_
 def test_thread_flags_set_the_pools_and_are_recorded(tmp_path):
     done = run(["train", *QUICK, "--intra-op-threads", "1", "--inter-op-threads", "3", "--run-id", "threads"], tmp_path)
     assert done.returncode == 0, done.stderr
-    shown = run(["runs", "show", "threads", "--json"], tmp_path)
+    shown = run_here(["runs", "show", "threads", "--json"], tmp_path)
     environment = json.loads(shown.stdout)["environment"]
     assert (environment["intra_op_threads"], environment["inter_op_threads"]) == (1, 3)
     bad = run(["train", *QUICK, "--inter-op-threads", "0"], tmp_path)
@@ -132,10 +132,10 @@ def test_a_configs_threads_win_over_the_multi_slots_own_share(tmp_path):
     (tmp_path / "slot.toml").write_text(base)
     done = run(["multi", "mine.toml", "slot.toml", "--parallel", "1", "--group", "g", "--store", "s.db"], tmp_path)
     assert done.returncode == 0, done.stderr + done.stdout
-    listing = json.loads(run(["runs", "list", "--store", "s.db", "--json"], tmp_path).stdout)
+    listing = json.loads(run_here(["runs", "list", "--store", "s.db", "--json"], tmp_path).stdout)
     threads = {}
     for entry in listing:
-        shown = json.loads(run(["runs", "show", entry["run"], "--store", "s.db", "--json"], tmp_path).stdout)
+        shown = json.loads(run_here(["runs", "show", entry["run"], "--store", "s.db", "--json"], tmp_path).stdout)
         threads[shown["config"].get("threads")] = shown["environment"]["intra_op_threads"]
     share = len(os.sched_getaffinity(0))
     assert threads == {1: 1, None: share}

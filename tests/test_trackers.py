@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.processes import DIGITS_MLP, free_port, run, start
+from tests.processes import DIGITS_MLP, free_port, run, run_here, start
 
 mlflow = pytest.importorskip("mlflow")
 QUICK = [*DIGITS_MLP, "--batch-size", "64"]
@@ -73,7 +73,7 @@ def _logged_live_and_exported(tmp_path, mlflow_server, client):
     assert found.info.status == "FINISHED" and found.data.tags["scaletrain.run_id"] == "live"
     assert found.data.tags["scaletrain.strategy"] == "single" and found.data.tags["scaletrain.precision"] == "fp32"
     assert found.data.params["model.name"] == "mlp" and found.data.params["batch_size"] == "64"
-    epochs = json.loads(run(["runs", "show", "live", "--json"], tmp_path).stdout)["epochs"]
+    epochs = json.loads(run_here(["runs", "show", "live", "--json"], tmp_path).stdout)["epochs"]
     assert _history(client, found.info.run_id, "val_accuracy") == [
         (e["optimizer_steps"], pytest.approx(e["val_accuracy"])) for e in epochs]
     assert [v for _, v in _history(client, found.info.run_id, "epoch")] == [1, 2, 3]
@@ -83,17 +83,17 @@ def _logged_live_and_exported(tmp_path, mlflow_server, client):
     # Export: the run logged live is already there; one trained without a logger is copied, once.
     other = run(["train", *QUICK, "--epochs", "2", "--group", "g1", "--run-id", "later"], tmp_path)
     assert other.returncode == 0, other.stderr
-    first = run(["runs", "export", "--to", "mlflow", "--group", "g1", "--tracking-uri", mlflow_server], tmp_path)
+    first = run_here(["runs", "export", "--to", "mlflow", "--group", "g1", "--tracking-uri", mlflow_server], tmp_path)
     assert first.returncode == 0 and "exported 1 run(s)" in first.stdout and "1 already there" in first.stdout
-    again = run(["runs", "export", "--to", "mlflow", "--group", "g1"], tmp_path, MLFLOW_TRACKING_URI=mlflow_server)
+    again = run_here(["runs", "export", "--to", "mlflow", "--group", "g1"], tmp_path, MLFLOW_TRACKING_URI=mlflow_server)
     assert again.returncode == 0 and "exported 0 run(s)" in again.stdout and "2 already there" in again.stdout
     runs = {r.data.tags["scaletrain.run_id"]: r for r in client.search_runs([experiment.experiment_id])}
     assert set(runs) == {"live", "later"} and runs["later"].info.status == "FINISHED"
-    later = json.loads(run(["runs", "show", "later", "--json"], tmp_path).stdout)["epochs"]
+    later = json.loads(run_here(["runs", "show", "later", "--json"], tmp_path).stdout)["epochs"]
     assert _history(client, runs["later"].info.run_id, "train_loss") == [
         (e["optimizer_steps"], pytest.approx(e["train_loss"])) for e in later]
     assert runs["later"].data.params["epochs"] == "2"
-    no_uri = run(["runs", "export", "--to", "mlflow"], tmp_path, MLFLOW_TRACKING_URI="")
+    no_uri = run_here(["runs", "export", "--to", "mlflow"], tmp_path, MLFLOW_TRACKING_URI="")
     assert no_uri.returncode == 2 and "needs --tracking-uri" in no_uri.stderr
 
 
@@ -142,7 +142,7 @@ def test_every_tracker_at_once_offline_each_read_back_from_its_files(tmp_path, m
                 "--run-id", "all3"], tmp_path, HOME=str(tmp_path))   # HOME: no netrc with a W&B key
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr
-    epochs = json.loads(run(["runs", "show", "all3", "--json"], tmp_path).stdout)["epochs"]
+    epochs = json.loads(run_here(["runs", "show", "all3", "--json"], tmp_path).stdout)["epochs"]
     expected = [(e["optimizer_steps"], pytest.approx(e["val_loss"])) for e in epochs]
     folder = tmp_path / "r"
     assert not (tmp_path / "mlruns").exists()
