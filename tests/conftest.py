@@ -52,3 +52,17 @@ def _work_in_tmp_path(tmp_path, monkeypatch):
     """Every test runs in its own folder, so the run store and run folders a training creates by
     default (./scaletrain-runs) never land in the repository."""
     monkeypatch.chdir(tmp_path)
+
+
+# The files that take longest start first, so that the two xdist workers of `make test` end
+# together: `--dist loadfile` hands files out in collection order, and the wheel test, collected
+# last, once ran on its own for the run's last 75 s. By their serial time on the 2-core CPU
+# without AVX-512 (2026-11-26), longest first; a stale list costs balance, never a result.
+LONGEST_FIRST = ("test_distributed.py", "test_trust.py", "test_autotune.py", "test_parameter_server.py",
+                 "test_model_parallel.py", "test_task_matrix.py", "test_memory.py", "test_tune.py",
+                 "test_trackers.py", "test_sharded.py", "test_wheel.py", "test_shards.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: each file keeps its order
