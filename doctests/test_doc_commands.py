@@ -18,8 +18,9 @@ run store). What the harness may change is agreed here, and nothing else:
 - narrower: a line that trains or measures a WideResNet runs it at width 1 (`NARROWER`): the same
   layers, code paths and flags on 1/100 of the work (WRN-16-10 in bf16 took minutes a line on a
   CPU without bfloat16 instructions, and proved nothing more);
-- side by side: `<!-- doc-test: workspace NAME -->` before a block runs its lines in a workspace
-  of their own (blocks naming the same NAME share it), which needs nothing another line made;
+- side by side: `<!-- doc-test: workspace NAME -->` before a block runs its lines (or `workspace
+  NAME in "TEXT"`: its lines containing TEXT) in a workspace of their own (lines naming the same
+  NAME share it), which needs nothing another workspace's lines made;
   `make doc-test` runs the workspaces on two pytest-xdist workers, each one's lines in order
   (a test class each: `_workspace_class`).
 
@@ -94,7 +95,7 @@ class Command:
 class Directives:
     fills: list[tuple[str, str]] = field(default_factory=list)    # (selector, flags)
     skips: list[tuple[str, str]] = field(default_factory=list)    # (selector, why)
-    workspace: str = ""                                            # "": the file's own
+    workspaces: list[tuple[str, str]] = field(default_factory=list)  # (selector, name); none: the file's own
 
     def apply(self, command: Command) -> Command:
         for selector, why in self.skips:
@@ -103,20 +104,22 @@ class Directives:
         for selector, flags in self.fills:
             if selector in command.text:
                 command.fill = flags
-        command.workspace = self.workspace
+        for selector, name in self.workspaces:
+            if selector in command.text:
+                command.workspace = name
         return command
 
 
 def _directive(body: str, pending: Directives) -> None:
     skip = re.fullmatch(r"skip (.+?) :: (.+)", body)
     fill = re.fullmatch(r'\.\.\.(?: in "(.+?)")? = ?(.*)', body)
-    workspace = re.fullmatch(r"workspace ([\w-]+)", body)
+    workspace = re.fullmatch(r'workspace ([\w-]+)(?: in "(.+?)")?', body)
     if skip:
         pending.skips.append((skip.group(1), skip.group(2)))
     elif fill:
         pending.fills.append((fill.group(1) or "", fill.group(2)))
     elif workspace:
-        pending.workspace = workspace.group(1)
+        pending.workspaces.append((workspace.group(2) or "", workspace.group(1)))
     else:
         raise ValueError(f"unknown doc-test directive: {body}")
 
