@@ -25,4 +25,4 @@ test:
 # workspace's lines in order on one of two workers; CI runs it after `make test`.
 doc-test:
 	bash scripts/setup.sh dev
-	bash scripts/timed.sh "make doc-test" .venv/bin/python -m pytest -q -n 2 --dist loadscope doctests
+	bash scripts/timed.sh "make doc-test" .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder doctests
