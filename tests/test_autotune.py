@@ -202,3 +202,19 @@ def test_a_search_measures_the_baseline_and_each_precision_alone_first():
                      for p in ("fp32", "bf16-mixed", "bf16-true")]
     kept = [c for c in grid if c["precision.policy"] != "bf16-mixed"]   # one discarded by the planner
     assert [c["precision.policy"] for c in first_candidates(knobs, kept)] == ["fp32", "bf16-true"]
+
+
+def test_precisions_the_device_only_emulates_are_discarded_before_anything_runs():
+    """bf16 without bfloat16 units is float32 converted inside every kernel: a bf16-mixed candidate
+    of the default recipe took over 20x the fp32 one's time on a CPU without avx512_bf16."""
+    from scaletrain.experiments.autotune.knobs import emulated_precisions
+    from scaletrain.precision.hardware import DeviceFacts
+    plain_cpu = DeviceFacts("cpu", "cpu", cpu_flags=frozenset({"avx2", "fma"}))
+    emulated = emulated_precisions("fp32", plain_cpu)
+    assert {"bf16-mixed", "bf16-true"} <= set(emulated) and "fp32" not in emulated
+    assert "no bfloat16 instructions" in emulated["bf16-mixed"]
+    bf16_cpu = DeviceFacts("cpu", "cpu", cpu_flags=frozenset({"avx512f", "avx512_bf16"}))
+    assert not {"bf16-mixed", "bf16-true"} & set(emulated_precisions("fp32", bf16_cpu))
+    assert "bf16-mixed" not in emulated_precisions("bf16-mixed", plain_cpu)   # the baseline is always measured
+    assert "bf16-mixed" in emulated_precisions("fp32", DeviceFacts("cuda", "V100", capability=(7, 0)))
+    assert emulated_precisions("fp32", DeviceFacts("cuda", "H100", capability=(9, 0))) == {}

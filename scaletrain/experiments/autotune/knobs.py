@@ -24,6 +24,7 @@ from scaletrain.config import TrainConfig, get_path, set_path
 from scaletrain.distributed.strategies.registry import plannable_strategies, strategy_class
 from scaletrain.models.blocks import has_repeated_blocks
 from scaletrain.precision import POLICIES
+from scaletrain.precision.hardware import DeviceFacts, precision_warnings
 from scaletrain.training.preflight import meta_model
 
 
@@ -75,6 +76,16 @@ def _precisions(device: torch.device) -> tuple[str, ...]:
         return tuple(POLICIES)
     return tuple(name for name, p in POLICIES.items()
                  if not p.loss_scaling and not (p.allow_tf32 and not p.computes_in_16_bit))
+
+
+def emulated_precisions(baseline: str, facts: DeviceFacts) -> dict[str, str]:
+    """{policy: why} for the precisions `facts`' device only emulates (no 16-bit units: converted
+    to float32 inside every kernel, slower than float32 by construction; a bf16-mixed candidate of
+    the default recipe took over 20x the fp32 one's time on a CPU without bfloat16 instructions).
+    The search discards them before anything runs; the given configuration's own (`baseline`) is
+    always measured."""
+    return {name: lines[0] for name, policy in POLICIES.items()
+            if name != baseline and (lines := precision_warnings(policy, facts))}
 
 
 def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, streamed: bool) -> list[Knob]:

@@ -1,7 +1,9 @@
 """The search: which system settings train this model fastest here, and do they train the same.
 
-1. The knobs (knobs.py) give every candidate; the memory planner discards, before anything runs,
-   each one it predicts will not fit the device (or, on a CPU, the memory free now).
+1. The knobs (knobs.py) give every candidate; before anything runs, a candidate whose precision
+   the device only emulates (precision/hardware.py: bf16 on a CPU without bfloat16 instructions,
+   or on a GPU older than Ampere) is discarded, and the memory planner discards each one it
+   predicts will not fit the device (or, on a CPU, the memory free now).
 2. Optuna's TPE proposes candidates (the given configuration first); each runs as its own
    `scaletrain train` process for a short window: the same seeded steps for every candidate, the
    first epoch a warm-up (compilation included) that is timed apart and never enters images/sec.
@@ -23,6 +25,7 @@ import math
 import os
 import socket
 import warnings
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,8 +37,8 @@ from scaletrain.distributed.strategies import resolve_device
 from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.data import sample_shape
 from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
-from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, first_candidates, model_facts,
-                                                  system_knobs)
+from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, emulated_precisions, first_candidates,
+                                                  model_facts, system_knobs)
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import SlotPool, device_slots, machine_slot
@@ -43,6 +46,7 @@ from scaletrain.experiments.sweep import LR_SCALINGS, scaled_lr
 from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open_storage, require_optuna
 from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes
+from scaletrain.precision.hardware import device_facts
 from scaletrain.tracking.store import RunStore
 from scaletrain.training.preflight import check_job, meta_model
 
@@ -53,6 +57,7 @@ PARAMS_ATTR, OUTCOME_ATTR = "params", "outcome"
 # of docs/autotune.md; both can be set with --loss-tolerance / --loss-tolerance-16bit.
 LOSS_TOLERANCE = 0.02
 LOSS_TOLERANCE_16BIT = 0.05
+SHOWN_DISCARDS = 3   # discarded candidates with one reason listed row by row; more: one caption line
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +211,13 @@ class AutoTuner:
         # Each process's share: the GPU is its own; a CPU host's memory is shared by all of them.
         memory = self.memory if self.device.type == "cuda" else self.memory // nproc
         planners: dict[tuple, Planner] = {}
+        emulated = emulated_precisions(self.base.precision.policy, device_facts(self.device))
         kept, discarded = [], []
         for params in self.grid:
             cfg = self.configure(params)
+            if cfg.precision.policy in emulated:
+                discarded.append(Row(params, "discarded", why=emulated[cfg.precision.policy]))
+                continue
             try:
                 # What a launch would refuse (the strategy's rules about this model and process
                 # count, micro-batches that do not divide the batch) is not a candidate.
@@ -287,7 +296,7 @@ class AutoTuner:
                   f"{self.s.steps} steps x {self.s.epochs} epochs each (the first a warm-up)")
         self.console.print(f"autotune {self.base.model.name} on {self.base.data.name} ({self.device}), "
                            f"{self.s.objective.name}: {len(self.grid)} candidates over "
-                           f"{', '.join(k.label for k in self.knobs)}; {len(discarded)} discarded by the planner; "
+                           f"{', '.join(k.label for k in self.knobs)}; {len(discarded)} discarded before running; "
                            f"measuring {budget}, {window}", soft_wrap=True)
         study = self._open_study()
         self._fail_orphans(study)
@@ -429,8 +438,12 @@ class AutoTuner:
                        "outcome"):
             table.add_column(header, justify="right" if header not in ("outcome",) else "left")
         untried = [r for r in rows if r.outcome == "not tried"]
+        # A reason shared by many discarded candidates (every bf16 one on a CPU without bfloat16
+        # instructions: 144 of 216) is one caption line, not a row each; autotune.json keeps them all.
+        reasons = Counter(r.why for r in rows if r.outcome == "discarded")
+        summed = {why for why, n in reasons.items() if n > SHOWN_DISCARDS}
         for r in rows:
-            if r.outcome == "not tried":
+            if r.outcome == "not tried" or (r.outcome == "discarded" and r.why in summed):
                 continue
             style = "bold green" if best is not None and r is best else None
             speed_up = self.speed_up(r, baseline)
@@ -442,8 +455,10 @@ class AutoTuner:
                           "-" if r.warmup_s is None else f"{r.warmup_s:.1f} s",
                           "-" if r.departure is None else f"{r.departure:.2%}",
                           r.outcome + (f": {r.why}" if r.why and r.outcome != "measured" else ""), style=style)
+        caption = [f"{reasons[why]} candidates discarded: {why}" for why in summed]
         if untried:
-            table.caption = f"{len(untried)} more candidates not measured (--trials {self.s.trials})"
+            caption.append(f"{len(untried)} more candidates not measured (--trials {self.s.trials})")
+        table.caption = "\n".join(caption) or None
         (self.s.out / "autotune.json").write_text(json.dumps(
             {"objective": objective.name, "baseline": self.grid[0], "knobs": {k.key: list(k.values) for k in self.knobs},
              "best": None if best is None else best.params, "rows": [_row_dict(r) for r in rows]},
