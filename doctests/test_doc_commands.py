@@ -18,6 +18,13 @@ run store). What the harness may change is agreed here, and nothing else:
 - narrower: a line that trains or measures a WideResNet runs it at width 1 (`NARROWER`): the same
   layers, code paths and flags on 1/100 of the work (WRN-16-10 in bf16 took minutes a line on a
   CPU without bfloat16 instructions, and proved nothing more);
+- float32 where bf16 is emulated: on a CPU without bfloat16 instructions (`avx512_bf16`,
+  `amx_bf16`) a line that asks for bf16 (`--precision bf16-...`, or a recipe that does) runs with
+  `--precision fp32` (`EMULATED_BF16`): there bf16 is float32 converted inside every kernel
+  (precision/hardware.py), 7x slower for the WideResNet at width 1 (46 against 330 img/s), and
+  such lines took 29 of the doc-test's 73 worker-minutes while proving nothing the float32 run
+  does not. bf16 itself is trained on every CPU by tests/test_precision.py; on a CPU with the
+  instructions these lines run in bf16 as written;
 - side by side: `<!-- doc-test: workspace NAME -->` before a block runs its lines (or `workspace
   NAME in "TEXT"`: its lines containing TEXT) in a workspace of their own (lines naming the same
   NAME share it), which needs nothing another workspace's lines made;
@@ -42,7 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
+from scaletrain.cli.train import load_recipe, recipe_names
+from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
 from tests.test_data import make_cifar_folder, make_idx_folder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +68,12 @@ SHORTER = {
 }
 # A WideResNet line (by name, or the recipe that names one) at width 1 (see the docstring).
 NARROWER = (re.compile(r"--model wrn-|--recipe fashion-wrn"), ["--model-option", "width=1"])
+# A line asking for bf16, by flag or by its recipe (see the docstring).
+ASKS_FOR_BF16 = re.compile(r"--precision bf16|--recipe (?:" + "|".join(
+    name for name in recipe_names() if load_recipe(name).get("precision", {}).get("policy", "").startswith("bf16"))
+    + r")\b")
+TRAINS = ("train", "sweep", "scaling", "tune", "autotune", "multi", "find-batch-size")   # not plan-memory: it plans bf16
+EMULATED_BF16 = not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS
 # Small CIFAR shards, so the harness's 1,000 images still make the 32 a doc line's pattern names.
 SHORTER_CIFAR_SHARDS = ["--samples-per-shard", "25"]
 FILES = {
@@ -214,6 +230,8 @@ class Workspace:
         extra = SHORTER.get(sub, [])
         if NARROWER[0].search(text):
             extra = [*extra, *NARROWER[1]]
+        if EMULATED_BF16 and ASKS_FOR_BF16.search(text) and sub in TRAINS:
+            extra = [*extra, "--precision", "fp32"]
         if sub == "shard" and "--data cifar10" in text:
             extra = SHORTER_CIFAR_SHARDS
         if "--data shards" in text:
