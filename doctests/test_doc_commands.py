@@ -20,7 +20,7 @@ run store). What the harness may change is agreed here, and nothing else:
   CPU without bfloat16 instructions, and proved nothing more);
 - float32 where bf16 is emulated: on a CPU without bfloat16 instructions (`avx512_bf16`,
   `amx_bf16`) a line that asks for bf16 (`--precision bf16-...`, or a recipe that does) runs with
-  `--precision fp32` (`EMULATED_BF16`): there bf16 is float32 converted inside every kernel
+  `--precision fp32` (`emulated_bf16`): there bf16 is float32 converted inside every kernel
   (precision/hardware.py), 7x slower for the WideResNet at width 1 (46 against 330 img/s), and
   such lines took 29 of the doc-test's 73 worker-minutes while proving nothing the float32 run
   does not. bf16 itself is trained on every CPU by tests/test_precision.py; on a CPU with the
@@ -39,6 +39,7 @@ Run with `make doc-test`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -49,10 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
 from scaletrain.cli.train import load_recipe, recipe_names
-from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
 from tests.test_data import make_cifar_folder, make_idx_folder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +63,7 @@ SHORTER = {
     "scaling": ["--measure-steps", "2"],
     "sweep": ["--epochs", "1", "--repeats", "1"],
     "tune": ["--trials", "2", "--epochs", "1"],
-    "autotune": ["--trials", "2", "--steps", "3"],
+    "autotune": ["--trials", "2", "--steps", "3", "--window-epochs", "2"],
 }
 # A WideResNet line (by name, or the recipe that names one) at width 1 (see the docstring).
 NARROWER = (re.compile(r"--model wrn-|--recipe fashion-wrn"), ["--model-option", "width=1"])
@@ -73,7 +72,17 @@ ASKS_FOR_BF16 = re.compile(r"--precision bf16|--recipe (?:" + "|".join(
     name for name in recipe_names() if load_recipe(name).get("precision", {}).get("policy", "").startswith("bf16"))
     + r")\b")
 TRAINS = ("train", "sweep", "scaling", "tune", "autotune", "multi", "find-batch-size")   # not plan-memory: it plans bf16
-EMULATED_BF16 = not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS
+
+
+@functools.cache
+def emulated_bf16() -> bool:
+    """This CPU has no bfloat16 instructions (asked only when a line runs: tests/test_doc_lines.py
+    reads the lines without torch)."""
+    import torch
+
+    from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
+    return not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS
+
 # Small CIFAR shards, so the harness's 1,000 images still make the 32 a doc line's pattern names.
 SHORTER_CIFAR_SHARDS = ["--samples-per-shard", "25"]
 FILES = {
@@ -230,7 +239,7 @@ class Workspace:
         extra = SHORTER.get(sub, [])
         if NARROWER[0].search(text):
             extra = [*extra, *NARROWER[1]]
-        if EMULATED_BF16 and ASKS_FOR_BF16.search(text) and sub in TRAINS:
+        if sub in TRAINS and ASKS_FOR_BF16.search(text) and emulated_bf16():
             extra = [*extra, "--precision", "fp32"]
         if sub == "shard" and "--data cifar10" in text:
             extra = SHORTER_CIFAR_SHARDS
