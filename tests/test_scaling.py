@@ -248,6 +248,17 @@ def test_scaling_command_predicts_tensor_parallelism_from_the_blocks_plan(capsys
     assert two["step_time_s"] == pytest.approx(two["compute_s"] + overhead + two["collectives_s"])
 
 
+def test_a_given_step_time_prints_the_tensor_parallel_table(capsys):
+    """The table's heading once named a variable of another function: a NameError whenever the
+    step time came from the flags and the output was not JSON."""
+    code = main(["scaling", "--model", "gpt-tiny", "--data", "char-corpus", "--seq-len", "16", "--batch-size", "8",
+                 "--device", "cpu", "--strategy", "tensor", "--tensor-parallel", "2", "--step-time-ms", "40",
+                 "--max-devices", "4"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "DTensor's own work not measured" in out and "40.00 ms per step" in out
+
+
 def test_scaling_refuses_tensor_parallelism_for_a_model_without_a_plan(capsys):
     code = main(["scaling", "--model", "mlp", "--data", "digits", "--strategy", "tensor", "--tensor-parallel", "2",
                  "--measure-steps", "2"])

@@ -55,7 +55,7 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         else []     # checked before anything is measured
     # The table has nine columns: give it room when the output is not a terminal (logs, CI).
     console = make_console(quiet=args.json, width=None if sys.stdout.isatty() else 140)
-    given = args.step_time_ms is not None or args.assume_h100_mfu is not None
+    given = _step_time_given(args)
     console.print(f"{'counting' if given else 'measuring'} {cfg.model.name} at batch {cfg.batch_size} "
                   f"({cfg.precision.policy}) on one device...")
     m = measure_single_device(cfg, steps=args.measure_steps, time_steps=not given, tensor_overhead=bool(ways))
@@ -146,6 +146,11 @@ def _tensor_parallel_ways(cfg, max_devices: int) -> list[int]:
     return ways
 
 
+def _step_time_given(args) -> bool:
+    """The step time comes from the flags (--step-time-ms, --assume-h100-mfu), not measured here."""
+    return args.step_time_ms is not None or args.assume_h100_mfu is not None
+
+
 def _tensor_parallel_prediction(cfg, args, console, m, step_time: float, source: str, intra: str,
                                 ways: list[int]) -> int:
     """One replica's blocks split T ways over the host's interconnect (planning/scaling.py)."""
@@ -159,7 +164,7 @@ def _tensor_parallel_prediction(cfg, args, console, m, step_time: float, source:
                            "dtensor_overhead_s": m.tp_overhead_s, "interconnect": intra} for p in points], indent=2))
         return 0
     measured = (f"DTensor's own work {m.tp_overhead_s * 1e3:.2f} ms per step (measured split one way)"
-                if m.tp_overhead_s or not given else "DTensor's own work not measured (step time not measured here)")
+                if m.tp_overhead_s or not _step_time_given(args) else "DTensor's own work not measured (step time not measured here)")
     console.print(_table(f"{cfg.model.name}, batch {cfg.batch_size}, blocks split over {intra}; one device "
                          f"{step_time * 1e3:.2f} ms per step ({source}); {m.tp_allreduces} all-reduces of "
                          f"{m.tp_allreduce_bytes / 2**20:.2f} MiB together per step; {m.tp_split_share:.0%} "
