@@ -12,14 +12,15 @@ train:
 
 # setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. First the tests
 # marked `alone`, whose claims are wall-clock bounds, with nothing beside them; then the rest on
-# two pytest-xdist workers, a test file's tests on one of them (module fixtures are built once).
+# two pytest-xdist workers, a test file's tests on one of them (module fixtures are built once),
+# the longest files first (tests/conftest.py).
 # Each target says how long it took (README, "Tests").
 test:
 	bash scripts/setup.sh dev
 	bash scripts/setup-system.sh
 	bash scripts/timed.sh "make test" \
 	  .venv/bin/python -m pytest -q -m alone tests -- \
-	  .venv/bin/python -m pytest -q -n 2 --dist loadfile -m "not alone" tests
+	  .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" tests
 
 # Every command in README.md and docs/, run as written (shortened as doctests/ says), each doc
 # workspace's lines in order on one of two workers; CI runs it after `make test`.
