@@ -91,7 +91,7 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
 # its own package and nothing here changes; `auto` is resolved by the config's users.
 PRECISIONS = Choices(declared=Declarations("scaletrain.precision", "register_policy"))
 STRATEGIES = Choices("auto", declared=Declarations("scaletrain.distributed.strategies", "register_strategy"))
-DATA_SETS = Choices(declared=Declarations("scaletrain.data", "register_dataset"))
+DATA_SETS = Choices(declared=Declarations("scaletrain.data", "register_dataset"), importable=True)
 # Models are not a field's choices (`--model` also takes NAME-VARIANT and module:function); this
 # list is what `scaletrain list` and the unknown-model error show.
 MODELS = Choices(declared=Declarations("scaletrain.models", "register_model"))
@@ -114,7 +114,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
-    name: str = _f("cnn1d", "model from the registry, e.g. cnn1d, mlp, resnet, wrn-16-10, vit-tiny")
+    name: str = _f("cnn1d", "model from the registry, e.g. cnn1d, mlp, resnet, wrn-16-10, vit-tiny, or your own "
+                   "package.module:function(input_shape, num_classes, **options) (docs/your-model-and-data.md)")
     options: dict = _f({}, "model-specific keyword arguments, e.g. {channels = 64}")
     init_from: str | None = _f(None, "start from these weights (a model.pt a run saved): weights only, in a new run "
                                "with a fresh optimizer and schedule; to continue a run exactly, use --resume")
@@ -124,8 +125,10 @@ class ModelConfig:
 class DataConfig:
     name: str = _f("mnist1d", "data set: mnist1d, digits, synthetic, mnist, fashion-mnist, cifar10, npz, "
                    "friedman1 (regression), char-corpus (characters of Python's docs, for language models), "
-                   "shards (a folder written by `scaletrain shard`, streamed from disk)",
+                   "shards (a folder written by `scaletrain shard`, streamed from disk), or your own "
+                   "package.module:function returning your splits (docs/your-model-and-data.md)",
                    choices=DATA_SETS)
+    options: dict = _f({}, "keyword arguments of your own package.module:function data set, e.g. {size = 64}")
     data_dir: str | None = _f(None, "folder (or .npz file) holding the data set's files; for shards, the shard folder "
                               "or a pattern of training shards like 'DIR/train-{0000..0063}.tar'")
     download: bool = _f(False, "download missing MNIST/Fashion-MNIST files (checksum-verified)", resumable=True)

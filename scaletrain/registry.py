@@ -93,10 +93,12 @@ class Choices:
     adds as it registers (a user's own package), in alphabetical order, so no list depends on
     which module happened to be imported first."""
 
-    def __init__(self, *fixed: str, declared: Declarations | None = None):
+    def __init__(self, *fixed: str, declared: Declarations | None = None, importable: bool = False):
         self._fixed: tuple[str, ...] = fixed
         self._names: set[str] = set()
         self.declared = declared
+        # Also a user's own `package.module:function` (importing.py), imported where it is used.
+        self.importable = importable
 
     def add(self, name: str) -> None:
         self._names.add(name)
@@ -105,6 +107,9 @@ class Choices:
         return self._names | set(self.declared or ())
 
     def __contains__(self, name: object) -> bool:
+        if self.importable and isinstance(name, str) and ":" in name:
+            from scaletrain.importing import FUNCTION_NAME
+            return bool(FUNCTION_NAME.fullmatch(name))
         declared = self.declared.variants() if self.declared is not None else {}
         return name in self._fixed or name in self._names or name in declared
 

@@ -88,13 +88,16 @@ def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...
                         "--target FRACTION --target-metric accuracy")
     parser.add_argument("--model-option", action="append", type=_option_parser, dest="model_options",
                         metavar="KEY=VALUE", help="a model option, e.g. --model-option channels=32")
+    parser.add_argument("--data-option", action="append", type=_option_parser, dest="data_options",
+                        metavar="KEY=VALUE", help="an argument of your own package.module:function data set, "
+                        "e.g. --data-option size=64")
     _add_field_flags(parser, exclude)
 
 
 def _add_field_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...],
                      only: tuple[str, ...] = ("",)) -> None:
     for key, (tp, doc) in field_docs(TrainConfig).items():
-        if key == "model.options" or key in exclude or not key.startswith(only):
+        if key in ("model.options", "data.options") or key in exclude or not key.startswith(only):
             continue
         flags = (FLAG_NAMES.get(key, "--" + key.split(".")[-1].replace("_", "-")), *FLAG_ALIASES.get(key, ()))
         scalar = _scalar_type(tp)
@@ -126,8 +129,9 @@ def given_overrides(args: argparse.Namespace) -> dict:
             node[last] = value
     if "target_accuracy" in values:
         flags["target"], flags["target_metric"] = values["target_accuracy"], "accuracy"
-    for key, value in values.get("model_options") or []:
-        flags.setdefault("model", {}).setdefault("options", {})[key] = value
+    for section, given in (("model", "model_options"), ("data", "data_options")):
+        for key, value in values.get(given) or []:
+            flags.setdefault(section, {}).setdefault("options", {})[key] = value
     return merge_mappings(out, flags)
 
 
@@ -161,9 +165,12 @@ def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namesp
         return
     if cfg.data.name == recipe.get("data", {}).get("name"):
         return      # the recipe's own data: its target stands (and nothing is imported here)
-    from scaletrain.data.source import DATA_SOURCES
+    from scaletrain.data.source import data_source
     from scaletrain.tasks import TASKS
-    declared = DATA_SOURCES.get(cfg.data.name).sample    # a fixed sample only: nothing read from disk here
+    if ":" in cfg.data.name or cfg.data.name == "npz":
+        cfg.target = None      # the user's own data: nothing is promised about it
+        return
+    declared = data_source(cfg.data.name).sample    # a fixed sample only: nothing read from disk here
     if isinstance(declared, tuple) and cfg.target_metric not in ("auto", *TASKS[declared[2]].metrics):
         cfg.target = None
 

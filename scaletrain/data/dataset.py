@@ -41,9 +41,12 @@ class Dataset:
 
     @property
     def examples(self) -> ArraySplit:
-        """In-memory samples shaped like the training samples: the training split itself, or the
-        test split where the training split streams from shards."""
-        return self.train if isinstance(self.train, ArraySplit) else self.test
+        """In-memory samples shaped like the training samples: the training split itself, its first
+        samples where a torch Dataset holds it (data/user.py), or the test split where it streams
+        from shards."""
+        if isinstance(self.train, ArraySplit):
+            return self.train
+        return getattr(self.train, "examples", None) or self.test
 
     @property
     def input_shape(self) -> tuple[int, ...]:

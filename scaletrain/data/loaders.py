@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from scaletrain.data.augment import DeviceAugment
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.data.sharding import rank_positions
+from scaletrain.data.user import SeededSamples, TorchSplit, collate_pairs
 
 
 @dataclass(slots=True)
@@ -30,8 +31,8 @@ class Normalizer:
     dtype: torch.dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mean is None:
-            return x
+        if self.mean is None:   # token ids pass as they are; a user's own features take the input dtype
+            return x.to(self.dtype) if x.is_floating_point() and x.dtype != self.dtype else x
         return ((x.to(torch.float32) - self.mean) / self.std).to(self.dtype)
 
     def to(self, device) -> "Normalizer":
@@ -118,15 +119,20 @@ class _Positions(torch.utils.data.Sampler):
     costs a 5 s join timeout: a `--num-workers 2` run spent 30 s at exit, a second fit() in one
     process 30 s in whatever it was doing when the collector ran."""
 
-    def __init__(self, source: "StreamingLoader"):
+    def __init__(self, source: "StreamingLoader", with_epoch: bool = False):
         self._source = weakref.ref(source)
+        self.with_epoch = with_epoch   # (epoch, index) keys, for SeededSamples
 
     @property
     def source(self) -> "StreamingLoader":
         return self._source()
 
     def __iter__(self):
-        return iter(self.source._order(self.source.host_generator, "cpu").tolist())
+        order = self.source._order(self.source.host_generator, "cpu").tolist()
+        if self.with_epoch:
+            epoch = self.source.epoch
+            return iter([(epoch, i) for i in order])
+        return iter(order)
 
     def __len__(self) -> int:
         return (len(self.source) - self.source.start_batch) * self.source.batch_size
@@ -165,13 +171,20 @@ class HostToDevice(_BatchSource):
 
 
 class StreamingLoader(HostToDevice):
-    """An in-memory split through a DataLoader on the host, copied to the device one batch ahead."""
+    """A split through a DataLoader on the host, copied to the device one batch ahead: an in-memory
+    split, or a user's torch Dataset (a TorchSplit, data/user.py) with its own collate function, in
+    the order and share the loader sets (`_Positions`)."""
 
-    def __init__(self, split: ArraySplit, *args, num_workers: int = 0, **kwargs):
+    def __init__(self, split: ArraySplit | TorchSplit, *args, num_workers: int = 0, **kwargs):
         super().__init__(split, *args, **kwargs)
         self.host_generator = torch.Generator()
-        self.loader = DataLoader(TensorDataset(split.x, split.y), batch_size=self.batch_size,
-                                 sampler=_Positions(self), drop_last=False, num_workers=num_workers,
+        if isinstance(split, TorchSplit):
+            dataset, collate = SeededSamples(split.dataset, self.seed), collate_pairs(split.collate_fn)
+        else:
+            dataset, collate = TensorDataset(split.x, split.y), None
+        self.loader = DataLoader(dataset, batch_size=self.batch_size, collate_fn=collate,
+                                 sampler=_Positions(self, with_epoch=isinstance(split, TorchSplit)),
+                                 drop_last=False, num_workers=num_workers,
                                  pin_memory=self.pin_memory, persistent_workers=num_workers > 0,
                                  generator=own_generator())
 

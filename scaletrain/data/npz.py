@@ -1,5 +1,6 @@
 """User data sets in .npz files: arrays `x` and `y`, optionally `x_test`/`y_test`, `x_val`/`y_val`
-(a validation split of their own) and `num_classes`."""
+(a validation split of their own) and `num_classes`. Integer `y` are class labels; floating-point
+`y` are regression targets, (N,) or (N, k)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from scaletrain.data.dataset import ArraySplit, as_features, as_labels, infer_num_classes, make_dataset, random_split
 from scaletrain.data.source import register_dataset
@@ -35,6 +37,8 @@ def load_npz(path: str | None, seed: int = 0):
         raise DataError(f"{file}: x must have a sample dimension and features, got shape {tuple(x.shape)}")
     if x.ndim == 2:  # (N, F) -> (N, 1, F): a one-channel sequence
         x = x.unsqueeze(1)
+    if np.issubdtype(arrays["y"].dtype, np.floating):   # real-valued targets: a regression data set
+        return _regression(arrays, file, x, seed)
     declared = None
     if "num_classes" in arrays:
         value = arrays["num_classes"]
@@ -54,6 +58,35 @@ def load_npz(path: str | None, seed: int = 0):
     # A validation split of the file's own (x_val, y_val); otherwise one is held out of training.
     val = _optional_split(arrays, file, "val", num_classes)
     return make_dataset(file.name, train, test, num_classes=num_classes, val=val)
+
+
+def _targets(y: np.ndarray, n: int, source: str) -> torch.Tensor:
+    """Real-valued targets, (N,) or (N, k), float32 and finite."""
+    t = as_features(y, source)
+    if t.ndim not in (1, 2) or len(t) != n:
+        raise DataError(f"{source}: regression targets must have shape ({n},) or ({n}, k), got {tuple(t.shape)}")
+    return t
+
+
+def _regression(arrays: dict, file: Path, x: torch.Tensor, seed: int):
+    y = _targets(arrays["y"], len(x), f"{file}[y]")
+    splits = {}
+    for name in ("test", "val"):
+        xk, yk = f"x_{name}", f"y_{name}"
+        if (xk in arrays) != (yk in arrays):
+            raise DataError(f"{file}: {xk} and {yk} must come together")
+        if xk in arrays:
+            xs = as_features(arrays[xk], f"{file}[{xk}]")
+            xs = xs.unsqueeze(1) if xs.ndim == 2 else xs
+            splits[name] = ArraySplit(xs, _targets(arrays[yk], len(xs), f"{file}[{yk}]"))
+    if "test" in splits:
+        train = ArraySplit(x, y)
+    elif len(x) < 2:
+        raise DataError(f"{file}: {len(x)} sample(s) cannot be split into train and test; add samples or "
+                        "save x_test and y_test")
+    else:
+        train, splits["test"] = random_split(x, y, test_fraction=0.2, seed=seed)
+    return make_dataset(file.name, train, splits["test"], num_classes=1, val=splits.get("val"), task="regression")
 
 
 def _optional_split(arrays: dict, file: Path, name: str, num_classes: int) -> ArraySplit | None:

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
-from scaletrain.data.source import DATA_SOURCES, home_expanded
+from scaletrain.data.source import DATA_SOURCES, data_source, home_expanded
 
 
 def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
     """(sample shape, model output size, task) of the data set a DataConfig names, without loading
     it where the data set says what they are."""
     cfg = home_expanded(cfg)
-    known = DATA_SOURCES.get(cfg.name).known_sample(cfg)
+    known = data_source(cfg.name).known_sample(cfg)
     if known is not None:
         return known
     ds = load_dataset(cfg)
-    outputs = ds.num_classes if ds.task != "regression" else (1 if ds.train.y.ndim == 1 else ds.train.y.shape[1])
+    y = ds.examples.y
+    outputs = ds.num_classes if ds.task != "regression" else (1 if y.ndim == 1 else y.shape[1])
     return ds.input_shape, outputs, ds.task
 
 
@@ -25,7 +26,7 @@ def load_dataset(cfg, seed: int = 0) -> Dataset:
     """Loads the data set a DataConfig names, with a validation split held out unless it has its
     own, optionally cut to its first `train_subset` samples."""
     cfg = home_expanded(cfg)
-    source = DATA_SOURCES.get(cfg.name)
+    source = data_source(cfg.name)
     ds = source.load(cfg, seed)
     if source.splits_itself:
         return ds

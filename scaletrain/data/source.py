@@ -48,3 +48,11 @@ def register_dataset(name: str, *, sample: Sample | Callable[[Any], Sample] | No
         DATA_SOURCES.add(name, DataSource(name, load, sample, splits_itself))
         return load
     return add
+
+
+def data_source(name: str) -> DataSource:
+    """The registered data set `name`, or a user's own `package.module:function` (data/user.py)."""
+    if ":" in name:
+        from scaletrain.data.user import user_source
+        return user_source(name)
+    return DATA_SOURCES.get(name)

@@ -7,26 +7,12 @@ the variant: `f(input_shape, num_classes, **options) -> nn.Module`.
 
 from __future__ import annotations
 
-import importlib
-
 from torch import nn
 
 from scaletrain.errors import ConfigError
+from scaletrain.importing import import_function
 from scaletrain.models.builder import MODEL_BUILDERS
 from scaletrain.models.names import model_names
-
-
-def _import_builder(name: str):
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"model '{name}': cannot import module '{module_name}' ({exc}); "
-                          "is it on PYTHONPATH?") from None
-    builder = getattr(module, attr, None)
-    if not callable(builder):
-        raise ConfigError(f"model '{name}': module '{module_name}' has no function '{attr}'")
-    return builder
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options) -> nn.Module:
@@ -40,7 +26,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 
 def _build(name: str, shape: tuple[int, ...], classes: int, options: dict) -> nn.Module:
     if ":" in name:  # a user's builder: f(input_shape, num_classes, **options) -> nn.Module
-        model = _import_builder(name)(shape, classes, **options)
+        model = import_function(name, "model")(shape, classes, **options)
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model '{name}' returned {type(model).__name__}, not a torch.nn.Module")
         return model

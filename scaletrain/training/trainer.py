@@ -23,6 +23,7 @@ from torch import nn
 from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig
 from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
+from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
 from scaletrain.distributed.capabilities import epoch_control
 from scaletrain.errors import ConfigError, NonFiniteLossError
@@ -118,6 +119,15 @@ class Trainer:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(clean=exc_type is None)
 
+    def as_dataset(self, data, val=None, test=None) -> Dataset:
+        """Our Dataset as it is, or one of the user's splits (data/user.py), its task chosen once."""
+        if isinstance(data, Dataset):
+            return data
+        from scaletrain.data.user import as_dataset
+        cfg = self.config
+        return as_dataset(data, val, test, task=cfg.task, val_fraction=cfg.data.val_fraction, seed=cfg.seed,
+                          count_classes=False)
+
     def adopt(self, dataset: Dataset) -> None:
         """Takes the data's task (unless one was given) and input statistics."""
         if self.task is None:
@@ -169,9 +179,14 @@ class Trainer:
         else:
             # Each replica evaluates one contiguous range; the sums are all-reduced afterwards.
             start, end = layout.evaluation_range(len(split))
-            split = split if (start, end) == (0, len(split)) else ArraySplit(split.x[start:end], split.y[start:end])
+            if (start, end) != (0, len(split)):
+                split = split.part(start, end) if isinstance(split, TorchSplit) else ArraySplit(split.x[start:end],
+                                                                                                   split.y[start:end])
             batch, shard = data.val_batch_size or self.batch.per_replica, {}
-        if not isinstance(split, ArraySplit):   # a ShardedSplit: streamed from disk, never whole in memory
+        if isinstance(split, TorchSplit):   # a user's torch Dataset: its collate and workers, our order
+            workers = split.num_workers if split.num_workers is not None else data.num_workers
+            cls, kwargs = StreamingLoader, {"num_workers": workers}
+        elif not isinstance(split, ArraySplit):   # a ShardedSplit: streamed from disk, never whole in memory
             from scaletrain.data.shards import ShardLoader   # webdataset is an optional extra
             cls, kwargs = ShardLoader, dict(num_workers=data.num_workers, prefetch=data.prefetch,
                                             shuffle_buffer=data.shuffle_buffer)
@@ -183,14 +198,23 @@ class Trainer:
                    augment=data.augment if train else (), shift=data.shift, seed=cfg.seed, **shard, **kwargs)
 
     # ----------------------------------------------------------------- train
-    def fit(self, dataset: Dataset) -> list[dict]:
-        """Trains on `dataset.train`, evaluating on `dataset.val` after every epoch and on
-        `dataset.test` once at the end (`self.test_logs`). A data set without a validation split
-        is validated on its test split, and then has no separate test figure. With a checkpointer
-        that has something to resume, continues from it exactly."""
+    def fit(self, data, val=None, test=None) -> list[dict]:
+        """Trains on the training split, evaluating on the validation split after every epoch and
+        on the test split once at the end (`self.test_logs`). `data` is our Dataset of splits, or
+        the training split as users hold it (a torch Dataset, a DataLoader, (inputs, targets)
+        arrays) with `val` and `test` in the same forms (data/user.py: without `val` a seeded
+        fraction of the training split is held out). A data set without a validation split is
+        validated on its test split, and then has no separate test figure. With a checkpointer that
+        has something to resume, continues from it exactly."""
         cfg = self.config
+        dataset = self.as_dataset(data, val, test)
         self.normalizer = None   # this data set's statistics
         self.adopt(dataset)
+        given_batch = getattr(dataset.train, "batch_size", None)   # a DataLoader's
+        if given_batch is not None and given_batch != self.batch.per_replica:
+            raise ConfigError(f"the training DataLoader's batch_size is {given_batch} but this trainer's batch per replica "
+                              f"is {self.batch.per_replica}; set TrainConfig(batch_size={given_batch * self.layout.replicas}) "
+                              "(the global batch), or pass the Dataset and let the trainer batch it")
         train_loader = self.loader(dataset.train, train=True)
         val_loader = self.loader(dataset.val if dataset.val is not None else dataset.test, train=False)
         self.steps_per_epoch = len(train_loader)
@@ -384,8 +408,12 @@ class Trainer:
         with self.policy.autocast(self.device):
             return self.eval_forward(x)
 
-    def evaluate(self, dataset: Dataset, split: str = "test") -> dict:
-        """The task's metrics (`loss`, `accuracy`, ...) of the current model on a split of `dataset`."""
+    def evaluate(self, dataset, split: str = "test") -> dict:
+        """The task's metrics (`loss`, `accuracy`, ...) of the current model on a split of `dataset`,
+        or on the whole of a split as users hold it (a torch Dataset, a DataLoader, arrays)."""
+        if not isinstance(dataset, Dataset):
+            from scaletrain.data.user import as_dataset
+            dataset = as_dataset(dataset, val=dataset, test=dataset, task=self.config.task, count_classes=False)
         self.adopt(dataset)
         logs = self.evaluate_loader(self.loader(getattr(dataset, split), train=False))
         return {k[4:]: v for k, v in logs.items() if k.startswith("val_")}

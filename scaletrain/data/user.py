@@ -1,0 +1,314 @@
+"""Data as users hold it: a torch `Dataset` (map-style), a `DataLoader`, or arrays, made into our
+`Dataset` of splits. The trainer then batches it as its own (data/loaders.py): seeded shuffling
+per epoch, each replica its share of every global batch, a resumed run at the very sample it
+stopped at.
+
+A sample (or a DataLoader's batch) is an `(input, target)` pair, or a dict (or dataclass) with one
+target key (`TARGET_KEYS`) and one input key, the form Hugging Face `datasets` yield. The task is
+the data's own where it states one (a `task` attribute), else the one asked for, else read off
+the targets: integers are class labels (one per sample) or token ids (a sequence per sample),
+floats are regression targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler, Subset, get_worker_info
+from torch.utils.data import Dataset as TorchDataset
+
+from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, hold_out_validation, infer_num_classes,
+                                     make_dataset)
+from scaletrain.errors import DataError
+
+# The keys a dict sample's target goes by (Hugging Face's `labels`/`label`, and the usual others).
+TARGET_KEYS = ("labels", "label", "targets", "target", "y")
+# Samples collated to learn shapes, dtypes and the task: a few, never the whole set.
+EXAMPLE_SAMPLES = 2
+
+
+def split_batch(batch: Any, source: str = "a batch") -> tuple[Any, torch.Tensor]:
+    """(inputs, target) of a sample or batch: a pair, or a dict/dataclass with one target key."""
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        batch = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    if isinstance(batch, Mapping):
+        targets = [k for k in TARGET_KEYS if k in batch]
+        if not targets:
+            raise DataError(f"{source}: a dict sample needs its target under one of {', '.join(TARGET_KEYS)}; "
+                            f"found keys {', '.join(map(str, batch))}")
+        inputs = [k for k in batch if k not in TARGET_KEYS]
+        if len(inputs) != 1:
+            raise DataError(f"{source}: a dict sample needs exactly one input beside its target '{targets[0]}', "
+                            f"found {inputs or 'none'}; drop the others (e.g. datasets' remove_columns)")
+        return batch[inputs[0]], batch[targets[0]]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise DataError(f"{source}: a sample must be an (input, target) pair or a dict with a target key, "
+                    f"got {type(batch).__name__}")
+
+
+def collate_pairs(collate: Callable | None) -> Callable:
+    """The user's collate (or torch's default), then (inputs, target) as tensors: what the loaders
+    move to the device."""
+    from torch.utils.data import default_collate
+
+    collate = collate or default_collate
+
+    def pairs(samples):
+        x, y = split_batch(collate(samples))
+        return torch.as_tensor(x), torch.as_tensor(y)
+    return pairs
+
+
+@contextlib.contextmanager
+def kept_random_state():
+    """torch's, Python's and NumPy's global random streams as they were after the block: reading a
+    sample in the training process never shifts the model's dropout or initialisation."""
+    python, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy_state)
+
+
+class SeededSamples(TorchDataset):
+    """A user's samples, each read under a seed of its own (the run's seed, the epoch, the index):
+    a random transform (crop, flip) draws the same for a sample wherever it is read, by whichever
+    worker, so a resumed run, or one with another worker count, sees exactly the uninterrupted
+    run's batches. Its keys are (epoch, index) pairs (`_Positions` in data/loaders.py)."""
+
+    def __init__(self, dataset: TorchDataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        seed = ((self.seed * 100_003 + epoch) * 1_000_003 + index) % (2 ** 32)
+        if get_worker_info() is not None:   # a loader worker: its streams are its own
+            _seed_all(seed)
+            return self.dataset[index]
+        with kept_random_state():
+            _seed_all(seed)
+            return self.dataset[index]
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+class TorchSplit:
+    """One split held as a torch map-style Dataset, read through a DataLoader on the host: its
+    collate function and worker count, and, when a DataLoader was given, its batch size."""
+
+    def __init__(self, dataset: TorchDataset, name: str, collate_fn: Callable | None = None,
+                 num_workers: int | None = None, batch_size: int | None = None):
+        self.dataset, self.name, self.collate_fn = dataset, name, collate_fn
+        self.num_workers, self.batch_size = num_workers, batch_size
+        self._examples: ArraySplit | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def part(self, start: int, end: int) -> "TorchSplit":
+        """Samples [start, end): one replica's evaluation range."""
+        return TorchSplit(Subset(self.dataset, range(start, end)), self.name, self.collate_fn, self.num_workers,
+                          self.batch_size)
+
+    @property
+    def examples(self) -> ArraySplit:
+        """The first samples as tensors: their shapes, dtypes and targets stand for the split's."""
+        if self._examples is None:
+            n = min(EXAMPLE_SAMPLES, len(self))
+            try:
+                with kept_random_state():
+                    x, y = collate_pairs(self.collate_fn)([self.dataset[i] for i in range(n)])
+            except DataError:
+                raise
+            except Exception as exc:   # the user's __getitem__ or collate: their message, one line
+                raise DataError(f"{self.name}: reading its first samples failed: {type(exc).__name__}: {exc}") from None
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+                raise DataError(f"{self.name}: samples must hold tensors or arrays, got {type(x).__name__}")
+            self._examples = ArraySplit(x, y)
+        return self._examples
+
+
+def as_split(data: Any, name: str):
+    """An ArraySplit (arrays or tensors in memory) or a TorchSplit (anything read sample by sample)."""
+    if isinstance(data, (ArraySplit, TorchSplit)):
+        return data
+    if isinstance(data, DataLoader):
+        if isinstance(data.dataset, IterableDataset):
+            raise DataError(f"{name}: an IterableDataset is not supported yet; give a map-style Dataset "
+                            "(__getitem__ and __len__), or write shards with `scaletrain shard` and stream them")
+        if data.batch_sampler is not None and not isinstance(data.sampler, (SequentialSampler, RandomSampler)):
+            raise DataError(f"{name}: the DataLoader has a sampler of its own ({type(data.sampler).__name__}); "
+                            "the trainer orders and shards the samples itself (seeded, per replica): build it "
+                            "without sampler=")
+        if data.batch_size is None:
+            raise DataError(f"{name}: the DataLoader has a batch_sampler of its own; the trainer batches the "
+                            "samples itself: build it with batch_size= instead")
+        return TorchSplit(data.dataset, name, data.collate_fn, data.num_workers, data.batch_size)
+    if isinstance(data, IterableDataset):
+        raise DataError(f"{name}: an IterableDataset is not supported yet; give a map-style Dataset "
+                        "(__getitem__ and __len__), or write shards with `scaletrain shard` and stream them")
+    if isinstance(data, TorchDataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
+                                          and not isinstance(data, (tuple, list, np.ndarray, torch.Tensor))):
+        split = TorchSplit(data, name)
+        if len(split) == 0:
+            raise DataError(f"{name}: the split is empty")
+        return split
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        x = as_features(data[0], f"{name} inputs")
+        y = torch.as_tensor(np.asarray(data[1]) if not isinstance(data[1], torch.Tensor) else data[1])
+        if len(x) != len(y):
+            raise DataError(f"{name}: {len(x)} inputs but {len(y)} targets")
+        if len(x) == 0:
+            raise DataError(f"{name}: the split is empty")
+        return ArraySplit(x, y if y.is_floating_point() else y.long())
+    raise DataError(f"{name}: cannot read {type(data).__name__} as data; give a torch Dataset, a DataLoader, "
+                    "or (inputs, targets) arrays")
+
+
+def infer_task(data: Any, y: torch.Tensor) -> str:
+    """The data's own task (a `task` attribute), else what its targets say."""
+    stated = getattr(data, "task", None)
+    if isinstance(stated, str):
+        return stated
+    if y.is_floating_point():
+        return "regression"
+    return "classification" if y.ndim == 1 else "language-model"
+
+
+def class_count(data: Any, split, given: int | None, count: bool = True) -> int:
+    """The number of classes: given, stated by the data (`num_classes`, torchvision's `classes`),
+    or largest label + 1 (reading every target: said in the log), unless not `count` (0: unknown;
+    the model is the user's own and scoring does not need it)."""
+    data = data.dataset if isinstance(data, DataLoader) else data
+    if given:
+        return given
+    if isinstance(getattr(data, "num_classes", None), int):
+        return data.num_classes
+    if hasattr(data, "classes") and not callable(data.classes):
+        return len(data.classes)
+    if isinstance(split, ArraySplit):
+        return infer_num_classes(split.y, split_name(data))
+    if not count:
+        return 0
+    targets = getattr(data, "targets", None)
+    if targets is None:
+        print(f"scaletrain: counting the classes of {split.name} by reading its targets "
+              "(give num_classes to skip this)", flush=True)
+        targets = [split_batch(split.dataset[i], split.name)[1] for i in range(len(split))]
+    return infer_num_classes(torch.as_tensor(np.asarray(targets)).long().view(-1), split.name)
+
+
+def split_name(data: Any) -> str:
+    return type(data.dataset if isinstance(data, DataLoader) else data).__name__
+
+
+def _random_parts(split, fraction: float, seed: int):
+    """(rest, held out): a seeded `fraction` of a map-style split held out (at least one sample each)."""
+    n = len(split)
+    if n < 2:
+        raise DataError(f"{split.name}: {n} sample(s) cannot be split into train and validation")
+    n_out = min(max(1, round(n * fraction)), n - 1)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    out, rest = perm[:n_out].sort().values.tolist(), perm[n_out:].sort().values.tolist()
+    part = lambda idx, suffix: TorchSplit(Subset(split.dataset, idx), split.name + suffix, split.collate_fn,
+                                          split.num_workers, split.batch_size)
+    return part(rest, ""), part(out, " (validation)")
+
+
+def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "auto", num_classes: int | None = None,
+               val_fraction: float = 0.1, seed: int = 0, name: str | None = None, count_classes: bool = True) -> Dataset:
+    """Our Dataset of the user's splits. Without `val`, a seeded `val_fraction` of `train` is held
+    out for validation; without `test`, validation stands in for it (no separate test figure).
+    `count_classes`: read every target to count the classes where the data does not state them
+    (a built-in model needs its output width; a user's own model does not)."""
+    name = name or split_name(train)
+    splits = {key: as_split(value, f"{name} ({key})") if value is not None else None
+              for key, value in (("train", train), ("val", val), ("test", test))}
+    y = splits["train"].examples.y if isinstance(splits["train"], TorchSplit) else splits["train"].y
+    chosen = infer_task(train, y) if task == "auto" else task
+    if chosen == "classification" and y.is_floating_point():
+        raise DataError(f"{name}: classification needs integer labels, the targets are {y.dtype}; "
+                        "use task='regression' (--task regression)")
+    classes = class_count(train, splits["train"], num_classes, count_classes) if chosen != "regression" else 1
+    if chosen == "language-model" and num_classes is None and hasattr(train, "vocab_size"):
+        classes = int(train.vocab_size)
+    in_memory = all(s is None or isinstance(s, ArraySplit) for s in splits.values())
+    if in_memory:   # the device-resident path, normalised with the training split's statistics
+        test_split = splits["test"] or splits["val"]
+        ds = make_dataset(name, splits["train"], test_split if test_split is not None else splits["train"],
+                          classes, val=splits["val"] if splits["test"] is not None else None, task=chosen)
+        if splits["val"] is None:
+            ds = hold_out_validation(ds, val_fraction, seed)
+            if splits["test"] is None:
+                ds.test, ds.val = ds.val, None
+        return ds
+    parts = {k: (v if isinstance(v, TorchSplit) or v is None else _array_as_torch(v, f"{name} ({k})"))
+             for k, v in splits.items()}
+    if parts["val"] is None:
+        parts["train"], parts["val"] = _random_parts(parts["train"], val_fraction, seed)
+    if parts["test"] is None:
+        parts["test"], parts["val"] = parts["val"], None
+    return Dataset(name=name, train=parts["train"], test=parts["test"], num_classes=classes, mean=None, std=None,
+                   val=parts["val"], task=chosen)
+
+
+def _array_as_torch(split: ArraySplit, name: str) -> TorchSplit:
+    from torch.utils.data import TensorDataset
+    return TorchSplit(TensorDataset(split.x, split.y), name)
+
+
+# ------------------------------------------------------------------ from the command line
+def user_source(name: str):
+    """`--data package.module:function`: the function, called with `--data-option`s, returns the
+    splits: a dict with `train` (and optionally `val`, `test`), or the training split alone."""
+    from scaletrain.data.source import DataSource
+    return DataSource(name, lambda cfg, seed: load_user_data(name, cfg), sample=None, splits_itself=True)
+
+
+def load_user_data(name: str, cfg) -> Dataset:
+    from scaletrain.importing import import_function
+    function = import_function(name, "data")
+    try:
+        result = function(**cfg.options)
+    except TypeError as exc:
+        raise DataError(f"data '{name}': bad --data-option ({exc})") from None
+    except DataError:
+        raise
+    except Exception as exc:   # the user's function failed: its message, one line
+        raise DataError(f"data '{name}' raised {type(exc).__name__}: {exc}") from None
+    if isinstance(result, Mapping):
+        unknown = set(result) - {"train", "val", "test"}
+        if "train" not in result or unknown:
+            raise DataError(f"data '{name}' returned a dict with keys {sorted(result)}; it needs 'train' "
+                            "and may have 'val' and 'test'")
+        splits = dict(result)
+    else:
+        splits = {"train": result}
+    if cfg.train_subset:
+        splits["train"] = _first(as_split(splits["train"], f"{name} (train)"), cfg.train_subset)
+    return as_dataset(splits["train"], splits.get("val"), splits.get("test"), val_fraction=cfg.val_fraction,
+                      name=name)
+
+
+def _first(split, n: int):
+    """The first `n` samples of a split (`--train-subset`)."""
+    if isinstance(split, ArraySplit):
+        return ArraySplit(split.x[:n], split.y[:n])
+    return TorchSplit(Subset(split.dataset, range(min(n, len(split)))), split.name, split.collate_fn,
+                      split.num_workers, split.batch_size)

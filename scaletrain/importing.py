@@ -1,0 +1,42 @@
+"""A user's own function named `package.module:function` (a model builder, a data set): imported
+from the working directory or PYTHONPATH, its failures worded as one line for the command line."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from typing import Callable
+
+from scaletrain.errors import ConfigError
+
+# `package.module:function`: what `--model` and `--data` take beside the registered names.
+FUNCTION_NAME = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def cwd_importable() -> None:
+    """The working directory first on the import path, as `python -m` puts it, so `--model
+    mymodels:build` finds ./mymodels.py without PYTHONPATH=. (the console script leaves it out)."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)
+
+
+def import_function(name: str, kind: str) -> Callable:
+    """The function `name` (`package.module:function`) names; `kind` words the errors ("model")."""
+    if not FUNCTION_NAME.fullmatch(name):
+        raise ConfigError(f"{kind} '{name}': expected package.module:function")
+    module_name, _, attr = name.partition(":")
+    cwd_importable()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{kind} '{name}': cannot import module '{module_name}' ({exc}); run from the folder "
+                          "that holds it, or add that folder to PYTHONPATH") from None
+    except Exception as exc:   # the module itself failed: its message, not our traceback
+        raise ConfigError(f"{kind} '{name}': importing '{module_name}' failed: {type(exc).__name__}: {exc}") from None
+    function = getattr(module, attr, None)
+    if not callable(function):
+        raise ConfigError(f"{kind} '{name}': module '{module_name}' has no function '{attr}'")
+    return function
