@@ -62,8 +62,19 @@ def collate_pairs(collate: Callable | None) -> Callable:
 
     def pairs(samples):
         x, y = split_batch(collate(samples))
-        return torch.as_tensor(x), torch.as_tensor(y)
+        return _tensor(x, "inputs"), _tensor(y, "targets")
     return pairs
+
+
+def _tensor(value: Any, what: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError, RuntimeError):
+        first = value[0] if isinstance(value, (list, tuple)) and value else value
+        raise DataError(f"samples must hold tensors, arrays or numbers; their {what} are "
+                        f"{type(first).__name__} (turn them into tensors in __getitem__ or a collate_fn)") from None
 
 
 @contextlib.contextmanager
@@ -134,8 +145,8 @@ class TorchSplit:
             try:
                 with kept_random_state():
                     x, y = collate_pairs(self.collate_fn)([self.dataset[i] for i in range(n)])
-            except DataError:
-                raise
+            except DataError as exc:
+                raise DataError(f"{self.name}: {exc}") from None
             except Exception as exc:   # the user's __getitem__ or collate: their message, one line
                 raise DataError(f"{self.name}: reading its first samples failed: {type(exc).__name__}: {exc}") from None
             if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
@@ -163,13 +174,14 @@ def as_split(data: Any, name: str):
     if isinstance(data, IterableDataset):
         raise DataError(f"{name}: an IterableDataset is not supported yet; give a map-style Dataset "
                         "(__getitem__ and __len__), or write shards with `scaletrain shard` and stream them")
+    # A tuple is (inputs, targets); a list, like any other sequence, holds samples.
     if isinstance(data, TorchDataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
-                                          and not isinstance(data, (tuple, list, np.ndarray, torch.Tensor))):
+                                          and not isinstance(data, (tuple, np.ndarray, torch.Tensor, Mapping))):
         split = TorchSplit(data, name)
         if len(split) == 0:
             raise DataError(f"{name}: the split is empty")
         return split
-    if isinstance(data, (tuple, list)) and len(data) == 2:
+    if isinstance(data, tuple) and len(data) == 2:
         x = as_features(data[0], f"{name} inputs")
         y = torch.as_tensor(np.asarray(data[1]) if not isinstance(data[1], torch.Tensor) else data[1])
         if len(x) != len(y):
@@ -178,7 +190,7 @@ def as_split(data: Any, name: str):
             raise DataError(f"{name}: the split is empty")
         return ArraySplit(x, y if y.is_floating_point() else y.long())
     raise DataError(f"{name}: cannot read {type(data).__name__} as data; give a torch Dataset, a DataLoader, "
-                    "or (inputs, targets) arrays")
+                    "or an (inputs, targets) tuple of arrays")
 
 
 def infer_task(data: Any, y: torch.Tensor) -> str:

@@ -1,0 +1,261 @@
+"""Data as users hold it (data/user.py): a torch Dataset, a DataLoader or arrays through the
+Python API; `--data package.module:function` and a float-target .npz through the real CLI, under
+torchrun, killed and resumed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, WeightedRandomSampler
+
+from scaletrain.config import TrainConfig
+from scaletrain.data.loaders import Normalizer, StreamingLoader
+from scaletrain.data.user import TorchSplit, as_dataset
+from scaletrain.errors import ConfigError, DataError
+from scaletrain.training import Trainer
+from tests.processes import PLUGINS, kill_slowed_run_after_checkpoint, metrics, run, summary
+
+
+class Pairs(Dataset):
+    """Learnable: the class is which of the first three features is largest."""
+
+    def __init__(self, n=480, seed=0, noise=False):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 8, generator=g)
+        self.y = self.x[:, :3].argmax(1)
+        self.noise = noise
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        x = self.x[i] + (0.1 * torch.randn(8) if self.noise else 0)   # a random transform, from torch's generator
+        return x, self.y[i]
+
+
+class Dicts(Pairs):
+    """The same samples as Hugging Face datasets yield them."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return {"features": x, "label": int(y)}
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+
+
+def _config(tmp_path, **overrides):
+    cfg = TrainConfig(epochs=3, batch_size=32, progress=False, run_dir=str(tmp_path / "run"), device="cpu")
+    cfg.optim.lr = 1e-2
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def test_a_map_style_dataset_trains_and_its_task_is_read_off_its_targets(tmp_path):
+    with Trainer(_model(), _config(tmp_path)) as trainer:
+        history = trainer.fit(Pairs(), val=Pairs(160, seed=1), test=Pairs(160, seed=2))
+        assert trainer.task.name == "classification"
+        assert history[-1]["val_accuracy"] >= 0.85 and trainer.test_logs["test_accuracy"] >= 0.85
+        # evaluate() on a split as the user holds it: every sample once.
+        assert trainer.evaluate(Pairs(160, seed=2)) == pytest.approx(
+            {k[5:]: v for k, v in trainer.test_logs.items()})
+
+
+def test_dict_samples_through_a_dataloader_with_workers_train_exactly_like_the_same_pairs(tmp_path):
+    """The DataLoader's batch size, collate and 2 workers are used; the order, shares and per-sample
+    random draws are the trainer's, so the histories agree to the bit."""
+    with Trainer(_model(), _config(tmp_path)) as pairs:
+        expected = pairs.fit(Pairs(noise=True))
+    with Trainer(_model(), _config(tmp_path)) as dicts:
+        got = dicts.fit(DataLoader(Dicts(noise=True), batch_size=32, num_workers=2, shuffle=True))
+    keys = ("train_loss", "train_accuracy", "val_loss", "val_accuracy")
+    assert [[e[k] for k in keys] for e in got] == [[e[k] for k in keys] for e in expected]
+
+
+def test_float_targets_train_as_regression(tmp_path):
+    class Linear(Dataset):
+        def __init__(self):
+            g = torch.Generator().manual_seed(0)
+            self.x = torch.randn(400, 8, generator=g)
+            self.y = self.x @ torch.linspace(-1, 1, 8)
+
+        def __len__(self):
+            return 400
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    with Trainer(model, _config(tmp_path, epochs=6)) as trainer:
+        history = trainer.fit(Linear())
+    assert trainer.task.name == "regression" and history[-1]["val_r2"] > 0.8
+
+
+def test_arrays_take_the_device_resident_path(tmp_path):
+    data = Pairs()
+    ds = as_dataset((data.x.numpy(), data.y.numpy()))
+    assert not isinstance(ds.train, TorchSplit) and ds.task == "classification" and ds.num_classes == 3
+    with Trainer(_model(), _config(tmp_path)) as trainer:
+        assert trainer.fit((data.x, data.y))[-1]["val_accuracy"] >= 0.85
+
+
+def test_a_random_transform_draws_the_same_per_sample_whoever_reads_it_and_leaves_the_trainers_generator_alone():
+    split = TorchSplit(Pairs(96, noise=True), "noisy")
+
+    def batches(workers, start_batch=0):
+        loader = StreamingLoader(split, 16, torch.device("cpu"), Normalizer(None, None, torch.float32), shuffle=True,
+                                 drop_last=True, seed=3, num_workers=workers)
+        loader.set_epoch(1, start_batch)
+        return [x for x, _ in loader]
+
+    torch.manual_seed(0)
+    in_process = batches(0)
+    after = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.rand(3))        # reading samples drew nothing from the trainer's generator
+    assert all(torch.equal(a, b) for a, b in zip(in_process, batches(2), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(in_process[2:], batches(2, start_batch=2), strict=True))
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield from ((torch.zeros(8), 0) for _ in range(10))
+
+
+@pytest.mark.parametrize("data, problem", [
+    (DataLoader(Pairs(), batch_size=16), "batch_size is 16 but this trainer's batch per replica is 32"),
+    (DataLoader(Pairs(), batch_size=32, sampler=WeightedRandomSampler([1.0] * 480, 480)), "sampler of its own"),
+    (Stream(), "IterableDataset is not supported yet"),
+    ([{"features": torch.zeros(8)}] * 4, "needs its target under one of"),
+    ([("text", 1)] * 4, "samples must hold tensors"),
+    ([], "the split is empty"),
+    ({"x": torch.zeros(4, 8)}, "cannot read dict"),
+])
+def test_data_a_trainer_cannot_take_is_refused_in_one_line(tmp_path, data, problem):
+    with Trainer(_model(), _config(tmp_path)) as trainer:
+        with pytest.raises((ConfigError, DataError), match=problem):
+            trainer.fit(data)
+
+
+def test_classification_asked_of_float_targets_is_refused():
+    with pytest.raises(DataError, match="classification needs integer labels"):
+        as_dataset([(torch.zeros(8), 0.5)] * 4, task="classification")
+
+
+# --------------------------------------------------------------------------- the command line
+def _images(tmp_path: Path) -> Path:
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        from user_images import write_folder
+    finally:
+        sys.path.remove(str(PLUGINS))
+    folder = tmp_path / "images"
+    write_folder(folder / "train", per_class=40, seed=0)
+    write_folder(folder / "test", per_class=8, seed=1)
+    return folder
+
+
+def _image_run(folder: Path, run_dir: Path, strategy: str) -> list[str]:
+    return ["train", "--model", "mlp", "--model-option", "hidden=[32]", "--data", "user_images:splits",
+            "--data-option", f"folder={str(folder)!r}", "--num-workers", "2", "--nproc", "2", "--strategy", strategy,
+            "--epochs", "3", "--batch-size", "16", "--lr", "0.003", "--no-progress", "--checkpoint-every", "5",
+            "--run-dir", str(run_dir)]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_png_folder_with_random_crops_through_two_workers_per_rank_resumes_bitwise(tmp_path, strategy):
+    folder = _images(tmp_path)
+    full = run(_image_run(folder, tmp_path / "full", strategy), tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert "(108 train / 12 val / 24 test, classification)" in full.stdout   # 120 images, 10 % held out
+    assert summary(tmp_path / "full")["target"] is None                    # nothing promised about user data
+    kill_slowed_run_after_checkpoint(_image_run(folder, tmp_path / "cut", strategy), tmp_path, tmp_path / "cut",
+                                     step=10, delay_s=0.05)
+    resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto", "--nproc", "2"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "optimizer_steps")
+    assert [[m[k] for k in keys] for m in metrics(tmp_path / "full")] == \
+           [[m[k] for k in keys] for m in metrics(tmp_path / "cut")]
+    assert metrics(tmp_path / "full")[-1]["val_accuracy"] >= 0.75
+
+
+USER_MODULE = '''
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+class Signals(Dataset):
+    num_classes = 2
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(n)
+        self.y = torch.randint(0, 2, (n,), generator=g)
+        self.x = torch.randn(n, 1, 16, generator=g) + self.y[:, None, None]
+    def __len__(self):
+        return len(self.y)
+    def __getitem__(self, i):
+        return {"signal": self.x[i], "label": self.y[i]}
+
+def splits(size=200):
+    return {"train": Signals(size), "test": Signals(64)}
+
+def broken():
+    raise FileNotFoundError("no such folder: /data/mine")
+'''
+
+
+def _console(*args, cwd):
+    """The installed console script, with no PYTHONPATH: what a user types in their own folder."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = shutil.which("scaletrain", path=str(Path(sys.executable).parent))
+    return subprocess.run([script, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_data_by_module_and_function_from_the_working_folder_through_train_plan_memory_and_autotune(tmp_path):
+    (tmp_path / "mine.py").write_text(USER_MODULE)
+    trained = _console("train", "--model", "cnn1d", "--data", "mine:splits", "--data-option", "size=320",
+                       "--epochs", "2", "--no-progress", "--run-dir", "r", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert "on mine:splits (288 train / 32 val / 64 test, classification)" in trained.stdout
+    assert summary(tmp_path / "r")["target"] is None
+    planned = _console("plan-memory", "--model", "cnn1d", "--data", "mine:splits", "--batch-size", "64", cwd=tmp_path)
+    assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
+    tuned = run(["autotune", "--model", "cnn1d", "--data", "mine:splits", "--trials", "1", "--steps", "2",
+                 "--knobs", "compile"], tmp_path)
+    assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+
+
+@pytest.mark.parametrize("data, problem", [
+    ("nowhere:splits", "cannot import module 'nowhere'"),
+    ("mine:absent", "module 'mine' has no function 'absent'"),
+    ("mine:broken", "raised FileNotFoundError: no such folder: /data/mine"),
+    ("mine:splits --data-option colour=3", "bad --data-option"),
+])
+def test_a_data_function_that_cannot_give_data_is_one_line_and_exit_2(tmp_path, data, problem):
+    (tmp_path / "mine.py").write_text(USER_MODULE)
+    result = run(["train", "--data", *data.split(), "--run-dir", "r"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert problem in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_float_target_npz_trains_as_regression_from_the_command_line(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 6))
+    np.savez(tmp_path / "reg.npz", x=x, y=x @ np.linspace(-1, 1, 6))
+    result = run(["train", "--data", "npz", "--data-dir", "reg.npz", "--model", "mlp", "--epochs", "4",
+                  "--no-progress", "--run-dir", "r"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "regression)" in result.stdout
+    assert summary(tmp_path / "r")["target"] is None and metrics(tmp_path / "r")[-1]["val_r2"] > 0.8
