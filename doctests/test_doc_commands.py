@@ -8,7 +8,8 @@ run store). What the harness may change is agreed here, and nothing else:
   subset of streamed shards, which would cut whole shards), and the data the
   lines name by folder is small and made here (`~` is a fresh home holding `data/fashion` and
   `cifar`; `DIR` is that folder for the line's `--data`); the TOML files lines name are written
-  here (`FILES`);
+  here (`FILES`), and a doc's ```python block whose first line names a file (`# mine.py`) is
+  written as that file into the doc's workspaces;
 - placeholders: `[--flag ...]` marks optional flags (the line runs without them); `3f9a 7c21
   b0d4` stand for the ids of runs recorded by earlier lines; a `...` in a command is filled by
   the directive before its block, `<!-- doc-test: ... = FLAGS -->` (or `... in "TEXT" = FLAGS`
@@ -56,7 +57,7 @@ from tests.test_data import make_cifar_folder, make_idx_folder
 
 REPO = Path(__file__).resolve().parent.parent
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-STARTS = ("scaletrain ", "make ", "torchrun ", "bash ", "SCALETRAIN_")
+STARTS = ("scaletrain ", "make ", "torchrun ", "bash ", "SCALETRAIN_", "python ")
 
 SHORTER = {
     "train": ["--epochs", "1", "--no-progress", "--train-subset", "512"],
@@ -177,6 +178,17 @@ def commands(path: Path) -> list[Command]:
     return found
 
 
+def python_files(path: Path) -> dict[str, str]:
+    """The doc's ```python blocks that name a file on their first line (`# mine.py`): written into
+    its workspaces as shown, so the code a doc shows is the code its commands run."""
+    files = {}
+    for block in re.findall(r"^```python\n(.*?)^```", path.read_text(), re.S | re.M):
+        first = re.fullmatch(r"# ([\w-]+\.py)", block.splitlines()[0].strip())
+        if first:
+            files[first.group(1)] = block
+    return files
+
+
 def _without_comment(text: str) -> str:
     """The line without its trailing `# comment` (a `#` outside quotes after a space)."""
     quote = None
@@ -196,13 +208,13 @@ ALL = [c for f in DOC_FILES for c in commands(f)]
 class Workspace:
     """One doc file's working folder, home and background commands."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, files: dict[str, str]):
         self.root, self.home = root / "work", root / "home"
         self.root.mkdir()
         # 800 images: 720 train after the 10 % validation split, so the README sweep's batch 700 fits.
         make_idx_folder(self.home / "data" / "fashion", n_train=800, n_test=32)
         make_cifar_folder(self.home / "cifar", per_batch=200)   # 1,000 train: 3 steps of the docs' batch 256
-        for name, text in FILES.items():
+        for name, text in {**FILES, **files}.items():
             (self.root / name).write_text(text)
         self.background: list[tuple[str, subprocess.Popen]] = []
         bin_dir = str(Path(sys.executable).parent)
@@ -280,7 +292,8 @@ def workspaces(tmp_path_factory):
 
     def workspace(group: str) -> Workspace:
         if group not in made:
-            made[group] = Workspace(tmp_path_factory.mktemp(re.sub(r"\W", "-", group)))
+            made[group] = Workspace(tmp_path_factory.mktemp(re.sub(r"\W", "-", group)),
+                                    python_files(REPO / group.split("#")[0]))
         return made[group]
     yield workspace
     for space in made.values():

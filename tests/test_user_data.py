@@ -222,13 +222,23 @@ def _console(*args, cwd):
     return subprocess.run([script, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
-def test_data_by_module_and_function_from_the_working_folder_through_train_plan_memory_and_autotune(tmp_path):
+def test_data_by_module_and_function_from_the_working_folder_through_train_predict_export_plan_memory_autotune(tmp_path):
     (tmp_path / "mine.py").write_text(USER_MODULE)
     trained = _console("train", "--model", "cnn1d", "--data", "mine:splits", "--data-option", "size=320",
                        "--epochs", "2", "--no-progress", "--run-dir", "r", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert "on mine:splits (288 train / 32 val / 64 test, classification)" in trained.stdout
     assert summary(tmp_path / "r")["target"] is None
+    # Predictions on the user's test split: in order, the same from 2 replicas as from one; export
+    # draws its example input from the same split.
+    run_id = summary(tmp_path / "r")["run_id"]
+    for nproc, out in (("1", "one.npy"), ("2", "two.npy")):
+        predicted = run(["predict", run_id, "--split", "test", "--out", out, "--nproc", nproc], tmp_path)
+        assert predicted.returncode == 0, predicted.stderr[-2000:]
+    one, two = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
+    assert one.shape == (64, 2) and np.array_equal(one, two)
+    exported = run(["export", run_id], tmp_path)
+    assert exported.returncode == 0 and "max |difference| 0 " in exported.stdout, exported.stderr[-2000:]
     planned = _console("plan-memory", "--model", "cnn1d", "--data", "mine:splits", "--batch-size", "64", cwd=tmp_path)
     assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
     tuned = run(["autotune", "--model", "cnn1d", "--data", "mine:splits", "--trials", "1", "--steps", "2",

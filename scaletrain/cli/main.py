@@ -123,7 +123,7 @@ def run_list(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.config import DATA_SETS, PRECISIONS, STRATEGIES
     from scaletrain.models.names import model_names
     print("models:     " + ", ".join(model_names()))
-    print("data sets:  " + ", ".join(DATA_SETS))
+    print("data sets:  " + ", ".join((*DATA_SETS, "module:function (your own splits: docs/your-model-and-data.md)")))
     print("precisions: " + ", ".join(PRECISIONS))
     print("strategies: " + ", ".join(STRATEGIES))
     print("recipes:    " + ", ".join(recipe_names()))

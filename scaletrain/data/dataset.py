@@ -49,6 +49,11 @@ class Dataset:
         return getattr(self.train, "examples", None) or self.test
 
     @property
+    def token_inputs(self) -> bool:
+        """Inputs are indices (token ids), not features: integers without feature statistics."""
+        return self.mean is None and not self.examples.x.is_floating_point()
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.examples.x.shape[1:])
 

@@ -141,18 +141,18 @@ class TorchSplit:
     def examples(self) -> ArraySplit:
         """The first samples as tensors: their shapes, dtypes and targets stand for the split's."""
         if self._examples is None:
-            n = min(EXAMPLE_SAMPLES, len(self))
-            try:
-                with kept_random_state():
-                    x, y = collate_pairs(self.collate_fn)([self.dataset[i] for i in range(n)])
-            except DataError as exc:
-                raise DataError(f"{self.name}: {exc}") from None
-            except Exception as exc:   # the user's __getitem__ or collate: their message, one line
-                raise DataError(f"{self.name}: reading its first samples failed: {type(exc).__name__}: {exc}") from None
-            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-                raise DataError(f"{self.name}: samples must hold tensors or arrays, got {type(x).__name__}")
-            self._examples = ArraySplit(x, y)
+            self._examples = self.head(EXAMPLE_SAMPLES)
         return self._examples
+
+    def head(self, n: int) -> ArraySplit:
+        """The first `n` samples, collated into tensors (read as evaluation reads them)."""
+        try:
+            with kept_random_state():
+                return ArraySplit(*collate_pairs(self.collate_fn)([self.dataset[i] for i in range(min(n, len(self)))]))
+        except DataError as exc:
+            raise DataError(f"{self.name}: {exc}") from None
+        except Exception as exc:   # the user's __getitem__ or collate: their message, one line
+            raise DataError(f"{self.name}: reading its first samples failed: {type(exc).__name__}: {exc}") from None
 
 
 def as_split(data: Any, name: str):

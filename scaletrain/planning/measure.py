@@ -183,7 +183,7 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     # Under autocast the weights, hence the gradients DDP reduces, stay float32; bf16-true halves them.
     tensor_bytes = tuple(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
     grad_bytes = sum(tensor_bytes)
-    flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device, tokens=dataset.mean is None)
+    flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device, tokens=dataset.token_inputs)
     from scaletrain.summary import device_name
     step_time = cfg.batch_size / throughput.steady_state() if time_steps else float("nan")
     tp_allreduces, tp_bytes, tp_share = tensor_parallel_traffic(trainer, dataset)

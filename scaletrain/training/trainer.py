@@ -428,8 +428,11 @@ class Trainer:
         one device's."""
         if self.normalizer is None:
             raise ConfigError("predict() needs the training statistics: call fit() or evaluate() first")
-        if self.normalizer.mean is None:   # token ids: indices, not features
-            x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).long()
+        if not isinstance(x, (torch.Tensor, np.ndarray, list)) or isinstance(x, ArraySplit):
+            return self._predict_split(x)
+        x = torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor) else x
+        if self.normalizer.mean is None and not x.is_floating_point():   # token ids: indices, not features
+            x = x.long()
         else:
             x = as_features(np.asarray(x) if not isinstance(x, torch.Tensor) else x, "predict input")
         batch_size = batch_size or self.config.data.val_batch_size or self.config.batch_size
@@ -443,6 +446,22 @@ class Trainer:
         if self.strategy.world_size == 1:
             return mine.cpu() if mine is not None else torch.empty(0)
         return self._assemble(mine, start, len(x)).cpu()
+
+    def _predict_split(self, data) -> torch.Tensor:
+        """Predictions for a split (ours, a torch Dataset, a DataLoader), read in order as evaluation
+        reads it: each replica its own range, assembled in every process."""
+        from scaletrain.data.user import as_split
+        split = as_split(data, "predict input")
+        start, end = self.layout.evaluation_range(len(split))
+        self.model.eval()
+        first = split.x[:1] if isinstance(split, ArraySplit) else split.examples.x[:1]
+        pad = self.normalizer.to(self.device)(first.to(self.device))   # forwards a share without samples still runs
+        out = [self.task.predictions(output)
+               for output, _ in self.strategy.evaluate(self.loader(split, train=False), self._eval_forward, pad)]
+        mine = torch.cat(out) if out and self.layout.records else None
+        if self.strategy.world_size == 1:
+            return mine.cpu() if mine is not None else torch.empty(0)
+        return self._assemble(mine, start, len(split)).cpu()
 
     def _assemble(self, mine: torch.Tensor | None, start: int, samples: int) -> torch.Tensor:
         """Every replica's predictions in every process: each process that records puts its range
