@@ -73,7 +73,7 @@ def test_a_map_style_dataset_trains_and_its_task_is_read_off_its_targets(tmp_pat
 
 
 def test_dict_samples_through_a_dataloader_with_workers_train_exactly_like_the_same_pairs(tmp_path):
-    """The DataLoader's batch size, collate and 2 workers are used; the order, shares and per-sample
+    """The DataLoader's batch size, collate and 2 workers are used; the order, shares and per-batch
     random draws are the trainer's, so the histories agree to the bit."""
     with Trainer(_model(), _config(tmp_path)) as pairs:
         expected = pairs.fit(Pairs(noise=True))

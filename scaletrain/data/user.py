@@ -91,10 +91,12 @@ def kept_random_state():
 
 
 class SeededSamples(TorchDataset):
-    """A user's samples, each read under a seed of its own (the run's seed, the epoch, the index):
-    a random transform (crop, flip) draws the same for a sample wherever it is read, by whichever
-    worker, so a resumed run, or one with another worker count, sees exactly the uninterrupted
-    run's batches. Its keys are (epoch, index) pairs (`_Positions` in data/loaders.py)."""
+    """A user's samples, each batch read under a seed of its own (the run's seed, the epoch, the
+    batch's first sample): a random transform (crop, flip) draws the same for a batch wherever it is
+    read, by whichever worker (a DataLoader worker reads whole batches), so a resumed run, or one
+    with another worker count, sees exactly the uninterrupted run's batches. Its keys are (epoch,
+    index) pairs (`_Positions` in data/loaders.py). Once a batch, not once a sample: seeding
+    torch's, Python's and NumPy's generators, and keeping the training process's, costs ~0.2 ms."""
 
     def __init__(self, dataset: TorchDataset, seed: int):
         self.dataset, self.seed = dataset, seed
@@ -103,18 +105,22 @@ class SeededSamples(TorchDataset):
         return len(self.dataset)
 
     def __getitem__(self, key: tuple[int, int]):
-        epoch, index = key
-        seed = ((self.seed * 100_003 + epoch) * 1_000_003 + index) % (2 ** 32)
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list:
+        epoch, first = keys[0]
+        seed = ((self.seed * 100_003 + epoch) * 1_000_003 + first) % (2 ** 32)
         if get_worker_info() is not None:   # a loader worker: its streams are its own
             _seed_all(seed)
-            return self.dataset[index]
+            return [self.dataset[index] for _, index in keys]
         with kept_random_state():
             _seed_all(seed)
-            return self.dataset[index]
+            return [self.dataset[index] for _, index in keys]
 
 
 def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
+    # The default generator itself: torch.manual_seed also visits every accelerator's (290 us a call).
+    torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
 

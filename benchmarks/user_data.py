@@ -1,0 +1,123 @@
+"""A user's own Dataset through the trainer, against the two things it should be compared with, on
+MNIST-1D with the default recipe's model, batch and optimizer, in one process, interleaved
+(A B C A B C ...), one epoch each, the first round dropped (warm-up):
+
+  (a) device-resident: our in-memory data set, the whole split on the device (the default path);
+  (b) general path: the same samples as a user's map-style `torch.utils.data.Dataset` given to
+      `Trainer.fit` (host DataLoader, per-sample seeds, copied to the device a batch ahead);
+  (c) hand loop: a plain `DataLoader(dataset, shuffle=True)` over the same Dataset and the same
+      step (autocast, cross-entropy, fused AdamW) written by hand.
+
+The goal (issue 46): (b) at most 3 % over (c). Per-epoch training time as the trainer's clock
+records it (`epoch_train_time_s`: its epoch's steps, data waits included, evaluation not); the
+hand loop timed the same way (a synchronised clock around the epoch's steps).
+
+  python benchmarks/user_data.py
+  python benchmarks/user_data.py --num-workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import environment, spread  # noqa: E402
+from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
+from scaletrain.data import load_dataset  # noqa: E402
+from scaletrain.models import build_model  # noqa: E402
+from scaletrain.training import Trainer  # noqa: E402
+from scaletrain.training.clock import synchronize  # noqa: E402
+
+
+class Samples(Dataset):
+    """What a user writes: features already centred (as the device path centres them), one sample
+    a call."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def hand_epoch(model, opt, loader, device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    dataset = load_dataset(DataConfig(name="mnist1d"))
+    centred = (dataset.train.x - dataset.mean) / dataset.std
+    users = Samples(centred, dataset.train.y)
+
+    def trainer(placement: str) -> Trainer:
+        cfg = TrainConfig(model=ModelConfig(name="cnn1d"), data=DataConfig(name="mnist1d", placement=placement,
+                                                                            num_workers=args.num_workers),
+                          batch_size=args.batch_size, epochs=1, optim=OptimConfig(optimizer="adamw", lr=1e-3),
+                          device=args.device, progress=False, log_every=10**9)
+        torch.manual_seed(0)
+        return Trainer(build_model("cnn1d", dataset.input_shape, 10), cfg)
+
+    resident = trainer("device")
+    general = trainer("device")    # placement is not asked: a user Dataset streams
+    users_val = Samples((dataset.val.x - dataset.mean) / dataset.std, dataset.val.y)
+    torch.manual_seed(0)
+    hand_model = build_model("cnn1d", dataset.input_shape, 10).to(device)
+    hand_opt = torch.optim.AdamW(hand_model.parameters(), lr=torch.tensor(1e-3, device=device), fused=True)
+    hand_loader = DataLoader(users, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                             num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
+                             pin_memory=device.type == "cuda")
+
+    times: dict[str, list[float]] = {"device-resident": [], "general path": [], "hand loop": []}
+    for _ in range(args.repeats + 1):
+        for t in (resident, general):
+            t.history.clear()
+        resident.fit(dataset)
+        times["device-resident"].append(resident.history[-1]["epoch_train_time_s"])
+        general.fit(users, val=users_val)
+        times["general path"].append(general.history[-1]["epoch_train_time_s"])
+        times["hand loop"].append(hand_epoch(hand_model, hand_opt, hand_loader, device))
+    times = {k: v[1:] for k, v in times.items()}   # the first round: warm-up
+    env = environment(device)
+    print(f"# user data: cnn1d on MNIST-1D ({len(users)} train samples), batch {args.batch_size}, fp32, "
+          f"{args.num_workers} loader workers, on {env['device']}, torch {env['torch']}, {env['date']}, "
+          f"{args.repeats} interleaved rounds")
+    for name, values in times.items():
+        s = spread([v * 1e3 for v in values])
+        print(f"{name:16s} epoch {s['median']:7.1f} ms (min {s['min']:.1f}, max {s['max']:.1f})")
+    over_hand = [g / h for g, h in zip(times["general path"], times["hand loop"])]
+    over_resident = [g / r for g, r in zip(times["general path"], times["device-resident"])]
+    for label, ratios in (("general path / hand loop", over_hand), ("general path / device-resident", over_resident)):
+        r = spread(ratios)
+        print(f"{label}: median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}); "
+              f"{statistics.median(ratios) - 1:+.1%}")
+
+
+if __name__ == "__main__":
+    main()
