@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up ./.venv first (scripts/setup.sh).
-.PHONY: train test doc-test setup
+.PHONY: train test doc-test setup check
 
 setup:
 	bash scripts/setup.sh all
@@ -9,6 +9,14 @@ setup:
 train:
 	bash scripts/setup.sh mnist1d
 	.venv/bin/scaletrain train
+
+# The inner loop, for every change: the linter (pyproject.toml's [tool.ruff]), then every test that
+# starts no process and trains to no target (tests/conftest.py marks the ones that start one), on
+# two workers. `make test` (CI) still runs everything.
+check:
+	bash scripts/setup.sh dev
+	bash scripts/timed.sh "make check" .venv/bin/ruff check . -- \
+	  .venv/bin/python -m pytest -q -n 2 -m "not processes and not alone and not slow" tests
 
 # setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. First the tests
 # marked `alone`, whose claims are wall-clock bounds, with nothing beside them; then the rest on

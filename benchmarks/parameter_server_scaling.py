@@ -71,8 +71,8 @@ def main() -> None:
     link = Interconnect("loopback (fitted on K=1)", unit.exchange_s / (median[k1]["exchange_ms"] / 1e3), 0.0, "")
     compute_ms = median[k1]["step_ms"] - median[k1]["exchange_ms"]
     print(f"fitted link: {link.bus_bandwidth / 1e9:.2f} GB/s; compute per step {compute_ms:.2f} ms (K={k1})")
-    print(f"| servers | largest shard MiB | exchange ms measured | exchange ms predicted | step ms measured | "
-          f"step ms predicted | images/s measured |")
+    print("| servers | largest shard MiB | exchange ms measured | exchange ms predicted | step ms measured | "
+          "step ms predicted | images/s measured |")
     print("|---|---|---|---|---|---|---|")
     for k, runs in results.items():
         p = predict_parameter_server(compute_ms / 1e3, BATCH // WORKERS, sizes, WORKERS, k, link)

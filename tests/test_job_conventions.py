@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from scaletrain.config import TrainConfig
-from scaletrain.distributed.cluster import (ClusterSpec, cluster_from_env, cluster_problem, expand_hostlist,
+from scaletrain.distributed.cluster import (cluster_from_env, cluster_problem, expand_hostlist,
                                             expand_tasks_per_node, slurm_step)
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders

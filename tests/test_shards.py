@@ -13,7 +13,7 @@ import webdataset
 
 from tests.processes import DIGITS_MLP, kill_slowed_run_after_checkpoint, metrics, run, summary
 from scaletrain.config import DataConfig
-from scaletrain.data import ArraySplit, Normalizer, load_dataset, make_dataset
+from scaletrain.data import ArraySplit, Dataset, Normalizer, load_dataset, make_dataset
 from scaletrain.data.shards import Manifest, ShardLoader, load_shards, write_shards
 from scaletrain.data.shards.reader import read_split
 from scaletrain.errors import DataError

@@ -46,7 +46,6 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
 def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import config_from_args
-    from scaletrain.errors import UserError
     from scaletrain.experiments.autotune.search import (LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT, OBJECTIVES,
                                                         AutoTuner, AutotuneSettings)
     from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file

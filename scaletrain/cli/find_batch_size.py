@@ -7,7 +7,6 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
 
 from scaletrain.console import make_console
 from rich.table import Table

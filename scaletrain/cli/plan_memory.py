@@ -9,7 +9,6 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
 
 from scaletrain.console import make_console
 from rich.table import Table
@@ -131,7 +130,7 @@ def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
 def _plan_pipeline(cfg, args: argparse.Namespace) -> int:
     """A row per stage of one replica (memory/pipeline_plan.py)."""
     from scaletrain.data.registry import sample_shape
-    from scaletrain.memory.planner import Planner, PlanRequest
+    from scaletrain.memory.planner import PlanRequest
     from scaletrain.memory.pipeline_plan import plan_pipeline
     d = cfg.distributed.pipeline
     devices = args.devices if args.devices > 1 else d.stages

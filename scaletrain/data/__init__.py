@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 from scaletrain.lazy import lazy_exports
 
 _EXPORTS = {
-    "DATA_SOURCES": "scaletrain.data.registry",
+    "DATA_SOURCES": "scaletrain.data.source",
     "ArraySplit": "scaletrain.data.dataset",
     "Dataset": "scaletrain.data.dataset",
     "DeviceLoader": "scaletrain.data.loaders",
@@ -23,7 +23,8 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.data.registry import DATA_SOURCES, load_dataset, sample_shape
+    from scaletrain.data.registry import load_dataset, sample_shape
+    from scaletrain.data.source import DATA_SOURCES
     from scaletrain.data.dataset import ArraySplit, Dataset, as_features, as_labels, make_dataset
     from scaletrain.data.loaders import DeviceLoader, Normalizer, StreamingLoader, choose_placement
     from scaletrain.data.source import register_dataset

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
-from scaletrain.data.source import DATA_SOURCES, data_source, home_expanded
+from scaletrain.data.source import data_source, home_expanded
 
 
 def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
