@@ -222,7 +222,7 @@ def _console(*args, cwd):
     return subprocess.run([script, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
-def test_data_by_module_and_function_from_the_working_folder_through_train_predict_export_plan_memory_autotune(tmp_path):
+def test_data_by_module_and_function_from_the_working_folder_through_every_kind_of_command(tmp_path):
     (tmp_path / "mine.py").write_text(USER_MODULE)
     trained = _console("train", "--model", "cnn1d", "--data", "mine:splits", "--data-option", "size=320",
                        "--epochs", "2", "--no-progress", "--run-dir", "r", cwd=tmp_path)
@@ -239,6 +239,13 @@ def test_data_by_module_and_function_from_the_working_folder_through_train_predi
     assert one.shape == (64, 2) and np.array_equal(one, two)
     exported = run(["export", run_id], tmp_path)
     assert exported.returncode == 0 and "max |difference| 0 " in exported.stdout, exported.stderr[-2000:]
+    # Written into shards (read shard by shard), then streamed from them.
+    sharded = run(["shard", "--data", "mine:splits", "--data-option", "size=320", "--out", "shards"], tmp_path)
+    assert sharded.returncode == 0, sharded.stderr[-2000:]
+    streamed = run(["train", "--model", "cnn1d", "--data", "shards", "--data-dir", "shards", "--epochs", "1",
+                    "--no-progress", "--run-dir", "s"], tmp_path)
+    assert streamed.returncode == 0 and "(288 train / 32 val / 64 test, classification)" in streamed.stdout, \
+        streamed.stderr[-2000:]
     planned = _console("plan-memory", "--model", "cnn1d", "--data", "mine:splits", "--batch-size", "64", cwd=tmp_path)
     assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
     tuned = run(["autotune", "--model", "cnn1d", "--data", "mine:splits", "--trials", "1", "--steps", "2",

@@ -1,4 +1,5 @@
-"""Writing any loaded data set into WebDataset tar shards with a manifest (`scaletrain shard`)."""
+"""Writing any loaded data set, a user's own torch Dataset too, into WebDataset tar shards with a
+manifest (`scaletrain shard`)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_shard(path: Path, split: ArraySplit, start: int, end: int, first_key: int) -> None:
-    x, y = split.x[start:end].numpy(), split.y[start:end].numpy()
+def _rows(split, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """Samples [start, end) as arrays: sliced from memory, or read from a user's torch Dataset
+    (data/user.py) one shard at a time, so a set larger than memory is written in pieces."""
+    part = split if isinstance(split, ArraySplit) else split.part(start, end).head(end - start)
+    offset = start if isinstance(split, ArraySplit) else 0
+    return part.x[offset:offset + end - start].numpy(), part.y[offset:offset + end - start].numpy()
+
+
+def _write_shard(path: Path, split, start: int, end: int, first_key: int) -> None:
+    x, y = _rows(split, start, end)
     tmp = path.with_name("." + path.name + ".tmp")
     with open(tmp, "wb") as file:
         # Plain ustar members (no pax headers: reader.py reads exactly these) with a fixed integer
@@ -52,8 +61,8 @@ def write_shards(dataset: Dataset, folder: Path, samples_per_shard: int) -> Mani
     mean, std = dataset.mean, dataset.std
     manifest = Manifest(
         folder=folder, dataset=dataset.name, task=dataset.task, num_classes=dataset.num_classes,
-        sample_shape=list(dataset.input_shape), x_dtype=str(dataset.train.x.dtype).removeprefix("torch."),
-        y_shape=list(dataset.train.y.shape[1:]), y_dtype=str(dataset.train.y.dtype).removeprefix("torch."),
+        sample_shape=list(dataset.input_shape), x_dtype=str(dataset.examples.x.dtype).removeprefix("torch."),
+        y_shape=list(dataset.examples.y.shape[1:]), y_dtype=str(dataset.examples.y.dtype).removeprefix("torch."),
         stats_shape=list(mean.shape) if mean is not None else None,
         mean=mean.flatten().tolist() if mean is not None else None,
         std=std.flatten().tolist() if std is not None else None)
