@@ -61,9 +61,10 @@ def _work_in_tmp_path(tmp_path, monkeypatch):
 # together: `--dist loadfile --no-loadscope-reorder` hands files out in collection order (without
 # the flag xdist orders them by their number of tests, which put the wheel test last, alone for
 # the run's last 75 s). By their time under `make test` on the 2-core CPU without AVX-512
-# (2026-11-27), longest first; a stale list costs balance, never a result.
+# (2026-11-27; test_user_data.py by its time alone), longest first; a stale list costs balance, never a
+# result.
 LONGEST_FIRST = ("test_distributed.py", "test_autotune.py", "test_model_parallel.py", "test_parameter_server.py",
-                 "test_task_matrix.py", "test_tune.py", "test_trust.py", "test_memory.py", "test_sharded.py",
+                 "test_task_matrix.py", "test_tune.py", "test_user_data.py", "test_trust.py", "test_memory.py", "test_sharded.py",
                  "test_trackers.py", "test_recipes.py", "test_wheel.py", "test_hsdp.py", "test_experiments.py",
                  "test_shards.py", "test_job_conventions.py", "test_runs.py", "test_tasks.py")
 
