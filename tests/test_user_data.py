@@ -128,6 +128,13 @@ def test_a_random_transform_draws_the_same_per_sample_whoever_reads_it_and_leave
     assert all(torch.equal(a, b) for a, b in zip(in_process[2:], batches(2, start_batch=2), strict=True))
 
 
+class ThreeClasses(Pairs):
+    num_classes = 3
+
+    def __getitem__(self, i):
+        return self.x[i], 7 if i == 100 else int(self.y[i])   # one stray label
+
+
 class Stream(IterableDataset):
     def __iter__(self):
         yield from ((torch.zeros(8), 0) for _ in range(10))
@@ -140,10 +147,17 @@ class Stream(IterableDataset):
     ([{"features": torch.zeros(8)}] * 4, "needs its target under one of"),
     ([("text", 1)] * 4, "samples must hold tensors"),
     ([], "the split is empty"),
+    ([(torch.zeros(8), 0), (torch.zeros(9), 1)] * 40, "collating a batch failed: .*different shapes"),
+    (ThreeClasses(), r"label 7 is out of range \[0, 3\)"),
+    ((torch.zeros(40, 8), torch.arange(40) % 3), None),
     ({"x": torch.zeros(4, 8)}, "cannot read dict"),
 ])
 def test_data_a_trainer_cannot_take_is_refused_in_one_line(tmp_path, data, problem):
     with Trainer(_model(), _config(tmp_path)) as trainer:
+        if problem is None:   # in memory: 3 classes in training, a 4th in validation, refused before training
+            with pytest.raises(DataError, match=r"label 3 is out of range \[0, 3\)"):
+                trainer.fit(data, val=(torch.zeros(8, 8), torch.arange(8) % 4))
+            return
         with pytest.raises((ConfigError, DataError), match=problem):
             trainer.fit(data)
 

@@ -179,7 +179,7 @@ class StreamingLoader(HostToDevice):
         super().__init__(split, *args, **kwargs)
         self.host_generator = torch.Generator()
         if isinstance(split, TorchSplit):
-            dataset, collate = SeededSamples(split.dataset, self.seed), collate_pairs(split.collate_fn)
+            dataset, collate = SeededSamples(split.dataset, self.seed), collate_pairs(split.collate_fn, split.label_bound)
         else:
             dataset, collate = TensorDataset(split.x, split.y), None
         self.loader = DataLoader(dataset, batch_size=self.batch_size, collate_fn=collate,

@@ -23,8 +23,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler, Subset, get_worker_info
 from torch.utils.data import Dataset as TorchDataset
 
-from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, hold_out_validation, infer_num_classes,
-                                     make_dataset)
+from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, hold_out_validation,
+                                     infer_num_classes, make_dataset)
 from scaletrain.errors import DataError
 
 # The keys a dict sample's target goes by (Hugging Face's `labels`/`label`, and the usual others).
@@ -53,16 +53,28 @@ def split_batch(batch: Any, source: str = "a batch") -> tuple[Any, torch.Tensor]
                     f"got {type(batch).__name__}")
 
 
-def collate_pairs(collate: Callable | None) -> Callable:
+def collate_pairs(collate: Callable | None, classes: int | None = None) -> Callable:
     """The user's collate (or torch's default), then (inputs, target) as tensors: what the loaders
-    move to the device."""
+    move to the device. Class labels are checked against `classes` here, on the host, where it
+    costs no device synchronisation (a bad label would otherwise fail inside the loss)."""
     from torch.utils.data import default_collate
 
     collate = collate or default_collate
 
     def pairs(samples):
-        x, y = split_batch(collate(samples))
-        return _tensor(x, "inputs"), _tensor(y, "targets")
+        try:
+            batch = collate(samples)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise DataError(f"collating a batch failed: {str(exc).splitlines()[0]} (samples of different shapes? "
+                            "make them equal, or give a collate_fn that pads them)") from None
+        x, y = split_batch(batch)
+        x, y = _tensor(x, "inputs"), _tensor(y, "targets")
+        if classes and not y.is_floating_point() and y.numel():
+            low, high = int(y.min()), int(y.max())
+            if low < 0 or high >= classes:
+                raise DataError(f"label {low if low < 0 else high} is out of range [0, {classes}) for a "
+                                f"{classes}-class task; relabel, or state num_classes on the data set")
+        return x, y
     return pairs
 
 
@@ -133,6 +145,7 @@ class TorchSplit:
                  num_workers: int | None = None, batch_size: int | None = None):
         self.dataset, self.name, self.collate_fn = dataset, name, collate_fn
         self.num_workers, self.batch_size = num_workers, batch_size
+        self.label_bound: int | None = None     # class labels lie in [0, label_bound), checked per batch
         self._examples: ArraySplit | None = None
 
     def __len__(self) -> int:
@@ -140,8 +153,10 @@ class TorchSplit:
 
     def part(self, start: int, end: int) -> "TorchSplit":
         """Samples [start, end): one replica's evaluation range."""
-        return TorchSplit(Subset(self.dataset, range(start, end)), self.name, self.collate_fn, self.num_workers,
+        part = TorchSplit(Subset(self.dataset, range(start, end)), self.name, self.collate_fn, self.num_workers,
                           self.batch_size)
+        part.label_bound = self.label_bound
+        return part
 
     @property
     def examples(self) -> ArraySplit:
@@ -199,9 +214,17 @@ def as_split(data: Any, name: str):
                     "or an (inputs, targets) tuple of arrays")
 
 
+def own_dataset(data: Any) -> Any:
+    """The user's own object under our wrappers and torch's (a split, a DataLoader, a Subset): where
+    the attributes that state its task and classes live."""
+    while isinstance(data, (TorchSplit, DataLoader, Subset)):
+        data = data.dataset
+    return data
+
+
 def infer_task(data: Any, y: torch.Tensor) -> str:
     """The data's own task (a `task` attribute), else what its targets say."""
-    stated = getattr(data, "task", None)
+    stated = getattr(own_dataset(data), "task", None)
     if isinstance(stated, str):
         return stated
     if y.is_floating_point():
@@ -213,7 +236,7 @@ def class_count(data: Any, split, given: int | None, count: bool = True) -> int:
     """The number of classes: given, stated by the data (`num_classes`, torchvision's `classes`),
     or largest label + 1 (reading every target: said in the log), unless not `count` (0: unknown;
     the model is the user's own and scoring does not need it)."""
-    data = data.dataset if isinstance(data, DataLoader) else data
+    data = own_dataset(data)
     if given:
         return given
     if isinstance(getattr(data, "num_classes", None), int):
@@ -233,7 +256,7 @@ def class_count(data: Any, split, given: int | None, count: bool = True) -> int:
 
 
 def split_name(data: Any) -> str:
-    return type(data.dataset if isinstance(data, DataLoader) else data).__name__
+    return type(own_dataset(data)).__name__
 
 
 def _random_parts(split, fraction: float, seed: int):
@@ -268,6 +291,9 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
         classes = int(train.vocab_size)
     in_memory = all(s is None or isinstance(s, ArraySplit) for s in splits.values())
     if in_memory:   # the device-resident path, normalised with the training split's statistics
+        if chosen == "classification":
+            splits = {k: v if v is None else ArraySplit(v.x, as_labels(v.y, len(v), classes, f"{name} ({k})"))
+                      for k, v in splits.items()}
         test_split = splits["test"] or splits["val"]
         ds = make_dataset(name, splits["train"], test_split if test_split is not None else splits["train"],
                           classes, val=splits["val"] if splits["test"] is not None else None, task=chosen)
@@ -282,6 +308,9 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
         parts["train"], parts["val"] = _random_parts(parts["train"], val_fraction, seed)
     if parts["test"] is None:
         parts["test"], parts["val"] = parts["val"], None
+    for part in parts.values():
+        if part is not None and chosen == "classification":
+            part.label_bound = classes or None
     return Dataset(name=name, train=parts["train"], test=parts["test"], num_classes=classes, mean=None, std=None,
                    val=parts["val"], task=chosen)
 
