@@ -6,7 +6,6 @@ from scaletrain.lazy import lazy_exports
 
 _EXPORTS = {
     "AllocatorRetries": "scaletrain.callbacks.reporting",
-    "HOOKS": "scaletrain.callbacks.base",
     "CallbackList": "scaletrain.callbacks.base",
     "EarlyStopping": "scaletrain.callbacks.measure",
     "MetricsLog": "scaletrain.callbacks.reporting",
@@ -19,6 +18,6 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.callbacks.base import HOOKS, CallbackList
+    from scaletrain.callbacks.base import CallbackList
     from scaletrain.callbacks.measure import EarlyStopping, StopAtTarget, Throughput, TotalTime
     from scaletrain.callbacks.reporting import AllocatorRetries, MetricsLog, ProgressBar

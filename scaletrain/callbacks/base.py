@@ -9,10 +9,6 @@ setting `trainer.stop_training = True`.
 
 from __future__ import annotations
 
-HOOKS = ("on_train_begin", "on_epoch_begin", "on_train_batch_begin", "on_train_batch_end",
-         "on_validation_begin", "on_validation_end", "on_epoch_end", "on_train_end")
-
-
 class CallbackList:
     def __init__(self, callbacks):
         self.callbacks = list(callbacks)

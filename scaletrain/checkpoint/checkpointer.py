@@ -77,7 +77,6 @@ class Checkpointer:
         self.every = every
         self.resume = resume
         self.background = background
-        self.last_saved_step: int | None = None
         self.last_saved_position: tuple[int, int] | None = None   # (epoch, step in epoch)
         self.saves = 0
         self._pending: PendingSave | None = None
@@ -116,7 +115,6 @@ class Checkpointer:
             if strategy.is_chief:
                 self.store.commit(path, position)
                 self.store.prune()
-        self.last_saved_step = position["global_step"]
         self.last_saved_position = (position["epoch"], position["epoch_step"])
         self.saves += 1
         return path
@@ -219,7 +217,6 @@ class Checkpointer:
         _quiet_single_process()
         dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(), process_group=group)
         values = trainer.load_state_dict(state, saved_world, saved_replicas)
-        self.last_saved_step = values["global_step"]
         self.last_saved_position = (values["epoch"], values["epoch_step"])
         return Position(values["epoch"], values["epoch_step"], str(path))
 

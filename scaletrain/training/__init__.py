@@ -10,11 +10,10 @@ _EXPORTS = {
     "Trainer": "scaletrain.training.trainer",
     "build_training": "scaletrain.training.build",
     "resolve_device": "scaletrain.training.trainer",
-    "start_strategy": "scaletrain.training.build",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.training.build import TrainingParts, build_training, start_strategy
+    from scaletrain.training.build import TrainingParts, build_training
     from scaletrain.training.trainer import Trainer, resolve_device

@@ -16,18 +16,10 @@ import torch
 from scaletrain.checkpoint.weights import load_weights
 from scaletrain.config import TrainConfig
 from scaletrain.data import Dataset, load_dataset
-from scaletrain.distributed import Strategy, build_strategy
-from scaletrain.distributed.env import DistEnv
+from scaletrain.distributed import Strategy
 from scaletrain.models import build_model
 from scaletrain.tasks import Task, build_task
 from scaletrain.training.trainer import Trainer
-
-
-def start_strategy(cfg: TrainConfig, env: DistEnv | None = None) -> Strategy:
-    """The config's strategy, set up (device chosen, process group joined)."""
-    strategy = build_strategy(cfg.distributed, env)
-    strategy.setup(cfg.device)
-    return strategy
 
 
 @dataclass(slots=True)
