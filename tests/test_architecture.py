@@ -226,3 +226,21 @@ def test_every_lazy_export_of_every_package_resolves():
             except (AttributeError, ImportError) as exc:
                 missing.append(f"{name}.{export}: {exc}")
     assert missing == []
+
+
+def test_the_step_strategies_run_is_a_contract_both_sides_keep(tmp_path, digits):
+    """Strategies see the training step only through `StepContract`: TrainStep has every member
+    of it, and no strategy reads a member outside it."""
+    from scaletrain.distributed.strategies.step_contract import StepContract
+    from scaletrain.training import Trainer
+    from tests.conftest import small_config
+    from tests.helpers import make_mlp
+    cfg = small_config(tmp_path, epochs=1)
+    with Trainer(make_mlp(digits), cfg) as trainer:
+        trainer.fit(digits)
+        assert isinstance(trainer.train_step, StepContract)
+    members = {name for name in vars(StepContract) if not name.startswith("_")} | set(StepContract.__annotations__)
+    used = set()
+    for path in (PACKAGE / "distributed").rglob("*.py"):
+        used |= set(re.findall(r"\bstep\.([A-Za-z_]\w*)\b(?!`)", path.read_text())) - {"py"}   # not "step.py"
+    assert used - members == set(), "strategies use members of the step outside StepContract"

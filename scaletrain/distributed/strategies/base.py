@@ -23,6 +23,7 @@ from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes
 from scaletrain.distributed.layout import Degrees, Layout
 from scaletrain.optim import build_optimizer
 from scaletrain.registry import Registry
+from scaletrain.distributed.strategies.step_contract import StepContract
 
 STRATEGIES = Registry("strategy", "--strategy", choices=STRATEGY_CHOICES)
 # Class decorator: makes a strategy available as `--strategy NAME` (and a config choice).
@@ -117,7 +118,7 @@ class Strategy(ABC):
         """Called once the first training step has run (compilation and warm-up are over)."""
 
     # -- the step
-    def forward_backward(self, step, x: torch.Tensor, y: torch.Tensor) -> None:
+    def forward_backward(self, step: StepContract, x: torch.Tensor, y: torch.Tensor) -> None:
         """Forward, loss and backward of one optimizer step's batch, recorded in the step's
         counters. Gradient accumulation: only the last micro-batch communicates."""
         k = step.grad_accum_steps
@@ -128,7 +129,7 @@ class Strategy(ABC):
                 step.backward(loss)
             step.record(loss, output, ym)
 
-    def optimizer_step(self, step) -> None:
+    def optimizer_step(self, step: StepContract) -> None:
         """Unscales (fp16), agrees on overflow, clips and steps the optimizer."""
         found_inf = step.unscale_()
         if found_inf is not None and not self.replicated_gradients:

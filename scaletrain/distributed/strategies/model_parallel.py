@@ -40,6 +40,7 @@ from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import find_blocks
 from scaletrain.optim import squared_norm
+from scaletrain.distributed.strategies.step_contract import StepContract
 
 
 
@@ -113,7 +114,7 @@ class ModelParallelStrategy(ProcessGroupStrategy):
         self.holds_last_stage = self.stage_rank == self.pp - 1
         self.stage_names = ""
         self.layer_costs = None    # each pipeline layer's measured cost (CostBalancing), else None
-        self._step = None
+        self._step: StepContract | None = None
 
     @classmethod
     def degrees(cls, config) -> Degrees:
@@ -209,7 +210,7 @@ class ModelParallelStrategy(ProcessGroupStrategy):
         step.record(loss, output, y, parts=self.microbatches)
         return step.scaler.scale_loss(loss) if step.scaler is not None else loss
 
-    def forward_backward(self, step, x, y) -> None:
+    def forward_backward(self, step: StepContract, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.pp == 1:
             return super().forward_backward(step, x, y)
         if step.grad_accum_steps > 1:
@@ -223,7 +224,7 @@ class ModelParallelStrategy(ProcessGroupStrategy):
         target = y if self.holds_last_stage else None
         self.schedule.step(*args, target=target, losses=[] if self.holds_last_stage else None, **self._step_kwargs)
 
-    def optimizer_step(self, step) -> None:
+    def optimizer_step(self, step: StepContract) -> None:
         if self.replicas > 1:
             self._average_over_replicas(step.params)
         found_inf = step.unscale_()

@@ -21,6 +21,7 @@ from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.ddp import DDPStrategy
 from scaletrain.optim import build_optimizer
+from scaletrain.distributed.strategies.step_contract import StepContract
 
 
 @register_strategy("zero1")
@@ -50,7 +51,7 @@ class Zero1Strategy(DDPStrategy):
     def make_optimizer(self, optim_config, model, device, capturable=False):
         return build_optimizer(optim_config, model, device, capturable=capturable, params=self.owned_by[self.rank])
 
-    def optimizer_step(self, step) -> None:
+    def optimizer_step(self, step: StepContract) -> None:
         super().optimizer_step(step)   # each rank updates the parameters it owns
         self._broadcast_owned()
 

@@ -51,6 +51,7 @@ from scaletrain.distributed.strategies.ps.protocol import (DONE, EPOCH_END, GRAD
 from scaletrain.distributed.strategies.ps.server import Server
 from scaletrain.errors import ConfigError, UserError
 from scaletrain.optim import build_optimizer
+from scaletrain.distributed.strategies.step_contract import StepContract
 
 
 
@@ -235,7 +236,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
     def make_optimizer(self, optim_config, model, device, capturable=False):
         return ServedOptimizer(build_optimizer(optim_config, model, device).param_groups)
 
-    def optimizer_step(self, step) -> None:
+    def optimizer_step(self, step: StepContract) -> None:
         """The update is an exchange with the servers: push this worker's gradient with the step's
         LR, take their parameters back (the step's counters and LR lookup run as for any update)."""
         step.update(None, apply=lambda: self.exchange(float(step.optimizer.param_groups[0]["lr"])))
