@@ -22,6 +22,15 @@ class ArraySplit:
     def __len__(self) -> int:
         return len(self.y)
 
+    # What every split offers (data/user.py's TorchSplit too): a range of it, and its first samples.
+    def part(self, start: int, end: int) -> "ArraySplit":
+        """Samples [start, end) (views, no copy)."""
+        return ArraySplit(self.x[start:end], self.y[start:end])
+
+    def head(self, n: int) -> "ArraySplit":
+        """The first `n` samples."""
+        return self.part(0, n)
+
 
 @dataclass(slots=True)
 class Dataset:
@@ -136,16 +145,21 @@ def make_dataset(name: str, train: ArraySplit, test: ArraySplit, num_classes: in
                    task=task)
 
 
+def held_out(n: int, fraction: float, seed: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) indices, each sorted: a seeded random `fraction` of `n` samples held out, at
+    least one, and at least one kept."""
+    if n < 2:
+        raise DataError(f"{name}: {n} training sample(s) cannot be split into train and validation")
+    n_out = min(max(1, round(n * fraction)), n - 1)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[n_out:].sort().values, perm[:n_out].sort().values
+
+
 def hold_out_validation(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
     """Moves a seeded random `fraction` of the training split into a validation split (at least
     one sample, and at least one left to train on); statistics are recomputed on what remains.
     The seed is fixed by default so runs with different training seeds validate on the same samples."""
-    n = len(ds.train)
-    n_val = min(max(1, round(n * fraction)), n - 1)
-    if n < 2:
-        raise DataError(f"{ds.name}: {n} training sample(s) cannot be split into train and validation")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    val_idx, train_idx = perm[:n_val].sort().values, perm[n_val:].sort().values
+    train_idx, val_idx = held_out(len(ds.train), fraction, seed, ds.name)
     train = ArraySplit(ds.train.x[train_idx], ds.train.y[train_idx])
     val = ArraySplit(ds.train.x[val_idx], ds.train.y[val_idx])
     return make_dataset(ds.name, train, ds.test, ds.num_classes, val=val, task=ds.task)

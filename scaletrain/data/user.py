@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler, Subset, get_worker_info
 from torch.utils.data import Dataset as TorchDataset
 
-from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, hold_out_validation,
+from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, held_out, hold_out_validation,
                                      infer_num_classes, make_dataset)
 from scaletrain.errors import DataError
 
@@ -259,16 +259,11 @@ def split_name(data: Any) -> str:
     return type(own_dataset(data)).__name__
 
 
-def _random_parts(split, fraction: float, seed: int):
-    """(rest, held out): a seeded `fraction` of a map-style split held out (at least one sample each)."""
-    n = len(split)
-    if n < 2:
-        raise DataError(f"{split.name}: {n} sample(s) cannot be split into train and validation")
-    n_out = min(max(1, round(n * fraction)), n - 1)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    out, rest = perm[:n_out].sort().values.tolist(), perm[n_out:].sort().values.tolist()
-    part = lambda idx, suffix: TorchSplit(Subset(split.dataset, idx), split.name + suffix, split.collate_fn,
-                                          split.num_workers, split.batch_size)
+def _random_parts(split: "TorchSplit", fraction: float, seed: int) -> tuple["TorchSplit", "TorchSplit"]:
+    """(rest, held out) of a map-style split, as hold_out_validation cuts an in-memory one."""
+    rest, out = held_out(len(split), fraction, seed, split.name)
+    part = lambda idx, suffix: TorchSplit(Subset(split.dataset, idx.tolist()), split.name + suffix,  # noqa: E731
+                                          split.collate_fn, split.num_workers, split.batch_size)
     return part(rest, ""), part(out, " (validation)")
 
 

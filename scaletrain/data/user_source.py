@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from torch.utils.data import Subset
 
-from scaletrain.data.dataset import ArraySplit, Dataset
-from scaletrain.data.user import TorchSplit, as_dataset, as_split
+from scaletrain.data.dataset import Dataset
+from scaletrain.data.user import as_dataset, as_split
 from scaletrain.errors import DataError
 
 
@@ -40,14 +39,7 @@ def load_user_data(name: str, cfg) -> Dataset:
     else:
         splits = {"train": result}
     if cfg.train_subset:
-        splits["train"] = _first(as_split(splits["train"], f"{name} (train)"), cfg.train_subset)
+        train = as_split(splits["train"], f"{name} (train)")
+        splits["train"] = train.part(0, min(cfg.train_subset, len(train)))
     return as_dataset(splits["train"], splits.get("val"), splits.get("test"), val_fraction=cfg.val_fraction,
                       name=name)
-
-
-def _first(split, n: int):
-    """The first `n` samples of a split (`--train-subset`)."""
-    if isinstance(split, ArraySplit):
-        return ArraySplit(split.x[:n], split.y[:n])
-    return TorchSplit(Subset(split.dataset, range(min(n, len(split)))), split.name, split.collate_fn,
-                      split.num_workers, split.batch_size)

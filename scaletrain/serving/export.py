@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from scaletrain.checkpoint.weights import load_weights
-from scaletrain.data import ArraySplit
 from scaletrain.errors import UserError
 from scaletrain.serving.saved import saved_model_path, saved_run_config
 from scaletrain.tracking.store import RunRecord
@@ -95,8 +94,7 @@ def export_run(record: RunRecord, out: Path, fmt: str = "pt2", data_dir: str | N
         trainer, dataset = built.trainer, built.dataset
         trainer.adopt(dataset)
         load_weights(trainer.model, saved_model_path(record), f"run {record.id}'s model")
-        test = dataset.test
-        samples = torch.as_tensor(test.x[:CHECK_SAMPLES] if isinstance(test, ArraySplit) else test.head(CHECK_SAMPLES).x)
+        samples = torch.as_tensor(dataset.test.head(CHECK_SAMPLES).x)
         expected = trainer.predict(samples)
         served = Served(trainer.model, trainer.normalizer, trainer.task).eval()
         example = samples[:2] if len(samples) >= 2 else samples.repeat(2, *([1] * (samples.dim() - 1)))

@@ -180,8 +180,7 @@ class Trainer:
             # Each replica evaluates one contiguous range; the sums are all-reduced afterwards.
             start, end = layout.evaluation_range(len(split))
             if (start, end) != (0, len(split)):
-                split = split.part(start, end) if isinstance(split, TorchSplit) else ArraySplit(split.x[start:end],
-                                                                                                   split.y[start:end])
+                split = split.part(start, end)
             batch, shard = data.val_batch_size or self.batch.per_replica, {}
         if isinstance(split, TorchSplit):   # a user's torch Dataset: its collate and workers, our order
             workers = split.num_workers if split.num_workers is not None else data.num_workers
@@ -428,7 +427,7 @@ class Trainer:
         one device's."""
         if self.normalizer is None:
             raise ConfigError("predict() needs the training statistics: call fit() or evaluate() first")
-        if not isinstance(x, (torch.Tensor, np.ndarray, list)) or isinstance(x, ArraySplit):
+        if not isinstance(x, (torch.Tensor, np.ndarray, list)):
             return self._predict_split(x)
         x = torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor) else x
         if self.normalizer.mean is None and not x.is_floating_point():   # token ids: indices, not features
@@ -454,8 +453,7 @@ class Trainer:
         split = as_split(data, "predict input")
         start, end = self.layout.evaluation_range(len(split))
         self.model.eval()
-        first = split.x[:1] if isinstance(split, ArraySplit) else split.examples.x[:1]
-        pad = self.normalizer.to(self.device)(first.to(self.device))   # forwards a share without samples still runs
+        pad = self.normalizer.to(self.device)(split.head(1).x.to(self.device))   # forwards a share without samples still runs
         out = [self.task.predictions(output)
                for output, _ in self.strategy.evaluate(self.loader(split, train=False), self._eval_forward, pad)]
         mine = torch.cat(out) if out and self.layout.records else None

@@ -13,7 +13,7 @@ import numpy as np
 from webdataset import TarWriter
 
 from scaletrain.checkpoint.store import write_atomically
-from scaletrain.data.dataset import ArraySplit, Dataset
+from scaletrain.data.dataset import Dataset
 from scaletrain.data.shards.manifest import MANIFEST, Manifest, ShardFile
 
 
@@ -34,9 +34,8 @@ def _sha256(path: Path) -> str:
 def _rows(split, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
     """Samples [start, end) as arrays: sliced from memory, or read from a user's torch Dataset
     (data/user.py) one shard at a time, so a set larger than memory is written in pieces."""
-    part = split if isinstance(split, ArraySplit) else split.part(start, end).head(end - start)
-    offset = start if isinstance(split, ArraySplit) else 0
-    return part.x[offset:offset + end - start].numpy(), part.y[offset:offset + end - start].numpy()
+    part = split.part(start, end).head(end - start)
+    return part.x.numpy(), part.y.numpy()
 
 
 def _write_shard(path: Path, split, start: int, end: int, first_key: int) -> None:
