@@ -167,10 +167,11 @@ def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namesp
         return      # the recipe's own data: its target stands (and nothing is imported here)
     from scaletrain.data.source import data_source
     from scaletrain.tasks import TASKS
-    if ":" in cfg.data.name or cfg.data.name == "npz":
+    source = data_source(cfg.data.name)
+    if source.users_own:
         cfg.target = None      # the user's own data: nothing is promised about it
         return
-    declared = data_source(cfg.data.name).sample    # a fixed sample only: nothing read from disk here
+    declared = source.sample    # a fixed sample only: nothing read from disk here
     if isinstance(declared, tuple) and cfg.target_metric not in ("auto", *TASKS[declared[2]].metrics):
         cfg.target = None
 

@@ -103,6 +103,6 @@ def _optional_split(arrays: dict, file: Path, name: str, num_classes: int) -> Ar
     return ArraySplit(x, as_labels(arrays[yk], len(x), num_classes, f"{file}[{yk}]"))
 
 
-@register_dataset("npz")      # shape and classes are read from the file
+@register_dataset("npz", users_own=True)      # shape and classes are read from the file
 def _npz(cfg, seed: int):
     return load_npz(cfg.data_dir, seed=0)

@@ -25,6 +25,8 @@ class DataSource:
     sample: Sample | Callable[[Any], Sample] | None = None
     # True when the loader returns its own validation split and cuts `train_subset` itself.
     splits_itself: bool = False
+    # The user's own data (a file, a function): a recipe's target promises nothing about it.
+    users_own: bool = False
 
     def known_sample(self, cfg) -> Sample | None:
         return self.sample(home_expanded(cfg)) if callable(self.sample) else self.sample
@@ -42,10 +44,10 @@ DATA_SOURCES = Registry("data set", "--data", choices=DATA_SET_CHOICES)
 
 
 def register_dataset(name: str, *, sample: Sample | Callable[[Any], Sample] | None = None,
-                     splits_itself: bool = False) -> Callable:
+                     splits_itself: bool = False, users_own: bool = False) -> Callable:
     """Decorator on a loader `(cfg, seed) -> Dataset`: makes it available as `--data NAME`."""
     def add(load: Callable) -> Callable:
-        DATA_SOURCES.add(name, DataSource(name, load, sample, splits_itself))
+        DATA_SOURCES.add(name, DataSource(name, load, sample, splits_itself, users_own))
         return load
     return add
 

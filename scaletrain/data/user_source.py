@@ -16,7 +16,8 @@ def user_source(name: str):
     """`--data package.module:function`: the function, called with `--data-option`s, returns the
     splits: a dict with `train` (and optionally `val`, `test`), or the training split alone."""
     from scaletrain.data.source import DataSource
-    return DataSource(name, lambda cfg, seed: load_user_data(name, cfg), sample=None, splits_itself=True)
+    return DataSource(name, lambda cfg, seed: load_user_data(name, cfg), sample=None, splits_itself=True,
+                      users_own=True)
 
 
 def load_user_data(name: str, cfg) -> Dataset:
