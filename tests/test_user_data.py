@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, WeightedRandomSampler, get_worker_info
 
 from scaletrain.config import TrainConfig
 from scaletrain.data.loaders import Normalizer, StreamingLoader
-from scaletrain.data.user import TorchSplit, as_dataset
+from scaletrain.data.user import StreamSplit, TorchSplit, as_dataset
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.training import Trainer
 from tests.processes import PLUGINS, kill_slowed_run_after_checkpoint, metrics, run, summary
@@ -128,6 +128,60 @@ def test_a_random_transform_draws_the_same_per_sample_whoever_reads_it_and_leave
     assert all(torch.equal(a, b) for a, b in zip(in_process[2:], batches(2, start_batch=2), strict=True))
 
 
+class Counted(IterableDataset):
+    """Pairs' samples from a generator, with no __len__ (the trainer counts them by reading through).
+    Written as torch's documentation shows, it splits itself among DataLoader workers: the
+    trainer must still see the whole stream and split it itself."""
+
+    def __init__(self, n=200, seed=0, noise=False):
+        self.n, self.seed, self.noise = n, seed, noise
+
+    def __iter__(self):
+        pairs, info = Pairs(self.n, self.seed, self.noise), get_worker_info()
+        for i in range(self.n) if info is None else range(info.id, self.n, info.num_workers):
+            yield pairs[i]
+
+
+def _stream_batches(split, rank, workers, start_batch=0, train=True):
+    loader = StreamingLoader(split, 16, torch.device("cpu"), Normalizer(None, None, torch.float32), shuffle=train,
+                             drop_last=train, seed=3, num_workers=workers, rank=rank, world_size=2 if train else 1)
+    loader.set_epoch(1, start_batch)
+    return [x for x, _ in loader]
+
+
+def test_a_stream_is_read_once_across_ranks_and_workers_in_the_same_batches_and_draws():
+    stream = StreamSplit(Counted(), "stream")
+    assert len(stream) == 200                      # counted: no __len__
+    index = {float(x[0]): i for i, (x, _) in enumerate(Pairs(200))}
+    ids = lambda batches: [[index[float(x[0])] for x in batch] for batch in batches]   # noqa: E731
+    # Two replicas of batch 16, each read by 2 workers: rank r's step j is samples
+    # [32j + 16r, 32j + 16r + 16), as the map-style path slices global batches; 200 // 32 = 6 steps.
+    for rank in (0, 1):
+        got = ids(_stream_batches(stream, rank, workers=2))
+        assert got == [list(range(32 * j + 16 * rank, 32 * j + 16 * rank + 16)) for j in range(6)]
+    # Evaluation ranges of two replicas: every sample once, the last batch short.
+    halves = [ids(_stream_batches(stream.part(a, b), 0, workers=2, train=False)) for a, b in ((0, 100), (100, 200))]
+    assert sorted(i for half in halves for batch in half for i in batch) == list(range(200))
+    # A random transform draws the same whoever reads the batch; a resumed epoch reads its tail;
+    # the trainer's own generator is left alone.
+    noisy = StreamSplit(Counted(noise=True), "noisy")
+    torch.manual_seed(0)
+    in_process = _stream_batches(noisy, 1, workers=0)
+    after = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.rand(3))
+    assert all(torch.equal(a, b) for a, b in zip(in_process, _stream_batches(noisy, 1, workers=2), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(in_process[2:], _stream_batches(noisy, 1, 2, start_batch=2),
+                                                 strict=True))
+
+
+def test_a_stream_trains_through_a_dataloader_with_workers(tmp_path):
+    with Trainer(_model(), _config(tmp_path)) as trainer:
+        history = trainer.fit(DataLoader(Counted(480, noise=True), batch_size=32, num_workers=2),
+                              val=Counted(160, seed=1))
+    assert trainer.task.name == "classification" and history[-1]["val_accuracy"] >= 0.85
+
+
 class ThreeClasses(Pairs):
     num_classes = 3
 
@@ -135,15 +189,11 @@ class ThreeClasses(Pairs):
         return self.x[i], 7 if i == 100 else int(self.y[i])   # one stray label
 
 
-class Stream(IterableDataset):
-    def __iter__(self):
-        yield from ((torch.zeros(8), 0) for _ in range(10))
-
-
 @pytest.mark.parametrize("data, problem", [
     (DataLoader(Pairs(), batch_size=16), "batch_size is 16 but this trainer's batch per replica is 32"),
     (DataLoader(Pairs(), batch_size=32, sampler=WeightedRandomSampler([1.0] * 480, 480)), "sampler of its own"),
-    (Stream(), "IterableDataset is not supported yet"),
+    (Counted(), "a stream cannot be split at random for validation; give val="),
+    (DataLoader(Counted(), batch_size=None), "batch_size=None"),
     ([{"features": torch.zeros(8)}] * 4, "needs its target under one of"),
     ([("text", 1)] * 4, "samples must hold tensors"),
     ([], "the split is empty"),
@@ -208,7 +258,7 @@ def test_a_png_folder_with_random_crops_through_two_workers_per_rank_resumes_bit
 USER_MODULE = '''
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 class Signals(Dataset):
     num_classes = 2
@@ -223,6 +273,16 @@ class Signals(Dataset):
 
 def splits(size=200):
     return {"train": Signals(size), "test": Signals(64)}
+
+class Stream(IterableDataset):
+    """The same signals from a generator: no __len__, read in its own order."""
+    def __init__(self, n):
+        self.signals = Signals(n)
+    def __iter__(self):
+        return (self.signals[i] for i in range(len(self.signals.y)))
+
+def streams(size=200):
+    return {"train": Stream(size), "val": Stream(64)}
 
 def broken():
     raise FileNotFoundError("no such folder: /data/mine")
@@ -263,7 +323,25 @@ def test_data_by_module_and_function_from_the_working_folder_through_every_kind_
     planned = _console("plan-memory", "--model", "cnn1d", "--data", "mine:splits", "--batch-size", "64", cwd=tmp_path)
     assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
     tuned = run(["autotune", "--model", "cnn1d", "--data", "mine:splits", "--trials", "1", "--steps", "2",
-                 "--knobs", "compile"], tmp_path)
+                 "--knobs", "num_workers"], tmp_path)
+    assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+
+
+def test_a_stream_by_module_and_function_trains_on_two_ranks_of_two_workers_and_plans(tmp_path):
+    (tmp_path / "mine.py").write_text(USER_MODULE)
+    trained = run(["train", "--model", "cnn1d", "--data", "mine:streams", "--data-option", "size=320", "--nproc", "2",
+                   "--num-workers", "2", "--batch-size", "32", "--epochs", "2", "--no-progress",
+                   "--checkpoint-every", "4", "--run-dir", "r"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert "on mine:streams (320 train / 0 val / 64 test, classification)" in trained.stdout
+    assert metrics(tmp_path / "r")[-1]["val_accuracy"] >= 0.8
+    # Its batches were seeded per replica: another process count cannot resume them exactly.
+    other = run(["train", "--run-dir", "r", "--resume", "auto", "--nproc", "1"], tmp_path)
+    assert other.returncode == 2 and "resume with 2 replicas (the same --nproc)" in other.stderr, other.stderr
+    planned = run(["plan-memory", "--model", "cnn1d", "--data", "mine:streams", "--batch-size", "64"], tmp_path)
+    assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
+    tuned = run(["autotune", "--model", "cnn1d", "--data", "mine:streams", "--trials", "1", "--steps", "2",
+                 "--knobs", "num_workers"], tmp_path)
     assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
 
 
@@ -290,3 +368,43 @@ def test_a_float_target_npz_trains_as_regression_from_the_command_line(tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "regression)" in result.stdout
     assert summary(tmp_path / "r")["target"] is None and metrics(tmp_path / "r")[-1]["val_r2"] > 0.8
+
+
+# --------------------------------------------------------------------------- Hugging Face datasets
+def _reviews(n, seed):
+    """Short texts whose class is whether they say 'good' or 'bad', tokenised by characters."""
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(seed)
+    words = ["the", "film", "was", "plot", "very", "acting", "quite", "so"]
+    labels = rng.integers(0, 2, n)
+    texts = [" ".join([*rng.choice(words, 3), ("good", "bad")[k], *rng.choice(words, 2)]) for k in labels]
+    vocab = {c: i + 1 for i, c in enumerate(sorted(set("".join(texts))))}
+
+    def tokenise(row):   # a tiny character tokenizer, padded to 40 ids
+        ids = [vocab[c] for c in row["text"]][:40]
+        return {"input_ids": ids + [0] * (40 - len(ids))}
+    return (datasets.Dataset.from_dict({"text": texts, "label": labels.tolist()})
+            .map(tokenise).remove_columns("text").with_format("torch")), len(vocab) + 1
+
+
+class BagOfChars(nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.embed, self.head = nn.EmbeddingBag(vocab, 16, padding_idx=0), nn.Linear(16, 2)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+def test_a_hugging_face_dataset_trains_as_dict_batches_map_style_and_streamed(tmp_path):
+    train, vocab = _reviews(480, seed=0)
+    val, _ = _reviews(96, seed=1)
+    torch.manual_seed(0)
+    with Trainer(BagOfChars(vocab), _config(tmp_path, epochs=4)) as trainer:
+        history = trainer.fit(train, val=val)
+        assert trainer.task.name == "classification" and history[-1]["val_accuracy"] >= 0.9
+    # The same rows as a Hugging Face stream (it splits itself among workers; the trainer reads it whole).
+    torch.manual_seed(0)
+    with Trainer(BagOfChars(vocab), _config(tmp_path, epochs=4)) as trainer:
+        history = trainer.fit(DataLoader(train.to_iterable_dataset(), batch_size=32, num_workers=2), val=val)
+        assert history[-1]["val_accuracy"] >= 0.9

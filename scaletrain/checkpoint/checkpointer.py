@@ -204,6 +204,11 @@ class Checkpointer:
                                   "resume with the same global batch and data")
         # Checkpoints from before model parallelism have one replica per process.
         saved_world, saved_replicas = meta["world_size"], meta.get("replicas", meta["world_size"])
+        if position["replica_seeded_data"] and saved_replicas != position["replicas"]:
+            raise ConfigError(f"checkpoint {path} was taken with {saved_replicas} replicas reading your own data set, "
+                              f"this run has {position['replicas']}: its samples are read in replica batches, each "
+                              "under a seed of its own, so their random transforms would differ; resume with "
+                              f"{saved_replicas} replicas (the same --nproc)")
         state = trainer.load_template(saved_world, saved_replicas)
         try:
             SafeFileSystemReader(str(path)).read_metadata()   # DCP would hide this error in another

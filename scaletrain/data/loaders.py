@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from scaletrain.data.augment import DeviceAugment
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.data.sharding import rank_positions
-from scaletrain.data.user import SeededSamples, TorchSplit, collate_pairs
+from scaletrain.data.user import SeededSamples, StreamBatches, StreamSplit, TorchSplit, collate_pairs
 
 
 @dataclass(slots=True)
@@ -173,11 +173,21 @@ class HostToDevice(_BatchSource):
 class StreamingLoader(HostToDevice):
     """A split through a DataLoader on the host, copied to the device one batch ahead: an in-memory
     split, or a user's torch Dataset (a TorchSplit, data/user.py) with its own collate function, in
-    the order and share the loader sets (`_Positions`)."""
+    the order and share the loader sets (`_Positions`), or a user's stream (a StreamSplit) in its
+    own order, this replica's share of it (`StreamBatches`)."""
 
     def __init__(self, split: ArraySplit | TorchSplit, *args, num_workers: int = 0, **kwargs):
         super().__init__(split, *args, **kwargs)
         self.host_generator = torch.Generator()
+        self.stream = StreamBatches(split, self.seed) if isinstance(split, StreamSplit) else None
+        if self.stream is not None:
+            # Read in the stream's own order, a whole batch per item; workers start afresh each
+            # epoch, so they see its epoch and batches (`_stream_batches`).
+            self.shuffle = False
+            self.loader = DataLoader(self.stream, batch_size=None, num_workers=num_workers,
+                                     collate_fn=collate_pairs(split.collate_fn, split.label_bound),
+                                     pin_memory=self.pin_memory, generator=own_generator())
+            return
         if isinstance(split, TorchSplit):
             dataset, collate = SeededSamples(split.dataset, self.seed), collate_pairs(split.collate_fn, split.label_bound)
         else:
@@ -192,7 +202,17 @@ class StreamingLoader(HostToDevice):
         super().set_epoch(epoch, start_batch)
         self.host_generator.manual_seed(self.seed * 100_003 + epoch)
 
+    def _stream_batches(self) -> list[tuple[int, int]]:
+        """This process's batches of the stream as (first, end) positions: the same slices of the
+        same global batches the map-style path takes, in the stream's order (batches of one replica
+        are contiguous ranges: data/sharding.py)."""
+        order = self._order(self.host_generator, "cpu")
+        return [(int(order[i]), int(order[min(i + self.batch_size, len(order)) - 1]) + 1)
+                for i in range(0, len(order), self.batch_size)]
+
     def __iter__(self):
+        if self.stream is not None:
+            self.stream.epoch, self.stream.batches = self.epoch, self._stream_batches()
         batches = iter(self.loader)
         first = next(batches, None)
         if first is None:

@@ -1,7 +1,7 @@
-"""Data as users hold it: a torch `Dataset` (map-style), a `DataLoader`, or arrays, made into our
-`Dataset` of splits. The trainer then batches it as its own (data/loaders.py): seeded shuffling
-per epoch, each replica its share of every global batch, a resumed run at the very sample it
-stopped at.
+"""Data as users hold it: a torch `Dataset` (map-style), an `IterableDataset` (a stream), a
+`DataLoader` of either, or arrays, made into our `Dataset` of splits. The trainer then batches it
+as its own (data/loaders.py): seeded shuffling per epoch (a stream: its own order), each replica
+its share of every global batch, a resumed run at the very sample it stopped at.
 
 A sample (or a DataLoader's batch) is an `(input, target)` pair, or a dict (or dataclass) with one
 target key (`TARGET_KEYS`) and one input key, the form Hugging Face `datasets` yield. The task is
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -124,10 +125,16 @@ class SeededSamples(TorchDataset):
         seed = ((self.seed * 100_003 + epoch) * 1_000_003 + first) % (2 ** 32)
         if get_worker_info() is not None:   # a loader worker: its streams are its own
             _seed_all(seed)
-            return [self.dataset[index] for _, index in keys]
+            return self._read([index for _, index in keys])
         with kept_random_state():
             _seed_all(seed)
-            return [self.dataset[index] for _, index in keys]
+            return self._read([index for _, index in keys])
+
+    def _read(self, indices: list[int]) -> list:
+        # A set that reads many samples at once (`__getitems__`: Hugging Face's, torch's Subset) does
+        # so, as torch's DataLoader would: a Hugging Face row read alone costs its whole formatting.
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return list(getitems(indices)) if getitems is not None else [self.dataset[i] for i in indices]
 
 
 def _seed_all(seed: int) -> None:
@@ -151,6 +158,10 @@ class TorchSplit:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def samples(self) -> Iterator:
+        """Every sample in order, as the user's set returns it (read in this process)."""
+        return (self.dataset[i] for i in range(len(self)))
+
     def part(self, start: int, end: int) -> "TorchSplit":
         """Samples [start, end): one replica's evaluation range."""
         part = TorchSplit(Subset(self.dataset, range(start, end)), self.name, self.collate_fn, self.num_workers,
@@ -169,21 +180,109 @@ class TorchSplit:
         """The first `n` samples, collated into tensors (read as evaluation reads them)."""
         try:
             with kept_random_state():
-                return ArraySplit(*collate_pairs(self.collate_fn)([self.dataset[i] for i in range(min(n, len(self)))]))
+                return ArraySplit(*collate_pairs(self.collate_fn)(list(itertools.islice(self.samples(), n))))
         except DataError as exc:
             raise DataError(f"{self.name}: {exc}") from None
         except Exception as exc:   # the user's __getitem__ or collate: their message, one line
             raise DataError(f"{self.name}: reading its first samples failed: {type(exc).__name__}: {exc}") from None
 
 
+class StreamSplit(TorchSplit):
+    """One split held as a torch IterableDataset: a stream, read in its own order (it has no random
+    access: shuffle inside it), samples [start, end) of it. Its length is the set's `__len__`, else
+    counted once by reading the stream through (said in the log). Each reader (a replica's
+    DataLoader worker) passes over the stream and keeps its own batches (`StreamBatches`)."""
+
+    def __init__(self, dataset: IterableDataset, name: str, collate_fn: Callable | None = None,
+                 num_workers: int | None = None, batch_size: int | None = None, start: int = 0,
+                 end: int | None = None):
+        super().__init__(dataset, name, collate_fn, num_workers, batch_size)
+        self.start, self.end = start, end
+
+    def __len__(self) -> int:
+        if self.end is None:
+            try:
+                self.end = len(self.dataset)
+            except TypeError:   # no __len__: a stream of unknown length
+                print(f"scaletrain: counting the samples of {self.name} by reading it through "
+                      "(give the IterableDataset a __len__ to skip this)", flush=True)
+                with kept_random_state():
+                    self.end = sum(1 for _ in self.dataset)
+        return self.end - self.start
+
+    def samples(self) -> Iterator:
+        return itertools.islice(iter(self.dataset), self.start, self.start + len(self))
+
+    def part(self, start: int, end: int) -> "StreamSplit":
+        part = StreamSplit(self.dataset, self.name, self.collate_fn, self.num_workers, self.batch_size,
+                           self.start + start, self.start + end)
+        part.label_bound = self.label_bound
+        return part
+
+
+class StreamBatches(IterableDataset):
+    """One process's batches of a stream, as lists of samples: `batches` are (first, end) positions
+    in the split, ascending; a DataLoader worker reads every `workers`-th of them (batch j by worker
+    j mod workers, the order in which the DataLoader visits its workers, so they arrive in order)
+    and passes over the others' samples. Each batch is read under a seed of its own, as
+    `SeededSamples` reads one, so a resumed run or another worker count reads the same batches.
+    A set with `set_epoch` (Hugging Face's streams) is told the epoch first."""
+
+    def __init__(self, split: StreamSplit, seed: int):
+        self.split, self.seed, self.epoch = split, seed, 0
+        self.batches: list[tuple[int, int]] = []
+
+    def __iter__(self):
+        info = get_worker_info()
+        mine = self.batches[info.id::info.num_workers] if info is not None else self.batches
+        if not mine:
+            return
+        if hasattr(self.split.dataset, "set_epoch"):
+            self.split.dataset.set_epoch(self.epoch)
+        with _whole_stream():
+            yield from self._read(mine, info is not None)
+
+    def _read(self, mine: list[tuple[int, int]], in_worker: bool):
+        stream, position = self.split.samples(), 0
+        for first, end in mine:
+            seed = ((self.seed * 100_003 + self.epoch) * 1_000_003 + first) % (2 ** 32)
+            with (contextlib.nullcontext() if in_worker else kept_random_state()):
+                skipped = sum(1 for _ in itertools.islice(stream, first - position))   # the others' samples
+                _seed_all(seed)   # after the skip, which differs from reader to reader
+                batch = list(itertools.islice(stream, end - first))
+            if skipped + len(batch) < end - position:
+                raise DataError(f"{self.split.name}: the stream ended after {position + skipped + len(batch)} samples "
+                                f"but was counted as {len(self.split)}; its __len__ must match what it yields")
+            position = end
+            yield batch
+
+
+@contextlib.contextmanager
+def _whole_stream():
+    """A stream read inside a DataLoader worker, seen by the user's set as read in the main
+    process: a set that splits itself among workers (torch's documented pattern, Hugging Face's
+    streams) yields all of it, and the trainer splits it (`StreamBatches`), the same way for every
+    kind of stream. torch offers no public way to say this: its worker module's record of the
+    worker is cleared while the stream is read."""
+    from torch.utils.data._utils import worker
+    info, worker._worker_info = worker._worker_info, None
+    try:
+        yield
+    finally:
+        worker._worker_info = info
+
+
 def as_split(data: Any, name: str):
-    """An ArraySplit (arrays or tensors in memory) or a TorchSplit (anything read sample by sample)."""
+    """An ArraySplit (arrays or tensors in memory), a TorchSplit (anything read sample by sample) or
+    a StreamSplit (an IterableDataset, read in its own order)."""
     if isinstance(data, (ArraySplit, TorchSplit)):
         return data
     if isinstance(data, DataLoader):
         if isinstance(data.dataset, IterableDataset):
-            raise DataError(f"{name}: an IterableDataset is not supported yet; give a map-style Dataset "
-                            "(__getitem__ and __len__), or write shards with `scaletrain shard` and stream them")
+            if data.batch_size is None:
+                raise DataError(f"{name}: the DataLoader has batch_size=None (its IterableDataset yields batches); "
+                                "the trainer batches the samples itself: yield samples and give batch_size=")
+            return _nonempty(StreamSplit(data.dataset, name, data.collate_fn, data.num_workers, data.batch_size))
         if data.batch_sampler is not None and not isinstance(data.sampler, (SequentialSampler, RandomSampler)):
             raise DataError(f"{name}: the DataLoader has a sampler of its own ({type(data.sampler).__name__}); "
                             "the trainer orders and shards the samples itself (seeded, per replica): build it "
@@ -191,17 +290,13 @@ def as_split(data: Any, name: str):
         if data.batch_size is None:
             raise DataError(f"{name}: the DataLoader has a batch_sampler of its own; the trainer batches the "
                             "samples itself: build it with batch_size= instead")
-        return TorchSplit(data.dataset, name, data.collate_fn, data.num_workers, data.batch_size)
+        return _nonempty(TorchSplit(data.dataset, name, data.collate_fn, data.num_workers, data.batch_size))
     if isinstance(data, IterableDataset):
-        raise DataError(f"{name}: an IterableDataset is not supported yet; give a map-style Dataset "
-                        "(__getitem__ and __len__), or write shards with `scaletrain shard` and stream them")
+        return _nonempty(StreamSplit(data, name))
     # A tuple is (inputs, targets); a list, like any other sequence, holds samples.
     if isinstance(data, TorchDataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
                                           and not isinstance(data, (tuple, np.ndarray, torch.Tensor, Mapping))):
-        split = TorchSplit(data, name)
-        if len(split) == 0:
-            raise DataError(f"{name}: the split is empty")
-        return split
+        return _nonempty(TorchSplit(data, name))
     if isinstance(data, tuple) and len(data) == 2:
         x = as_features(data[0], f"{name} inputs")
         y = torch.as_tensor(np.asarray(data[1]) if not isinstance(data[1], torch.Tensor) else data[1])
@@ -212,6 +307,12 @@ def as_split(data: Any, name: str):
         return ArraySplit(x, y if y.is_floating_point() else y.long())
     raise DataError(f"{name}: cannot read {type(data).__name__} as data; give a torch Dataset, a DataLoader, "
                     "or an (inputs, targets) tuple of arrays")
+
+
+def _nonempty(split: TorchSplit) -> TorchSplit:
+    if len(split) == 0:
+        raise DataError(f"{split.name}: the split is empty")
+    return split
 
 
 def own_dataset(data: Any) -> Any:
@@ -251,7 +352,8 @@ def class_count(data: Any, split, given: int | None, count: bool = True) -> int:
     if targets is None:
         print(f"scaletrain: counting the classes of {split.name} by reading its targets "
               "(give num_classes to skip this)", flush=True)
-        targets = [split_batch(split.dataset[i], split.name)[1] for i in range(len(split))]
+        with kept_random_state():
+            targets = [split_batch(sample, split.name)[1] for sample in split.samples()]
     return infer_num_classes(torch.as_tensor(np.asarray(targets)).long().view(-1), split.name)
 
 
@@ -300,6 +402,9 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
     parts = {k: (v if isinstance(v, TorchSplit) or v is None else _array_as_torch(v, f"{name} ({k})"))
              for k, v in splits.items()}
     if parts["val"] is None:
+        if isinstance(parts["train"], StreamSplit):
+            raise DataError(f"{name}: a stream cannot be split at random for validation; give val= "
+                            "(--data's function: a dict with 'val'), or a map-style Dataset")
         parts["train"], parts["val"] = _random_parts(parts["train"], val_fraction, seed)
     if parts["test"] is None:
         parts["test"], parts["val"] = parts["val"], None

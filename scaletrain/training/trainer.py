@@ -98,6 +98,9 @@ class Trainer:
         self.epoch = 0           # the epoch being trained (0-based)
         self.epoch_step = 0      # optimizer steps done in it
         self.steps_per_epoch = 0
+        # A user's own samples (a TorchSplit) are read in replica batches, each under its own seed:
+        # a resume on another replica count would draw their random transforms differently.
+        self.replica_seeded_data = False
         self.resumed_from: str | None = None
         self.test_logs: dict = {}      # the test split's figures, evaluated once after training
         self.normalizer: Normalizer | None = None
@@ -158,7 +161,7 @@ class Trainer:
         return {"global_step": self.global_step, "epoch": self.epoch, "epoch_step": self.epoch_step,
                 "world_size": self.layout.world, "replicas": self.layout.replicas,
                 "global_batch": self.batch.global_batch,
-                "steps_per_epoch": self.steps_per_epoch}
+                "steps_per_epoch": self.steps_per_epoch, "replica_seeded_data": self.replica_seeded_data}
 
     def build_step(self, schedule: LRSchedule, grad_accum_steps: int | None = None, first_step: int = 0) -> TrainStep:
         """The training step with this trainer's model, optimizer, task, precision and strategy
@@ -215,6 +218,7 @@ class Trainer:
                               f"is {self.batch.per_replica}; set TrainConfig(batch_size={given_batch * self.layout.replicas}) "
                               "(the global batch), or pass the Dataset and let the trainer batch it")
         train_loader = self.loader(dataset.train, train=True)
+        self.replica_seeded_data = isinstance(dataset.train, TorchSplit)
         val_loader = self.loader(dataset.val if dataset.val is not None else dataset.test, train=False)
         self.steps_per_epoch = len(train_loader)
         if self.steps_per_epoch == 0:

@@ -36,6 +36,7 @@ from scaletrain.config import TrainConfig, write_toml
 from scaletrain.distributed.strategies import resolve_device
 from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.data import sample_shape
+from scaletrain.data.dataset import ArraySplit
 from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
 from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, emulated_precisions, first_candidates,
                                                   model_facts, system_knobs)
@@ -172,8 +173,10 @@ class AutoTuner:
         shape, outputs, task = sample_shape(base.data)
         self.shape, self.outputs, self.task = shape, outputs, task
         from scaletrain.data import load_dataset
-        self.train_samples = len(load_dataset(base.data, seed=base.seed).train)
-        streamed = base.data.placement == "stream" or base.data.name == "shards"
+        train = load_dataset(base.data, seed=base.seed).train
+        self.train_samples = len(train)
+        # Read on the host (streamed shards, a user's own samples, or asked for): its workers matter.
+        streamed = base.data.placement == "stream" or not isinstance(train, ArraySplit)
         knobs = system_knobs(base, self.device, model_facts(base, shape, outputs), streamed)
         if settings.objective is TIME_TO_TARGET:    # what changes the steps needed, not only their speed
             sizes = [b for b in (base.batch_size // 2, base.batch_size * 2) if 8 <= b <= self.train_samples // 4]
