@@ -19,19 +19,20 @@ check:
 	  .venv/bin/python -m pytest -q -n 2 -m "not processes and not alone and not slow" tests
 
 # setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. First the tests
-# marked `alone`, whose claims are wall-clock bounds, with nothing beside them; then the rest on
-# two pytest-xdist workers, a test file's tests on one of them (module fixtures are built once),
-# the longest files first (tests/conftest.py).
+# marked `alone`, whose claims are wall-clock bounds, with nothing beside them; then the rest and
+# every command of README.md and docs/ (doctests/) in one session on two pytest-xdist workers: a
+# test file, or a doc workspace's lines in order, on one of them (module fixtures are built once),
+# the longest first (conftest.py), so the two workers end together.
 # Each target says how long it took (README, "Tests").
 test:
 	bash scripts/setup.sh dev
 	bash scripts/setup-system.sh
 	bash scripts/timed.sh "make test" \
 	  .venv/bin/python -m pytest -q -m alone tests -- \
-	  .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" tests
+	  .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder -m "not alone" tests doctests
 
-# Every command in README.md and docs/, run as written (shortened as doctests/ says), each doc
-# workspace's lines in order on one of two workers; CI runs it after `make test`.
+# Only the commands of README.md and docs/, run as written (shortened as doctests/ says), each doc
+# workspace's lines in order on one of two workers (`make test` runs them too).
 doc-test:
 	bash scripts/setup.sh dev
 	bash scripts/timed.sh "make doc-test" .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder doctests

@@ -5,7 +5,9 @@ one working folder per file, so a line can use what an earlier one made (`runs/a
 run store). What the harness may change is agreed here, and nothing else:
 
 - shorter: `SHORTER` appends flags per command (one epoch, a few trials, small CIFAR shards; no training
-  subset of streamed shards, which would cut whole shards), and the data the
+  subset of streamed shards, which would cut whole shards), `<!-- doc-test: shorter in "TEXT" =
+  FLAGS -->` before a block appends FLAGS to its lines containing TEXT (a lower target where the
+  line trains to one: the same search, sooner), and the data the
   lines name by folder is small and made here (`~` is a fresh home holding `data/fashion` and
   `cifar`; `DIR` is that folder for the line's `--data`); the TOML files lines name are written
   here (`FILES`), and a doc's ```python block whose first line names a file (`# mine.py`) is
@@ -29,13 +31,13 @@ run store). What the harness may change is agreed here, and nothing else:
 - side by side: `<!-- doc-test: workspace NAME -->` before a block runs its lines (or `workspace
   NAME in "TEXT"`: its lines containing TEXT) in a workspace of their own (lines naming the same
   NAME share it), which needs nothing another workspace's lines made;
-  `make doc-test` runs the workspaces on two pytest-xdist workers, each one's lines in order
-  (a test class each: `_workspace_class`).
+  `make test` (and `make doc-test`, the doc lines alone) runs the workspaces on two pytest-xdist
+  workers, each one's lines in order (a test class each: `_workspace_class`).
 
 A command passes when it exits 0 and prints no traceback. A trailing `&` runs it in the
 background; its workspace's last line waits for every one.
 
-Run with `make doc-test`.
+Run with `make test` (everything) or `make doc-test` (these alone).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class Command:
     line: int
     text: str                       # as the doc writes it (continuations joined)
     fill: str | None = None         # what a `...` stands for
+    shorter: str = ""               # flags appended to shorten this line (a `shorter in` directive)
     skip: str | None = None         # why it does not run here
     workspace: str = ""             # "": the file's own; else the file's workspace of that name
 
@@ -120,6 +123,7 @@ class Command:
 @dataclass
 class Directives:
     fills: list[tuple[str, str]] = field(default_factory=list)    # (selector, flags)
+    shorter: list[tuple[str, str]] = field(default_factory=list)  # (selector, flags)
     skips: list[tuple[str, str]] = field(default_factory=list)    # (selector, why)
     workspaces: list[tuple[str, str]] = field(default_factory=list)  # (selector, name); none: the file's own
 
@@ -133,6 +137,9 @@ class Directives:
         for selector, name in self.workspaces:
             if selector in command.text:
                 command.workspace = name
+        for selector, flags in self.shorter:
+            if selector in command.text:
+                command.shorter = flags
         return command
 
 
@@ -140,7 +147,10 @@ def _directive(body: str, pending: Directives) -> None:
     skip = re.fullmatch(r"skip (.+?) :: (.+)", body)
     fill = re.fullmatch(r'\.\.\.(?: in "(.+?)")? = ?(.*)', body)
     workspace = re.fullmatch(r'workspace ([\w-]+)(?: in "(.+?)")?', body)
-    if skip:
+    shorter = re.fullmatch(r'shorter in "(.+?)" = (.+)', body)
+    if shorter:
+        pending.shorter.append((shorter.group(1), shorter.group(2)))
+    elif skip:
         pending.skips.append((skip.group(1), skip.group(2)))
     elif fill:
         pending.fills.append((fill.group(1) or "", fill.group(2)))
@@ -222,6 +232,10 @@ class Workspace:
         # each, left both lines waiting on each other's threads: the 8-point sweep took 3.2x its time alone).
         self.env = {**os.environ, "HOME": str(self.home), "PATH": bin_dir + os.pathsep + os.environ["PATH"],
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        # A user's data cache under their home: not the one tests/conftest.py sets for its session,
+        # which a doc line would otherwise share when `make test` runs both on one worker.
+        from scaletrain.data.cache import CACHE_ENV   # here: reading the lines needs no torch
+        self.env.pop(CACHE_ENV, None)
 
     def run_ids(self) -> list[str]:
         """Runs of the default recipe's model and data recorded so far, oldest first (the docs'
@@ -248,7 +262,7 @@ class Workspace:
         words = shlex.split(text.rstrip("&").strip(), posix=True)
         verb = next((w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)), "")
         sub = words[words.index(verb) + 1] if verb == "scaletrain" and len(words) > 1 else ""
-        extra = SHORTER.get(sub, [])
+        extra = [*SHORTER.get(sub, []), *command.shorter.split()]
         if NARROWER[0].search(text):
             extra = [*extra, *NARROWER[1]]
         if sub in TRAINS and ASKS_FOR_BF16.search(text) and emulated_bf16():
@@ -322,16 +336,8 @@ def _workspace_class(group: str) -> type:
     return type("TestDocs_" + re.sub(r"\W", "_", group), (), {"test_doc_command_runs": test_doc_command_runs})
 
 
-# The workspaces start longest first (make doc-test keeps this order: --no-loadscope-reorder), so
-# that the two workers end together: in doc order one of them idled for the last 4 minutes. By
-# their time under `make doc-test` on the 2-core CPU without AVX-512 (2026-11-27); the ones not
-# named (under 45 s each) fill in after them, in doc order. A stale list costs balance, never a result.
-LONGEST_FIRST = ("docs/model-parallel.md", "README.md#memory", "README.md", "README.md#pipeline", "README.md#ps",
-                 "README.md#sweep", "docs/your-model-and-data.md", "docs/data.md", "docs/autotune.md", "docs/autotune.md#ttt",
-                 "docs/autotune.md#wrn", "README.md#tune", "docs/integrations.md", "docs/distributed.md",
-                 "README.md#shards", "docs/scaling-predictor.md", "docs/autotune.md#grid", "README.md#autotune")
-_GROUPS = sorted(dict.fromkeys(c.group for c in ALL),
-                 key=lambda g: LONGEST_FIRST.index(g) if g in LONGEST_FIRST else len(LONGEST_FIRST))
+# A class a workspace, in doc order (the repository's conftest.py starts the longest first).
+_GROUPS = dict.fromkeys(c.group for c in ALL)
 for _class in map(_workspace_class, _GROUPS):
     globals()[_class.__name__] = _class
 

@@ -57,18 +57,6 @@ def _work_in_tmp_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-# The files that take longest start first, so that the two xdist workers of `make test` end
-# together: `--dist loadfile --no-loadscope-reorder` hands files out in collection order (without
-# the flag xdist orders them by their number of tests, which put the wheel test last, alone for
-# the run's last 75 s). By their time under `make test` on the 2-core CPU without AVX-512
-# (2026-11-27; test_user_data.py by its time alone), longest first; a stale list costs balance, never a
-# result.
-LONGEST_FIRST = ("test_distributed.py", "test_autotune.py", "test_model_parallel.py", "test_parameter_server.py",
-                 "test_task_matrix.py", "test_tune.py", "test_user_data.py", "test_trust.py", "test_memory.py", "test_sharded.py",
-                 "test_trackers.py", "test_recipes.py", "test_wheel.py", "test_hsdp.py", "test_experiments.py",
-                 "test_shards.py", "test_job_conventions.py", "test_runs.py", "test_tasks.py")
-
-
 # What starts a process when a test (or a helper or fixture of its module) calls it: the real CLI,
 # torchrun, a server. Such tests are marked `processes` at collection; `make check` runs the rest.
 STARTS_PROCESSES = re.compile(r"(?<![\w.])(run|run_here|start|run_cli|kill_slowed_run_after_checkpoint|"
@@ -98,8 +86,6 @@ def _marks_processes(item) -> bool:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: each file keeps its order
     for item in items:
         if isinstance(item, pytest.Function) and _marks_processes(item):
             item.add_marker(pytest.mark.processes)

@@ -106,11 +106,15 @@ class Planner:
         self._activations: dict[int, int] = {}
 
     def activation_bytes(self, per_device_batch: int) -> int:
+        """The traced activations of one per-device batch (each batch traced once)."""
         if per_device_batch not in self._activations:
-            trace = trace_step(self.traced, self.req.input_shape, self.req.num_classes, per_device_batch,
-                               self.policy.autocast_dtype, self.policy.input_dtype, task=TASKS[self.req.task]())
-            self._activations[per_device_batch] = trace.activation_bytes
+            self._activations[per_device_batch] = self._trace(per_device_batch)
         return self._activations[per_device_batch]
+
+    def _trace(self, per_device_batch: int) -> int:
+        trace = trace_step(self.traced, self.req.input_shape, self.req.num_classes, per_device_batch,
+                           self.policy.autocast_dtype, self.policy.input_dtype, task=TASKS[self.req.task]())
+        return trace.activation_bytes
 
     def plan(self, strategy: str, devices: int, batch_size: int) -> MemoryPlan:
         req = self.req
@@ -138,15 +142,20 @@ class Planner:
             max_per_device_batch_size=max_per_device, host_bytes=state.host_bytes)
 
     def max_per_device_batch(self, budget: float) -> int:
-        """Largest per-device batch whose traced activations fit `budget` bytes. Two small traces
-        give a first guess, which on the usual convex curve overshoots; memory/bracket.py narrows
-        the bracket from there. A 1.3B ViT takes 5 traces per budget where bisection took 13-16
-        (tests: test_max_batch_search_*)."""
+        """Largest per-device batch whose traced activations fit `budget` bytes. Two traces on one
+        line of the curve give a first guess, which on the usual convex curve overshoots;
+        memory/bracket.py narrows the bracket from there. A 1.3B ViT takes 5 traces for its first
+        budget where bisection took 13-16 (tests: test_max_batch_search_*). A later budget (another
+        strategy's, on the same planner) starts from what the earlier searches traced: the line
+        through the batch an earlier search found and the next one, then the tightest bracket they
+        give (2 traces where the budget falls on the same line; exact by monotonicity alone)."""
+        earlier = dict(self._activations)
         if budget <= 0 or self.activation_bytes(1) > budget:
             return 0
-        a1, a2 = self.activation_bytes(1), self.activation_bytes(2)
-        slope = max(a2 - a1, 1)
-        guess = int(min(MAX_SEARCH_BATCH, max(1, 1 + (budget - a1) // slope)))
+        self.activation_bytes(2)
+        n = self._nearest_line(budget)
+        a, slope = self._activations[n], max(self._activations[n + 1] - self._activations[n], 1)
+        guess = int(min(MAX_SEARCH_BATCH, max(1, n + (budget - a) // slope)))
         low, high = 1, None  # low fits; high (if known) does not
         if self.activation_bytes(guess) <= budget:
             low = guess
@@ -162,8 +171,17 @@ class Planner:
             high = guess
         if high is None:
             return low
+        low = max([low, *(b for b, cost in earlier.items() if cost <= budget and b < high)])
+        high = min([high, *(b for b, cost in earlier.items() if cost > budget and b > low)])
         return largest_fitting(low, high, budget,
                                lambda n: (self.activation_bytes(n) <= budget, self.activation_bytes(n)))
+
+    def _nearest_line(self, budget: float) -> int:
+        """The traced batch n, with n + 1 traced too and costing more, whose cost is nearest
+        `budget`: (1, 2) at first, an earlier search's answer and the batch after it later."""
+        pairs = [b for b in self._activations
+                 if b + 1 in self._activations and self._activations[b + 1] > self._activations[b]]
+        return min(pairs, key=lambda b: abs(self._activations[b] - budget), default=1)
 
 
 def plan_memory(req: PlanRequest) -> MemoryPlan:
