@@ -49,11 +49,17 @@ torch_version="$(.venv/bin/python -W ignore -c 'import torch; print(torch.__vers
 pin="$(mktemp)"
 trap 'rm -f "$pin"' EXIT
 echo "torch==${torch_version}" > "$pin"
+# Bytecode is compiled at install, as pip does by default and uv only when asked: where Python may
+# not write it (PYTHONDONTWRITEBYTECODE, set on this project's machines), every process would otherwise
+# compile numpy, rich, optuna, SQLAlchemy and scaletrain from source again (5 s of an autotune's
+# start on the 2-core CPU).
 if .venv/bin/python -m pip install --quiet uv 2>/dev/null \
-    && .venv/bin/python -m uv pip install --quiet --python .venv/bin/python --constraint "$pin" -e ".[${extras}]"; then
+    && .venv/bin/python -m uv pip install --quiet --compile-bytecode --python .venv/bin/python --constraint "$pin" \
+         -e ".[${extras}]"; then
   echo "setup: installed scaletrain[${extras}] with uv (torch ${torch_version} kept)"
 else
   echo "setup: installing scaletrain[${extras}] with pip"
   .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 fi
+.venv/bin/python -m compileall -q scaletrain > /dev/null   # the editable package's own bytecode
 .venv/bin/python scripts/setup_stamp.py write "$extras"   # what is now there, for the check above
