@@ -175,6 +175,25 @@ def test_a_stream_is_read_once_across_ranks_and_workers_in_the_same_batches_and_
                                                  strict=True))
 
 
+def test_a_stream_is_written_into_shards_in_one_pass_each_sample_in_order(tmp_path):
+    from scaletrain.data.shards.reader import read_split
+    from scaletrain.data.shards.writer import write_shards
+
+    class Passes(Counted):
+        passes = 0
+
+        def __iter__(self):
+            Passes.passes += 1
+            return super().__iter__()
+
+    manifest = write_shards(as_dataset(Passes(200), val=Counted(40, seed=1)), tmp_path / "shards",
+                            samples_per_shard=25)
+    assert Passes.passes <= 4           # counted, first samples, classes, then written: not once a shard
+    assert len(manifest.split("train")) == 8
+    written, pairs = read_split(manifest, "train"), Pairs(200)
+    assert torch.equal(written.x, pairs.x) and torch.equal(written.y, pairs.y)
+
+
 def test_a_stream_trains_through_a_dataloader_with_workers(tmp_path):
     with Trainer(_model(), _config(tmp_path)) as trainer:
         history = trainer.fit(DataLoader(Counted(480, noise=True), batch_size=32, num_workers=2),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,10 @@ class ArraySplit:
     def head(self, n: int) -> "ArraySplit":
         """The first `n` samples."""
         return self.part(0, n)
+
+    def pieces(self, bounds: list[int]) -> Iterator["ArraySplit"]:
+        """Samples [bounds[i], bounds[i + 1]) after one another, as tensors (the shard writer's)."""
+        return (self.part(start, end) for start, end in zip(bounds, bounds[1:]))
 
 
 @dataclass(slots=True)

@@ -169,6 +169,13 @@ class TorchSplit:
         part.label_bound = self.label_bound
         return part
 
+    def pieces(self, bounds: list[int]) -> Iterator[ArraySplit]:
+        """Samples [bounds[i], bounds[i + 1]) after one another, collated into tensors, one piece in
+        memory at a time (the shard writer writes a set larger than memory this way)."""
+        samples = itertools.islice(self.samples(), bounds[0], None)
+        for start, end in zip(bounds, bounds[1:]):
+            yield self._collated(samples, end - start)
+
     @property
     def examples(self) -> ArraySplit:
         """The first samples as tensors: their shapes, dtypes and targets stand for the split's."""
@@ -178,13 +185,17 @@ class TorchSplit:
 
     def head(self, n: int) -> ArraySplit:
         """The first `n` samples, collated into tensors (read as evaluation reads them)."""
+        return next(self.pieces([0, min(n, len(self))]))
+
+    def _collated(self, samples: Iterator, n: int) -> ArraySplit:
+        """The next `n` of `samples` as tensors; whatever the user's code raises, in one line."""
         try:
             with kept_random_state():
-                return ArraySplit(*collate_pairs(self.collate_fn)(list(itertools.islice(self.samples(), n))))
+                return ArraySplit(*collate_pairs(self.collate_fn)(list(itertools.islice(samples, n))))
         except DataError as exc:
             raise DataError(f"{self.name}: {exc}") from None
         except Exception as exc:   # the user's __getitem__ or collate: their message, one line
-            raise DataError(f"{self.name}: reading its first samples failed: {type(exc).__name__}: {exc}") from None
+            raise DataError(f"{self.name}: reading its samples failed: {type(exc).__name__}: {exc}") from None
 
 
 class StreamSplit(TorchSplit):

@@ -13,7 +13,7 @@ import numpy as np
 from webdataset import TarWriter
 
 from scaletrain.checkpoint.store import write_atomically
-from scaletrain.data.dataset import Dataset
+from scaletrain.data.dataset import ArraySplit, Dataset
 from scaletrain.data.shards.manifest import MANIFEST, Manifest, ShardFile
 
 
@@ -31,15 +31,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _rows(split, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-    """Samples [start, end) as arrays: sliced from memory, or read from a user's torch Dataset
-    (data/user.py) one shard at a time, so a set larger than memory is written in pieces."""
-    part = split.part(start, end).head(end - start)
-    return part.x.numpy(), part.y.numpy()
-
-
-def _write_shard(path: Path, split, start: int, end: int, first_key: int) -> None:
-    x, y = _rows(split, start, end)
+def _write_shard(path: Path, rows: ArraySplit, first_key: int) -> None:
+    x, y = rows.x.numpy(), rows.y.numpy()
     tmp = path.with_name("." + path.name + ".tmp")
     with open(tmp, "wb") as file:
         # Plain ustar members (no pax headers: reader.py reads exactly these) with a fixed integer
@@ -71,10 +64,12 @@ def write_shards(dataset: Dataset, folder: Path, samples_per_shard: int) -> Mani
             continue
         count = -(-len(split) // samples_per_shard)
         bounds = np.linspace(0, len(split), count + 1).round().astype(int)   # balanced sizes
-        for i in range(count):
+        # Shard after shard, one in memory at a time: sliced from memory, or read from a user's
+        # torch Dataset or stream (data/user.py) in one pass, so a set larger than memory is written too.
+        for i, rows in enumerate(split.pieces(bounds.tolist())):
             path = folder / f"{name}-{i:04d}.tar"
-            _write_shard(path, split, int(bounds[i]), int(bounds[i + 1]), key)
-            key += int(bounds[i + 1] - bounds[i])
+            _write_shard(path, rows, key)
+            key += len(rows)
             manifest.shards.append(ShardFile(path.name, name, int(bounds[i + 1] - bounds[i]), path.stat().st_size,
                                              _sha256(path)))
     write_atomically(folder / MANIFEST, manifest.to_json())
