@@ -237,12 +237,17 @@ def test_classification_asked_of_float_targets_is_refused():
 
 
 # --------------------------------------------------------------------------- the command line
-def _images(tmp_path: Path) -> Path:
+def _plugin(name: str):
+    """A module of tests/plugins/, as the CLI's `--data module:function` imports it."""
     sys.path.insert(0, str(PLUGINS))
     try:
-        from user_images import write_folder
+        return __import__(name)
     finally:
         sys.path.remove(str(PLUGINS))
+
+
+def _images(tmp_path: Path) -> Path:
+    write_folder = _plugin("user_images").write_folder
     folder = tmp_path / "images"
     write_folder(folder / "train", per_class=40, seed=0)
     write_folder(folder / "test", per_class=8, seed=1)
@@ -272,6 +277,29 @@ def test_a_png_folder_with_random_crops_through_two_workers_per_rank_resumes_bit
     assert [[m[k] for k in keys] for m in metrics(tmp_path / "full")] == \
            [[m[k] for k in keys] for m in metrics(tmp_path / "cut")]
     assert metrics(tmp_path / "full")[-1]["val_accuracy"] >= 0.75
+
+
+def _form(form: str, tmp_path: Path) -> tuple[list[str], str]:
+    """(model and data flags, an autotune knob that applies) for one form a user's data comes in."""
+    if form == "png":
+        folder = _images(tmp_path)
+        return ["--model", "mlp", "--data", "user_images:splits", "--data-option", f"folder={str(folder)!r}"], \
+            "num_workers"
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6))
+    np.savez(tmp_path / "reg.npz", x=x, y=x @ np.linspace(-1, 1, 6))
+    return ["--model", "mlp", "--data", "npz", "--data-dir", "reg.npz"], "threads"
+
+
+@pytest.mark.parametrize("form", ["png", "npz"])
+def test_plan_memory_and_autotune_take_each_form_of_a_users_data(tmp_path, form):
+    """A PNG folder read by Pillow and a float-target .npz (the stream:
+    test_a_stream_by_module_and_function_...) through the two planning commands."""
+    flags, knob = _form(form, tmp_path)
+    planned = run(["plan-memory", *flags, "--batch-size", "32"], tmp_path)
+    assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
+    tuned = run(["autotune", *flags, "--batch-size", "32", "--trials", "1", "--steps", "2", "--knobs", knob], tmp_path)
+    assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
 
 
 USER_MODULE = '''
@@ -390,40 +418,17 @@ def test_a_float_target_npz_trains_as_regression_from_the_command_line(tmp_path)
 
 
 # --------------------------------------------------------------------------- Hugging Face datasets
-def _reviews(n, seed):
-    """Short texts whose class is whether they say 'good' or 'bad', tokenised by characters."""
-    datasets = pytest.importorskip("datasets")
-    rng = np.random.default_rng(seed)
-    words = ["the", "film", "was", "plot", "very", "acting", "quite", "so"]
-    labels = rng.integers(0, 2, n)
-    texts = [" ".join([*rng.choice(words, 3), ("good", "bad")[k], *rng.choice(words, 2)]) for k in labels]
-    vocab = {c: i + 1 for i, c in enumerate(sorted(set("".join(texts))))}
-
-    def tokenise(row):   # a tiny character tokenizer, padded to 40 ids
-        ids = [vocab[c] for c in row["text"]][:40]
-        return {"input_ids": ids + [0] * (40 - len(ids))}
-    return (datasets.Dataset.from_dict({"text": texts, "label": labels.tolist()})
-            .map(tokenise).remove_columns("text").with_format("torch")), len(vocab) + 1
-
-
-class BagOfChars(nn.Module):
-    def __init__(self, vocab):
-        super().__init__()
-        self.embed, self.head = nn.EmbeddingBag(vocab, 16, padding_idx=0), nn.Linear(16, 2)
-
-    def forward(self, ids):
-        return self.head(self.embed(ids))
-
-
 def test_a_hugging_face_dataset_trains_as_dict_batches_map_style_and_streamed(tmp_path):
-    train, vocab = _reviews(480, seed=0)
-    val, _ = _reviews(96, seed=1)
+    pytest.importorskip("datasets")
+    hf = _plugin("hf_reviews")
+    train, vocab = hf.reviews(480, seed=0)
+    val, _ = hf.reviews(96, seed=1)
     torch.manual_seed(0)
-    with Trainer(BagOfChars(vocab), _config(tmp_path, epochs=4)) as trainer:
+    with Trainer(hf.BagOfChars(vocab), _config(tmp_path, epochs=4)) as trainer:
         history = trainer.fit(train, val=val)
         assert trainer.task.name == "classification" and history[-1]["val_accuracy"] >= 0.9
     # The same rows as a Hugging Face stream (it splits itself among workers; the trainer reads it whole).
     torch.manual_seed(0)
-    with Trainer(BagOfChars(vocab), _config(tmp_path, epochs=4)) as trainer:
+    with Trainer(hf.BagOfChars(vocab), _config(tmp_path, epochs=4)) as trainer:
         history = trainer.fit(DataLoader(train.to_iterable_dataset(), batch_size=32, num_workers=2), val=val)
         assert history[-1]["val_accuracy"] >= 0.9
