@@ -1,7 +1,6 @@
 """A user's text data as Hugging Face `datasets` hold it: short reviews whose class is whether they
 say 'good' or 'bad', character-tokenised with `Dataset.map`, in `with_format("torch")` (dict rows
-of `input_ids` and `label`). The real CLI loads it as `--data hf_reviews:splits` (tests put this
-folder on PYTHONPATH); `streamed=true` gives the training split as `.to_iterable_dataset()`."""
+of `input_ids` and `label`), and a bag-of-characters model for it (tests/test_user_data.py)."""
 
 import numpy as np
 from torch import nn
@@ -25,12 +24,6 @@ def reviews(n: int, seed: int):
     return table.map(tokenise).remove_columns("text").with_format("torch"), len(vocab) + 1
 
 
-def splits(size: int = 480, streamed: bool = False):
-    train, _ = reviews(size, seed=0)
-    val, _ = reviews(96, seed=1)
-    return {"train": train.to_iterable_dataset() if streamed else train, "val": val}
-
-
 class BagOfChars(nn.Module):
     def __init__(self, vocab: int, classes: int = 2):
         super().__init__()
@@ -39,6 +32,3 @@ class BagOfChars(nn.Module):
     def forward(self, ids):
         return self.head(self.embed(ids))
 
-
-def build(input_shape, num_classes):
-    return BagOfChars(len(set("".join(WORDS + ["good", "bad"])) | {" "}) + 1, num_classes)
