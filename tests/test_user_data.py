@@ -285,16 +285,31 @@ def _form(form: str, tmp_path: Path) -> tuple[list[str], str]:
         folder = _images(tmp_path)
         return ["--model", "mlp", "--data", "user_images:splits", "--data-option", f"folder={str(folder)!r}"], \
             "num_workers"
+    if form == "hf":   # token ids into an embedding: the planners trace integer inputs
+        pytest.importorskip("datasets")
+        (tmp_path / "reviews.py").write_text(HF_MODULE)
+        return ["--model", "reviews:build", "--data", "reviews:splits"], "num_workers"
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 6))
     np.savez(tmp_path / "reg.npz", x=x, y=x @ np.linspace(-1, 1, 6))
     return ["--model", "mlp", "--data", "npz", "--data-dir", "reg.npz"], "threads"
 
 
-@pytest.mark.parametrize("form", ["png", "npz"])
+HF_MODULE = """
+from hf_reviews import BagOfChars, reviews
+
+def splits():
+    return {"train": reviews(200, seed=0)[0], "val": reviews(64, seed=1)[0]}
+
+def build(input_shape, num_classes):
+    return BagOfChars(reviews(1, seed=0)[1], num_classes)
+"""
+
+
+@pytest.mark.parametrize("form", ["png", "hf", "npz"])
 def test_plan_memory_and_autotune_take_each_form_of_a_users_data(tmp_path, form):
-    """A PNG folder read by Pillow and a float-target .npz (the stream:
-    test_a_stream_by_module_and_function_...) through the two planning commands."""
+    """A PNG folder read by Pillow, a Hugging Face text set (token ids) and a float-target .npz (the
+    stream: test_a_stream_by_module_and_function_...) through the two planning commands."""
     flags, knob = _form(form, tmp_path)
     planned = run(["plan-memory", *flags, "--batch-size", "32"], tmp_path)
     assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]

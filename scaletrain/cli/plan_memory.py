@@ -36,7 +36,7 @@ def _choices(text: str, default: tuple[str, ...]) -> list[str]:
 
 def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
-    from scaletrain.data.registry import sample_shape
+    from scaletrain.data.registry import sample_shape, token_inputs
     from scaletrain.distributed import STRATEGIES
     from scaletrain.memory.model_state import PLAN_STRATEGIES
     from scaletrain.memory.planner import Planner, PlanRequest
@@ -60,6 +60,7 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
         get_policy(name)
     memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory is not None else None
     shape, classes, task = sample_shape(cfg.data)
+    tokens = token_inputs(cfg.data)
     plans = []
     for precision in precisions:
         req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,
@@ -67,7 +68,7 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
                           devices=args.devices, activation_checkpointing=cfg.memory.activation_checkpointing,
                           block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
                           momentum=cfg.optim.momentum, device_memory=memory, headroom=args.headroom,
-                          distributed=cfg.distributed)
+                          distributed=cfg.distributed, token_inputs=tokens)
         planner = Planner(req)
         plans += [planner.plan(s, args.devices, cfg.batch_size) for s in strategies]
         if not args.json:
@@ -129,7 +130,7 @@ def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
 
 def _plan_pipeline(cfg, args: argparse.Namespace) -> int:
     """A row per stage of one replica (memory/pipeline_plan.py)."""
-    from scaletrain.data.registry import sample_shape
+    from scaletrain.data.registry import sample_shape, token_inputs
     from scaletrain.memory.planner import PlanRequest
     from scaletrain.memory.pipeline_plan import plan_pipeline
     d = cfg.distributed.pipeline
@@ -139,7 +140,7 @@ def _plan_pipeline(cfg, args: argparse.Namespace) -> int:
                       num_classes=classes, task=task, batch_size=cfg.batch_size, precision=cfg.precision.policy,
                       devices=devices, activation_checkpointing=cfg.memory.activation_checkpointing,
                       block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
-                      momentum=cfg.optim.momentum)
+                      momentum=cfg.optim.momentum, token_inputs=token_inputs(cfg.data))
     stages = plan_pipeline(req, d.stages, d.microbatch_count(), d.schedule, d.split_points)
     if args.json:
         print(json.dumps([p.to_dict() for p in stages], indent=2))

@@ -22,6 +22,16 @@ def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
     return ds.input_shape, outputs, ds.task
 
 
+def token_inputs(cfg) -> bool:
+    """Whether the data set's inputs are token ids (integers into an embedding), so that a planner's
+    example batch is integers too. A built-in data set's task says so where it matters (a language
+    model's batch is tokens); a user's own set is read for its first samples."""
+    cfg = home_expanded(cfg)
+    if data_source(cfg.name).known_sample(cfg) is not None:
+        return False
+    return load_dataset(cfg).token_inputs
+
+
 def load_dataset(cfg, seed: int = 0) -> Dataset:
     """Loads the data set a DataConfig names, with a validation split held out unless it has its
     own, optionally cut to its first `train_subset` samples."""

@@ -78,7 +78,7 @@ def plan_pipeline(req: PlanRequest, stages: int, microbatches: int, schedule: st
     groups = stage_layers(traced.model, stages, split_points, costs)
     plans = []
     with traced.fake_mode:
-        x, y = task.example_batch(micro, req.input_shape, req.num_classes, policy.input_dtype)
+        x, y = task.example_batch(micro, req.input_shape, req.num_classes, req.input_dtype(policy))
         h = x
         for s, group in enumerate(groups):
             modules = [m for _, m in group]

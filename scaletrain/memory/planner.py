@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import torch
+
 
 from scaletrain.errors import ConfigError
 from scaletrain.memory.activations import build_fake_model, trace_step
@@ -49,6 +51,11 @@ class PlanRequest:
     device_memory: int | None = None     # bytes
     headroom: float = 0.05               # of device memory: allocator fragmentation, CUDA context
     distributed: Any = None              # the DistributedConfig: the strategies' own option tables
+    token_inputs: bool = False           # inputs are token ids (integers into an embedding), not features
+
+    def input_dtype(self, policy) -> torch.dtype:
+        """The example batch's input dtype: the data's integers, else what the policy feeds the model."""
+        return torch.int64 if self.token_inputs else policy.input_dtype
 
 
 @dataclass(slots=True)
@@ -113,7 +120,7 @@ class Planner:
 
     def _trace(self, per_device_batch: int) -> int:
         trace = trace_step(self.traced, self.req.input_shape, self.req.num_classes, per_device_batch,
-                           self.policy.autocast_dtype, self.policy.input_dtype, task=TASKS[self.req.task]())
+                           self.policy.autocast_dtype, self.req.input_dtype(self.policy), task=TASKS[self.req.task]())
         return trace.activation_bytes
 
     def plan(self, strategy: str, devices: int, batch_size: int) -> MemoryPlan:

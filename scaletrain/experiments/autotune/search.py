@@ -173,7 +173,8 @@ class AutoTuner:
         shape, outputs, task = sample_shape(base.data)
         self.shape, self.outputs, self.task = shape, outputs, task
         from scaletrain.data import load_dataset
-        train = load_dataset(base.data, seed=base.seed).train
+        dataset = load_dataset(base.data, seed=base.seed)
+        train, self.token_inputs = dataset.train, dataset.token_inputs
         self.train_samples = len(train)
         # Read on the host (streamed shards, a user's own samples, or asked for): its workers matter.
         streamed = base.data.placement == "stream" or not isinstance(train, ArraySplit)
@@ -239,7 +240,7 @@ class AutoTuner:
                     num_classes=self.outputs, task=self.task, batch_size=micro, precision=cfg.precision.policy,
                     devices=nproc, activation_checkpointing=cfg.memory.activation_checkpointing,
                     block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
-                    device_memory=memory, distributed=cfg.distributed))
+                    device_memory=memory, distributed=cfg.distributed, token_inputs=self.token_inputs))
             plan = planners[key].plan(plan_as, nproc, micro)
             if plan.fits:
                 kept.append(params)
