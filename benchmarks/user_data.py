@@ -6,7 +6,9 @@ MNIST-1D with the default recipe's model, batch and optimizer, in one process, i
   (b) general path: the same samples as a user's map-style `torch.utils.data.Dataset` given to
       `Trainer.fit` (host DataLoader, per-sample seeds, copied to the device a batch ahead);
   (c) hand loop: a plain `DataLoader(dataset, shuffle=True)` over the same Dataset and the same
-      step (autocast, cross-entropy, fused AdamW) written by hand.
+      step (autocast, cross-entropy, fused AdamW) written by hand;
+  (d) stream: the same samples as a user's `IterableDataset` (with `__len__`), read in its order
+      (data/user.py's StreamBatches: each batch under its own seed, the others' samples skipped).
 
 The goal (issue 46): (b) at most 3 % over (c). Per-epoch training time as the trainer's clock
 records it (`epoch_train_time_s`: its epoch's steps, data waits included, evaluation not); the
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import environment, spread  # noqa: E402
@@ -50,6 +52,19 @@ class Samples(Dataset):
 
     def __getitem__(self, i):
         return self.x[i], self.y[i]
+
+
+class Streamed(IterableDataset):
+    """The same samples as a user's stream, in order, with its length."""
+
+    def __init__(self, samples: Samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __iter__(self):
+        return (self.samples[i] for i in range(len(self.samples)))
 
 
 def hand_epoch(model, opt, loader, device) -> float:
@@ -131,6 +146,7 @@ def main() -> None:
 
     resident = trainer("device")
     general = trainer("device")    # placement is not asked: a user Dataset streams
+    streamed = trainer("device")
     users_val = Samples((dataset.val.x - dataset.mean) / dataset.std, dataset.val.y)
     torch.manual_seed(0)
     hand_model = build_model("cnn1d", dataset.input_shape, 10).to(device)
@@ -139,15 +155,17 @@ def main() -> None:
                              num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
                              pin_memory=device.type == "cuda")
 
-    times: dict[str, list[float]] = {"device-resident": [], "general path": [], "hand loop": []}
+    times: dict[str, list[float]] = {"device-resident": [], "general path": [], "hand loop": [], "stream": []}
     for _ in range(args.repeats + 1):
-        for t in (resident, general):
+        for t in (resident, general, streamed):
             t.history.clear()
         resident.fit(dataset)
         times["device-resident"].append(resident.history[-1]["epoch_train_time_s"])
         general.fit(users, val=users_val)
         times["general path"].append(general.history[-1]["epoch_train_time_s"])
         times["hand loop"].append(hand_epoch(hand_model, hand_opt, hand_loader, device))
+        streamed.fit(Streamed(users), val=users_val)
+        times["stream"].append(streamed.history[-1]["epoch_train_time_s"])
     times = {k: v[1:] for k, v in times.items()}   # the first round: warm-up
     env = environment(device)
     print(f"# user data: cnn1d on MNIST-1D ({len(users)} train samples), batch {args.batch_size}, fp32, "
@@ -158,7 +176,9 @@ def main() -> None:
         print(f"{name:16s} epoch {s['median']:7.1f} ms (min {s['min']:.1f}, max {s['max']:.1f})")
     over_hand = [g / h for g, h in zip(times["general path"], times["hand loop"])]
     over_resident = [g / r for g, r in zip(times["general path"], times["device-resident"])]
-    for label, ratios in (("general path / hand loop", over_hand), ("general path / device-resident", over_resident)):
+    stream_over_general = [s / g for s, g in zip(times["stream"], times["general path"])]
+    for label, ratios in (("general path / hand loop", over_hand), ("general path / device-resident", over_resident),
+                          ("stream / general path", stream_over_general)):
         r = spread(ratios)
         print(f"{label}: median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}); "
               f"{statistics.median(ratios) - 1:+.1%}")
