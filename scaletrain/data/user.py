@@ -122,7 +122,7 @@ class SeededSamples(TorchDataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list:
         epoch, first = keys[0]
-        seed = ((self.seed * 100_003 + epoch) * 1_000_003 + first) % (2 ** 32)
+        seed = batch_seed(self.seed, epoch, first)
         if get_worker_info() is not None:   # a loader worker: its streams are its own
             _seed_all(seed)
             return self._read([index for _, index in keys])
@@ -135,6 +135,12 @@ class SeededSamples(TorchDataset):
         # so, as torch's DataLoader would: a Hugging Face row read alone costs its whole formatting.
         getitems = getattr(self.dataset, "__getitems__", None)
         return list(getitems(indices)) if getitems is not None else [self.dataset[i] for i in indices]
+
+
+def batch_seed(seed: int, epoch: int, first: int) -> int:
+    """The seed a batch of a user's samples is read under: the run's seed, the epoch and the
+    position of the batch's first sample (map-style sets and streams alike)."""
+    return ((seed * 100_003 + epoch) * 1_000_003 + first) % (2 ** 32)
 
 
 def _seed_all(seed: int) -> None:
@@ -256,7 +262,7 @@ class StreamBatches(IterableDataset):
     def _read(self, mine: list[tuple[int, int]], in_worker: bool):
         stream, position = self.split.samples(), 0
         for first, end in mine:
-            seed = ((self.seed * 100_003 + self.epoch) * 1_000_003 + first) % (2 ** 32)
+            seed = batch_seed(self.seed, self.epoch, first)
             with (contextlib.nullcontext() if in_worker else kept_random_state()):
                 skipped = sum(1 for _ in itertools.islice(stream, first - position))   # the others' samples
                 _seed_all(seed)   # after the skip, which differs from reader to reader
