@@ -107,7 +107,7 @@ FLAG_ALIASES = {"threads": ("--intra-op-threads",)}
 # Run ids name folders and are typed on the command line: no spaces, no path or SQL wildcards.
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}"
 RUN_ID_RULE = "1-64 letters, digits, '.' or '-', starting with a letter or digit"
-TASKS = Choices("auto", declared=Declarations("scaletrain.tasks", "register_task"))
+TASKS = Choices("auto", declared=Declarations("scaletrain.tasks", "register_task"), importable=True)
 LOGGERS = ("mlflow", "wandb", "tensorboard")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -326,8 +326,9 @@ class TrainConfig:
                                     "their activations", resumable=True)
     compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES, resumable=True)
     cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)", resumable=True)
-    task: str = _f("auto", "what is learned and how it is scored: auto (the data set's), classification, regression "
-                   "or language-model", choices=TASKS)
+    task: str = _f("auto", "what is learned and how it is scored: auto (the data set's; the model's own loss for a "
+                   "model whose forward takes labels=), classification, regression, language-model, own-loss, or "
+                   "your own package.module:Task class (docs/your-task.md)", choices=TASKS)
     target: float | None = _f(None, "stop once the validation metric --target-metric reaches this for `patience` "
                               "epochs (at or above it; at or below for loss, perplexity and mae)",
                               rule="any finite number (its range depends on the metric: checked below)", resumable=True)

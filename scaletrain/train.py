@@ -30,8 +30,8 @@ from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deli
 from scaletrain.tracking.loggers import build_trackers
 from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
-from scaletrain.tasks import build_task
 from scaletrain.training import Trainer, build_training
+from scaletrain.training.build import task_for
 
 
 def run_training(cfg: TrainConfig, console: Console | None = None,
@@ -87,7 +87,7 @@ def _run(cfg: TrainConfig, env: DistEnv, strategy, console: Console, extra_callb
     wall_start = time.perf_counter()
     plan, cfg = _agree_on_plan(cfg, env, strategy)
     dataset = load_dataset(cfg.data, seed=cfg.seed)
-    task = build_task(cfg.task, dataset.task)
+    task = task_for(cfg, dataset)
     if cfg.target is not None:
         task.check_metric(cfg.target_metric)   # refused before the run's folder is opened
     run = open_run(plan, cfg, env) if strategy.is_chief else None

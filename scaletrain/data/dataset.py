@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from scaletrain.data.inputs import tensors
 from scaletrain.errors import DataError
 
 
@@ -65,11 +66,12 @@ class Dataset:
     @property
     def token_inputs(self) -> bool:
         """Inputs are indices (token ids), not features: integers without feature statistics."""
-        return self.mean is None and not self.examples.x.is_floating_point()
+        return self.mean is None and not tensors(self.examples.x)[0].is_floating_point()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.examples.x.shape[1:])
+        """One sample's shape (of several named inputs, the first's: what a model builder is given)."""
+        return tuple(tensors(self.examples.x)[0].shape[1:])
 
 
 def as_features(x: np.ndarray | torch.Tensor, source: str) -> torch.Tensor:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from scaletrain.data.augment import DeviceAugment
 from scaletrain.data.dataset import ArraySplit
+from scaletrain.data.inputs import Inputs, map_inputs, tensors
 from scaletrain.data.sharding import rank_positions
 from scaletrain.data.user import SeededSamples, StreamBatches, StreamSplit, TorchSplit, collate_pairs
 
@@ -30,7 +32,9 @@ class Normalizer:
     std: torch.Tensor | None
     dtype: torch.dtype
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: Inputs) -> Inputs:
+        if isinstance(x, dict):   # several inputs (a user's dict samples): each as a single one
+            return map_inputs(self, x)
         if self.mean is None:   # token ids pass as they are; a user's own features take the input dtype
             return x.to(self.dtype) if x.is_floating_point() and x.dtype != self.dtype else x
         return ((x.to(torch.float32) - self.mean) / self.std).to(self.dtype)
@@ -50,7 +54,8 @@ class _BatchSource:
 
     def __init__(self, split: ArraySplit, batch_size: int, device: torch.device, normalizer: Normalizer,
                  shuffle: bool, drop_last: bool, augment: list[str] | tuple[str, ...] = (), shift: int = 0,
-                 seed: int = 0, rank: int = 0, world_size: int = 1):
+                 seed: int = 0, rank: int = 0, world_size: int = 1,
+                 model_inputs: Callable[[Inputs, torch.Tensor], Inputs] | None = None):
         if world_size > 1 and not drop_last:
             raise ValueError("sharded loading needs drop_last (every rank takes equal slices)")
         self.split, self.batch_size, self.device = split, batch_size, device
@@ -60,6 +65,9 @@ class _BatchSource:
         self.generator = torch.Generator(device=device).manual_seed(seed)   # the order: same on every rank
         self.augment_generator = torch.Generator(device=device)
         self.augment = DeviceAugment(augment, shift, self.augment_generator) if augment else None
+        # What the model is called with, from a finished batch (the task's: a model that computes
+        # its own loss takes the targets among its inputs).
+        self.model_inputs = model_inputs
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Next iteration yields epoch `epoch`'s batches from index `start_batch` on (for resume)."""
@@ -92,6 +100,8 @@ class _BatchSource:
             self.augment_generator.manual_seed(
                 ((self.seed * 100_003 + self.epoch) * 1_000_003 + batch_index) * 1_009 + self.rank)
             x = self.augment(x)
+        if self.model_inputs is not None:
+            x = self.model_inputs(x, y)
         return x, y
 
 
@@ -157,16 +167,17 @@ class HostToDevice(_BatchSource):
     def _to_device(self, batch):
         x, y = batch
         if self.copy_stream is None:
-            return x.to(self.device), y.to(self.device)
+            return map_inputs(lambda t: t.to(self.device), x), y.to(self.device)
         with torch.cuda.stream(self.copy_stream):
-            return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            return (map_inputs(lambda t: t.to(self.device, non_blocking=True), x),
+                    y.to(self.device, non_blocking=True))
 
     def _ready(self, x, y, batch_index: int):
         if self.copy_stream is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(self.copy_stream)
-            x.record_stream(current)
-            y.record_stream(current)
+            for t in (*tensors(x), y):
+                t.record_stream(current)
         return self._finish(x, y, batch_index)
 
 

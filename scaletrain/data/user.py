@@ -43,11 +43,15 @@ def split_batch(batch: Any, source: str = "a batch") -> tuple[Any, torch.Tensor]
         if not targets:
             raise DataError(f"{source}: a dict sample needs its target under one of {', '.join(TARGET_KEYS)}; "
                             f"found keys {', '.join(map(str, batch))}")
+        if len(targets) > 1:
+            raise DataError(f"{source}: a dict sample needs one target key, found {', '.join(targets)}; "
+                            "drop or rename the others (e.g. datasets' remove_columns)")
         inputs = [k for k in batch if k not in TARGET_KEYS]
-        if len(inputs) != 1:
-            raise DataError(f"{source}: a dict sample needs exactly one input beside its target '{targets[0]}', "
-                            f"found {inputs or 'none'}; drop the others (e.g. datasets' remove_columns)")
-        return batch[inputs[0]], batch[targets[0]]
+        if not inputs:
+            raise DataError(f"{source}: a dict sample needs an input beside its target '{targets[0]}'")
+        # One input is passed to the model positionally; several by name (data/inputs.py).
+        x = batch[inputs[0]] if len(inputs) == 1 else {k: batch[k] for k in inputs}
+        return x, batch[targets[0]]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
     raise DataError(f"{source}: a sample must be an (input, target) pair or a dict with a target key, "
@@ -69,7 +73,8 @@ def collate_pairs(collate: Callable | None, classes: int | None = None) -> Calla
             raise DataError(f"collating a batch failed: {str(exc).splitlines()[0]} (samples of different shapes? "
                             "make them equal, or give a collate_fn that pads them)") from None
         x, y = split_batch(batch)
-        x, y = _tensor(x, "inputs"), _tensor(y, "targets")
+        x = {k: _tensor(v, f"input '{k}'") for k, v in x.items()} if isinstance(x, Mapping) else _tensor(x, "inputs")
+        y = _tensor(y, "targets")
         if classes and not y.is_floating_point() and y.numel():
             low, high = int(y.min()), int(y.max())
             if low < 0 or high >= classes:
@@ -396,7 +401,9 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
     splits = {key: as_split(value, f"{name} ({key})") if value is not None else None
               for key, value in (("train", train), ("val", val), ("test", test))}
     y = splits["train"].examples.y if isinstance(splits["train"], TorchSplit) else splits["train"].y
-    chosen = infer_task(train, y) if task == "auto" else task
+    # A user's own task (`package.module:Name`) scores whatever the targets are: the data's own
+    # kind still decides how they are read (classes counted, labels checked).
+    chosen = infer_task(train, y) if task == "auto" or ":" in task or task == "own-loss" else task
     if chosen == "classification" and y.is_floating_point():
         raise DataError(f"{name}: classification needs integer labels, the targets are {y.dtype}; "
                         "use task='regression' (--task regression)")

@@ -1,6 +1,8 @@
-"""A task: what a model learns and how it is scored (loss, the metrics evaluation reports, the
-metric a run stops at). The trainer, the batch finder and the sweep talk to a task only through
-this interface, so a new kind of learning problem is one more file in this folder.
+"""A task: what a model learns and how it is scored (how the model is called on a batch, the
+loss, the metrics evaluation reports, the metric a run stops at). The trainer, the batch finder
+and the sweep talk to a task only through this interface, so a new kind of learning problem is
+one more file in this folder, or a class in the user's own module (`--task package.module:Name`,
+docs/your-task.md).
 
 Every method runs on the device without host synchronisation: sums are accumulated as tensors and
 read back once per evaluation (the trainer's rule for the hot path).
@@ -10,10 +12,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import inspect
+import re
+from typing import Any
+
 import torch
 
-from scaletrain.errors import ConfigError
 from scaletrain.config import TASKS as TASK_CHOICES
+from scaletrain.data.inputs import Inputs, call_model
+from scaletrain.errors import ConfigError
 from scaletrain.registry import Registry
 
 TASKS = Registry("task", "--task", choices=TASK_CHOICES)
@@ -26,20 +33,32 @@ class Task(ABC):
     # The metrics evaluation reports (without the val_/test_ prefix): name -> higher is better.
     metrics: dict[str, bool] = {}
     # The metric a target (--target) refers to unless --target-metric names another.
-    default_target: str = "loss"
+    default_target: str | None = "loss"
     # The per-step training metric accumulated on the device (train_<name> in the epoch logs),
-    # averaged over every target element (samples; tokens for a language model).
+    # averaged over every target element (samples; tokens for a language model); "": none beside
+    # the loss.
     train_metric: str = ""
     # Length of the vector `eval_sums` returns.
     n_sums: int = 0
+
+    def forward(self, model, x: Inputs) -> Any:
+        """The model's output for a batch's inputs: its one input positionally, several (a dict
+        sample's) by name. Override to call it otherwise."""
+        return call_model(model, x)
+
+    def model_inputs(self, x: Inputs, y: torch.Tensor) -> Inputs:
+        """What `forward` receives of a batch (applied by the loaders on the device): the inputs.
+        A model that computes its own loss takes the targets among them (own_loss.py)."""
+        return x
 
     @abstractmethod
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The mean loss of a batch, computed in float32 whatever the autocast dtype."""
 
-    @abstractmethod
     def train_metric_sum(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The training metric summed over the batch's target elements (a 0-d tensor)."""
+        """The training metric summed over the batch's target elements (a 0-d tensor); needed only
+        where `train_metric` names one."""
+        return torch.zeros((), device=target.device)
 
     @abstractmethod
     def eval_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -60,7 +79,11 @@ class Task(ABC):
         return torch.softmax(output.float(), dim=-1)
 
     def output_size(self, dataset) -> int:
-        """The model's output width for this data set (classes, regression targets, vocabulary)."""
+        """The model's output width for this data set: one per real-valued target, else the classes
+        (the vocabulary for token ids)."""
+        y = dataset.examples.y
+        if y.is_floating_point():
+            return 1 if y.ndim == 1 else int(y.shape[1])
         return dataset.num_classes
 
     def reached(self, metric: str, value: float, target: float) -> bool:
@@ -68,6 +91,9 @@ class Task(ABC):
 
     def check_metric(self, metric: str, flag: str = "--target-metric") -> str:
         """`metric` (or the default for 'auto'), refused with the choices when this task has none."""
+        if metric == "auto" and self.default_target is None:
+            raise ConfigError(f"the {self.name} task has no default target metric; name one with {flag} "
+                              f"({', '.join(self.metrics)})")
         metric = self.default_target if metric == "auto" else metric
         if metric not in self.metrics:
             raise ConfigError(f"{flag} {metric}: the {self.name} task reports {', '.join(self.metrics)}; "
@@ -75,11 +101,78 @@ class Task(ABC):
         return metric
 
 
-def build_task(name: str, dataset_task: str) -> Task:
-    """The task `name`, or the data set's own for 'auto'; refuses a task the data cannot train."""
+# The epoch logs' own keys beside the task's (train_<train_metric>, val_<metric>): a task's
+# metric may not take one of them.
+OWN_TRAIN_KEYS = ("loss",)
+METRIC_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def computes_own_loss(model) -> bool:
+    """A model whose forward takes `labels=` and returns an output with `.loss` (Hugging Face's
+    convention): it is trained on its own loss unless a task is named."""
+    try:
+        return "labels" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def build_task(name: str, dataset_task: str, model=None) -> Task:
+    """The task `name`: a user's own class (`package.module:Name`, checked), a built-in one that
+    fits the data, or for 'auto' the model's own loss (`model` computes one) or the data's task."""
+    if ":" in name:
+        return user_task(name)
+    if name == "auto" and model is not None and computes_own_loss(model):
+        return TASKS.get("own-loss").for_model(model, dataset_task)
     chosen = dataset_task if name == "auto" else name
     cls = TASKS.get(chosen)
+    if name == "own-loss":
+        return cls.for_model(model, dataset_task)
     if chosen != dataset_task:
         raise ConfigError(f"--task {chosen} does not fit the data: its targets are for the {dataset_task} task; "
                           f"use --task auto or {dataset_task}")
     return cls()
+
+
+def user_task(name: str) -> Task:
+    """An instance of the user's Task class `name`, its contract checked: every required method,
+    metrics named as ours are, none of them colliding with the logs' own keys."""
+    cls = TASKS.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(f"--task {name}: not a subclass of scaletrain.tasks.Task (write `class "
+                          f"{name.partition(':')[2]}(Task)`: docs/your-task.md)")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ConfigError(f"--task {name}: the class lacks {', '.join(missing)}; a task defines loss, "
+                          "eval_sums and eval_metrics (docs/your-task.md)")
+    task = cls()
+    task.name = name
+    metrics = task.metrics
+    if not (isinstance(metrics, dict) and metrics and all(isinstance(k, str) and isinstance(v, bool)
+                                                          for k, v in metrics.items())):
+        raise ConfigError(f"--task {name}: `metrics` must map each metric's name to whether higher is better, "
+                          "e.g. {'loss': False, 'f1': True}")
+    bad = [m for m in (*metrics, task.train_metric or "x") if not METRIC_NAME.fullmatch(m)]
+    if bad:
+        raise ConfigError(f"--task {name}: metric name '{bad[0]}' must be lower-case letters, digits and _")
+    if task.train_metric and type(task).train_metric_sum is Task.train_metric_sum:
+        raise ConfigError(f"--task {name}: train_metric '{task.train_metric}' needs a train_metric_sum method")
+    if task.train_metric in OWN_TRAIN_KEYS:
+        raise ConfigError(f"--task {name}: train_metric '{task.train_metric}' collides with the logs' own "
+                          f"train_{task.train_metric}; name it otherwise, or leave it empty")
+    if task.default_target is not None and task.default_target not in metrics:
+        raise ConfigError(f"--task {name}: default_target '{task.default_target}' is not one of its metrics "
+                          f"({', '.join(metrics)}); name one, or None")
+    if not isinstance(task.n_sums, int) or task.n_sums < 1:
+        raise ConfigError(f"--task {name}: n_sums must be the length of the vector eval_sums returns (>= 1)")
+    return task
+
+
+def checked_loss(loss: Any, task: Task) -> torch.Tensor:
+    """The step's loss, refused in one line unless it is a scalar floating-point tensor (a check of
+    its metadata: no device synchronisation)."""
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+                else type(loss).__name__)
+        raise ConfigError(f"the {task.name} task's loss must be a scalar floating-point tensor (the batch's mean), "
+                          f"got {what}")
+    return loss

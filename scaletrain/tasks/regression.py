@@ -44,6 +44,3 @@ class Regression(Task):
 
     def predictions(self, output):
         return output.float()
-
-    def output_size(self, dataset) -> int:
-        return 1 if dataset.examples.y.ndim == 1 else int(dataset.examples.y.shape[1])

@@ -55,6 +55,18 @@ def set_thread_pools(intra_op: int | None, inter_op: int | None) -> None:
                           f"started with {torch.get_num_interop_threads()} threads", stacklevel=2)
 
 
+def task_for(cfg: TrainConfig, dataset: Dataset) -> Task:
+    """The task a run of `cfg` on `dataset` trains: under `--task auto` the model's own loss where
+    its forward takes labels (asked of the model built on the meta device: no memory), else the
+    data's."""
+    task = build_task(cfg.task, dataset.task)
+    if cfg.task != "auto":
+        return task
+    with torch.device("meta"):
+        model = build_model(cfg.model.name, dataset.input_shape, task.output_size(dataset), **cfg.model.options)
+    return build_task(cfg.task, dataset.task, model)
+
+
 def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
               task: Task | None = None, callbacks=(), checkpointer=None) -> TrainingParts:
     """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
@@ -62,10 +74,12 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     cfg.validate()
     set_thread_pools(cfg.threads, cfg.inter_op_threads)
     dataset = dataset if dataset is not None else load_dataset(cfg.data, seed=cfg.seed)
+    given = task
     task = task or build_task(cfg.task, dataset.task)
     # The same initial weights for every precision, fusing choice, strategy and rank.
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.name, dataset.input_shape, task.output_size(dataset), **cfg.model.options)
+    task = given or build_task(cfg.task, dataset.task, model)   # a model with its own loss trains on it
     if cfg.model.init_from is not None:   # before the strategy wraps or shards it: every rank reads the whole file
         load_weights(model, cfg.model.init_from, "--init-from")
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)

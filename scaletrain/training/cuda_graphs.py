@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from scaletrain.data.inputs import Inputs, map_inputs, tensors
 from scaletrain.training.step import TrainStep
 
 WARMUP_ITERS = 3  # eager iterations on a side stream before capture, as the PyTorch docs do
 
 
 class CudaGraphStep:
-    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor):
+    def __init__(self, step: TrainStep, x: Inputs, y: torch.Tensor):
         self.step = step
-        self.static_x = x.clone()
+        self.static_x = map_inputs(torch.clone, x)
         self.static_y = y.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -31,7 +32,8 @@ class CudaGraphStep:
         with torch.cuda.graph(self.graph):
             step(self.static_x, self.static_y)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.static_x.copy_(x, non_blocking=True)
+    def __call__(self, x: Inputs, y: torch.Tensor) -> None:
+        for static, new in zip(tensors(self.static_x), tensors(x)):
+            static.copy_(new, non_blocking=True)
         self.static_y.copy_(y, non_blocking=True)
         self.graph.replay()

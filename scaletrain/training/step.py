@@ -6,13 +6,16 @@ LR and the optimizer step. No host synchronisation anywhere.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from scaletrain.data.inputs import Inputs
 from scaletrain.distributed.strategies.base import Strategy
 from scaletrain.optim import LRSchedule, set_lr, squared_norm
 from scaletrain.precision import DynamicLossScaler, PrecisionPolicy
-from scaletrain.tasks import Task
+from scaletrain.tasks import Task, checked_loss
 from scaletrain.training.counters import DeviceCounters
 
 
@@ -42,16 +45,17 @@ class TrainStep:
         # applied-step counter (two kernels) instead of a dozen scalar ops every step.
         self.lr_table = schedule.table(device, offset=first_step)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def __call__(self, x: Inputs, y: torch.Tensor) -> None:
         self.strategy.forward_backward(self, x, y)
         self.strategy.optimizer_step(self)
 
     # ------------------------------------------------- forward and backward
-    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, output): the forward under autocast, the task's loss in float32."""
+    def forward_loss(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """(loss, output): the forward under autocast (the task calls the model), the task's loss
+        in float32."""
         with self.policy.autocast(self.device):
-            output = self.forward(x)
-        return self.task.loss(output, y), output
+            output = self.task.forward(self.forward, x)
+        return checked_loss(self.task.loss(output, y), self.task), output
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of one micro-batch's share of the step's loss (scaled under fp16)."""

@@ -23,6 +23,7 @@ from torch import nn
 from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig
 from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
+from scaletrain.data.inputs import Inputs, first_rows, map_inputs
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
 from scaletrain.distributed.capabilities import epoch_control
@@ -134,7 +135,7 @@ class Trainer:
     def adopt(self, dataset: Dataset) -> None:
         """Takes the data's task (unless one was given) and input statistics."""
         if self.task is None:
-            self.task = build_task(self.config.task, dataset.task)
+            self.task = build_task(self.config.task, dataset.task, self.model)
         if self.normalizer is None:
             self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype)
         self._units_per_sample = max(dataset.examples.y[:1].numel(), 1)
@@ -197,7 +198,8 @@ class Trainer:
         else:
             cls, kwargs = StreamingLoader, {"num_workers": data.num_workers}
         return cls(split, batch, self.device, self.normalizer, shuffle=train, drop_last=train,
-                   augment=data.augment if train else (), shift=data.shift, seed=cfg.seed, **shard, **kwargs)
+                   augment=data.augment if train else (), shift=data.shift, seed=cfg.seed,
+                   model_inputs=self.task.model_inputs, **shard, **kwargs)
 
     # ----------------------------------------------------------------- train
     def fit(self, data, val=None, test=None) -> list[dict]:
@@ -274,7 +276,7 @@ class Trainer:
         extra = {**self.counters.tensors(), **(self.scaler.state_tensors() if self.scaler else {})}
         snapshot = TrainingSnapshot(self.model, self.optimizer, extra)
         x, y = next(iter(train_loader))
-        self._pad_input = x[:1]
+        self._pad_input = first_rows(x)
         if self.use_graphs:
             from scaletrain.training.cuda_graphs import CudaGraphStep
             self._step = CudaGraphStep(self.train_step, x, y)
@@ -343,7 +345,8 @@ class Trainer:
         return {
             "epoch": epoch + 1,
             "train_loss": sum(values["losses"]) / max(epoch_step, 1),
-            f"train_{self.task.train_metric}": values["metric_sum"] / max(samples * self._units_per_sample, 1),
+            **({f"train_{self.task.train_metric}": values["metric_sum"] / max(samples * self._units_per_sample, 1)}
+               if self.task.train_metric else {}),
             "lr": current_lr(self.optimizer),
             "samples": samples,
             "epoch_train_time_s": epoch_time,
@@ -407,9 +410,9 @@ class Trainer:
             self.callbacks.call("on_validation_end", self, logs)
         return logs
 
-    def _eval_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _eval_forward(self, x: Inputs):
         with self.policy.autocast(self.device):
-            return self.eval_forward(x)
+            return self.task.forward(self.eval_forward, x)
 
     def evaluate(self, dataset, split: str = "test") -> dict:
         """The task's metrics (`loss`, `accuracy`, ...) of the current model on a split of `dataset`,
@@ -457,7 +460,7 @@ class Trainer:
         split = as_split(data, "predict input")
         start, end = self.layout.evaluation_range(len(split))
         self.model.eval()
-        pad = self.normalizer.to(self.device)(split.head(1).x.to(self.device))   # forwards a share without samples still runs
+        pad = self.normalizer.to(self.device)(map_inputs(lambda t: t.to(self.device), split.head(1).x))   # forwards a share without samples still runs
         out = [self.task.predictions(output)
                for output, _ in self.strategy.evaluate(self.loader(split, train=False), self._eval_forward, pad)]
         mine = torch.cat(out) if out and self.layout.records else None

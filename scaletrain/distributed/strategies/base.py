@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from scaletrain.config import STRATEGIES as STRATEGY_CHOICES
+from scaletrain.data.inputs import chunk_inputs, first_rows
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
 from scaletrain.distributed.layout import Degrees, Layout
@@ -122,7 +123,7 @@ class Strategy(ABC):
         """Forward, loss and backward of one optimizer step's batch, recorded in the step's
         counters. Gradient accumulation: only the last micro-batch communicates."""
         k = step.grad_accum_steps
-        micro = zip(x.chunk(k), y.chunk(k)) if k > 1 else ((x, y),)
+        micro = zip(chunk_inputs(x, k), y.chunk(k)) if k > 1 else ((x, y),)
         for i, (xm, ym) in enumerate(micro):
             with self.no_sync() if i < k - 1 else contextlib.nullcontext():
                 loss, output = step.forward_loss(xm, ym)
@@ -158,7 +159,7 @@ class Strategy(ABC):
             most = torch.tensor([count], device=self.device)
             self.all_reduce_max_(most)
             for _ in range(int(most) - count):
-                forward(pad_input[:1])
+                forward(first_rows(pad_input))
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights as plain tensors, for export. Collective where parameters are

@@ -216,6 +216,9 @@ class ModelParallelStrategy(ProcessGroupStrategy):
         if step.grad_accum_steps > 1:
             raise ConfigError("gradient accumulation under --strategy pipeline is its micro-batches: set "
                               "--microbatches instead of --grad-accum-steps")
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError("--strategy pipeline feeds its first stage one input tensor; these samples have "
+                              f"several inputs ({', '.join(x)}): train them with ddp, fsdp or tensor")
         if x.shape[0] % self.microbatches:
             raise ConfigError(f"the per-replica batch {x.shape[0]} does not split into {self.microbatches} equal "
                               f"micro-batches; use a --batch-size divisible by {self.microbatches * self.replicas}")

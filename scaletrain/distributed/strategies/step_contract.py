@@ -5,10 +5,11 @@ else of it."""
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from scaletrain.data.inputs import Inputs
 from scaletrain.precision import DynamicLossScaler
 from scaletrain.tasks import Task
 
@@ -21,13 +22,13 @@ class StepContract(Protocol):
     task: Task
     scaler: DynamicLossScaler | None       # fp16's loss scaler, else None
 
-    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_loss(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """(loss, output) of a micro-batch: the forward under the precision policy, the loss in float32."""
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of one micro-batch's share of the step's loss (scaled under fp16)."""
 
-    def record(self, loss: torch.Tensor, output: torch.Tensor, y: torch.Tensor, parts: int | None = None) -> None:
+    def record(self, loss: torch.Tensor, output: Any, y: torch.Tensor, parts: int | None = None) -> None:
         """Adds a micro-batch's loss and training metric to the device counters."""
 
     def unscale_(self) -> torch.Tensor | None:

@@ -1,0 +1,175 @@
+"""A user's own task (`--task package.module:Name`, `Trainer(task=...)`) and a model that computes
+its own loss (a Hugging Face GPT-2 built from its config, on a tokenised `datasets.Dataset`),
+through the Python API and the real CLI under torchrun (ddp, fsdp, activation checkpointing)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from scaletrain.config import TrainConfig
+from scaletrain.errors import ConfigError
+from scaletrain.tasks import build_task
+from scaletrain.training import Trainer
+from tests.processes import PLUGINS, run, summary
+
+sys.path.insert(0, str(PLUGINS))
+import multilabel  # noqa: E402
+
+
+def _config(tmp_path, **overrides):
+    cfg = TrainConfig(epochs=4, batch_size=64, progress=False, run_dir=str(tmp_path / "run"), device="cpu")
+    cfg.optim.lr = 1e-2
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def _micro_f1(probabilities: torch.Tensor, truth: torch.Tensor) -> float:
+    predicted, truth = probabilities > 0.5, truth > 0.5
+    tp = int((predicted & truth).sum())
+    return 2 * tp / (2 * tp + int((predicted & ~truth).sum()) + int((~predicted & truth).sum()))
+
+
+@pytest.mark.parametrize("given", ["instance", "name"])
+def test_a_user_task_trains_and_scores_exactly(tmp_path, given):
+    """Its metric is the user's formula over the whole split: the evaluation's F1 (sums over
+    batches) equals micro-F1 of the predictions, computed by hand."""
+    data = multilabel.arrays()
+    kwargs = {"task": multilabel.MultiLabel()} if given == "instance" else {}
+    cfg = _config(tmp_path, **({"task": "multilabel:MultiLabel"} if given == "name" else {}))
+    torch.manual_seed(0)
+    with Trainer(multilabel.build((16,), 5), cfg, **kwargs) as trainer:
+        history = trainer.fit(data["train"], val=data["val"], test=data["test"])
+        assert set(history[-1]) >= {"val_loss", "val_f1"} and "train_" not in history[-1]
+        assert history[-1]["val_f1"] > 0.7 > history[0]["val_f1"] - 0.3
+        scores = trainer.evaluate(data["test"])
+        probabilities = trainer.predict(data["test"][0])
+    assert scores["f1"] == pytest.approx(_micro_f1(probabilities, data["test"][1]), abs=1e-12)
+
+
+def test_user_task_contract_is_checked_in_one_line():
+    for name, words in [("multilabel:NotATask", "not a subclass of scaletrain.tasks.Task"),
+                        ("multilabel:NoSums", "lacks eval_metrics, eval_sums"),
+                        ("multilabel:Colliding", "collides with the logs' own train_loss"),
+                        ("multilabel:Missing", "has no function 'Missing'"),
+                        ("nowhere:Task", "cannot import module 'nowhere'")]:
+        with pytest.raises(ConfigError, match=words):
+            build_task(name, "regression")
+
+
+def test_user_task_through_the_cli_on_two_processes(tmp_path):
+    """`--task module:Name` under torchrun: its sums reduce over ranks, so the run's reported test F1
+    is the F1 of the model it saved, evaluated on one process."""
+    args = ["train", "--model", "multilabel:build", "--data", "multilabel:splits", "--task", "multilabel:MultiLabel",
+            "--epochs", "3", "--batch-size", "64", "--lr", "0.01", "--no-progress", "--run-dir", tmp_path / "run"]
+    result = run([*args, "--nproc", "2", "--strategy", "ddp"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "multilabel:MultiLabel" in result.stdout
+    reported = summary(tmp_path / "run")
+    from scaletrain.checkpoint.weights import read_weights
+    model = multilabel.build((16,), 5)
+    model.load_state_dict(read_weights(str(tmp_path / "run" / "model.pt"), "model"))
+    data = multilabel.splits()
+    with Trainer(model, _config(tmp_path / "eval", task="multilabel:MultiLabel")) as trainer:
+        scores = trainer.evaluate(data["test"])
+    assert reported["test_metrics"]["f1"] == pytest.approx(scores["f1"], abs=1e-9)
+
+
+@pytest.mark.parametrize("name, words", [
+    ("multilabel:PerSampleLoss", "loss must be a scalar floating-point tensor .* got a tensor of shape \\(\\d+,\\)"),
+    ("multilabel:NoSums", "lacks eval_metrics, eval_sums")])
+def test_a_broken_user_task_is_one_line_from_the_cli(tmp_path, name, words):
+    result = run(["train", "--model", "multilabel:build", "--data", "multilabel:splits", "--task", name,
+                  "--epochs", "1", "--no-progress", "--run-dir", tmp_path / "run"], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    import re
+    assert re.search(words, result.stderr), result.stderr
+
+
+@pytest.fixture
+def hf_gpt():
+    """The Hugging Face plugin (transformers and datasets are optional extras)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("datasets")
+    import hf_gpt
+    return hf_gpt
+
+
+def test_a_hugging_face_model_trains_on_its_own_loss(tmp_path, hf_gpt):
+    """GPT-2 from its config on dict rows: no task code; the loss falls, and evaluation's loss is the
+    model's own (its mean over the split's batches)."""
+    data = hf_gpt.splits(256)
+    torch.manual_seed(0)
+    with Trainer(hf_gpt.build(None, None), _config(tmp_path, epochs=3, batch_size=32)) as trainer:
+        history = trainer.fit(data["train"], val=data["val"])
+        assert trainer.task.name == "own-loss"
+        model = trainer.model
+    assert history[-1]["val_loss"] < 0.5 * history[0]["train_loss"]
+    assert history[-1]["val_perplexity"] == pytest.approx(np.exp(history[-1]["val_loss"]))
+    model.eval()
+    with torch.no_grad():
+        by_hand = [model(**{k: v[i:i + 32] for k, v in data["val"][:].items()}).loss for i in range(0, 128, 32)]
+    assert history[-1]["val_loss"] == pytest.approx(float(torch.stack(by_hand).mean()), rel=1e-5)
+
+
+def test_a_hugging_face_model_under_ddp_and_fsdp_with_checkpointing(tmp_path, hf_gpt):
+    """The same run on one process, on two under ddp, and on two under fsdp with its GPT2Blocks as
+    the sharded and recomputed units: the same losses (no dropout; fp32)."""
+    base = ["train", "--model", "hf_gpt:build", "--data", "hf_gpt:splits", "--epochs", "2", "--batch-size", "32",
+            "--no-progress", "--lr", "0.003"]
+    losses = {}
+    for name, extra in [("single", []), ("ddp", ["--nproc", "2", "--strategy", "ddp"]),
+                        ("fsdp", ["--nproc", "2", "--strategy", "fsdp", "--activation-checkpointing"])]:
+        result = run([*base, *extra, "--run-dir", tmp_path / name], tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        lines = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [(m["train_loss"], m["val_loss"]) for m in lines]
+    assert "own-loss" in result.stdout
+    for name in ("ddp", "fsdp"):
+        assert np.allclose(losses[name], losses["single"], rtol=2e-4), (name, losses)
+
+
+def test_own_loss_refuses_what_it_cannot_train(tmp_path, hf_gpt):
+    result = run(["train", "--model", "hf_gpt:build_logits_only", "--data", "hf_gpt:splits", "--epochs", "1",
+                  "--no-progress", "--run-dir", tmp_path / "run"], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "without .loss" in result.stderr, result.stderr
+    result = run(["train", "--model", "multilabel:build", "--data", "multilabel:splits", "--task", "own-loss",
+                  "--epochs", "1", "--no-progress", "--run-dir", tmp_path / "run2"], tmp_path)
+    assert result.returncode == 2 and "forward takes no labels=" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["user-task", "own-loss"])
+def test_the_step_stays_free_of_host_syncs(tmp_path, kind, request):
+    """The no-host-sync rule of tests/test_trainer.py holds for a user's task and for a model's own
+    loss: the step (forward, the task's loss, backward, clipping, the update) never reads a tensor
+    back, under fp16's loss scaling too."""
+    from scaletrain.config import OptimConfig, PrecisionConfig
+    from tests.test_trainer import _NoHostSync
+    cfg = _config(tmp_path, epochs=1, batch_size=32, precision=PrecisionConfig(policy="fp16-mixed"),
+                  optim=OptimConfig(lr=1e-3, clip_grad_norm=1.0))
+    if kind == "user-task":
+        data, model, cfg.task = multilabel.splits(), multilabel.build((16,), 5), "multilabel:MultiLabel"
+    else:
+        hf = request.getfixturevalue("hf_gpt")
+        data, model = hf.splits(128), hf.build(None, None)
+    with Trainer(model, cfg) as trainer:
+        dataset = trainer.as_dataset(data["train"], val=data["val"])
+        trainer.fit(dataset)
+        x, y = next(iter(trainer.loader(dataset.train, train=True)))
+        if isinstance(x, dict):
+            # transformers' GPT-2 itself reads a given attention mask back to the host (its
+            # sdpa mask shortcut, `fast_all(padding_mask)`): the model's sync, not the step's.
+            x.pop("attention_mask")
+        trainer.counters.reset_epoch()
+        trainer.counters.applied_steps.zero_()
+        with _NoHostSync():
+            for _ in range(3):
+                trainer.train_step(x, y)
+        assert int(trainer.counters.applied_steps) + int(trainer.counters.skipped) == 3
