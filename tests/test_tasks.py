@@ -62,7 +62,7 @@ def test_a_task_is_refused_for_data_of_another_and_names_the_fix():
         build_task("classification", "regression")
     with pytest.raises(ConfigError, match="the regression task reports loss, mae, r2"):
         build_task("auto", "regression").check_metric("accuracy")
-    assert set(TASKS) == {"classification", "regression", "language-model"}
+    assert set(TASKS) == {"classification", "regression", "language-model", "own-loss"}
 
 
 def test_stop_at_target_stops_at_or_below_a_lower_is_better_metric():

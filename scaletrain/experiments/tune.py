@@ -41,7 +41,7 @@ from scaletrain.tracking.store import RunRecord, RunStore
 # Per-epoch metrics of every task: validation metrics and each task's training metric.
 EPOCH_METRICS = tuple(dict.fromkeys(
     [f"val_{m}" for task in TASKS.values() for m in task.metrics]
-    + ["train_loss"] + [f"train_{task.train_metric}" for task in TASKS.values()]))
+    + ["train_loss"] + [f"train_{task.train_metric}" for task in TASKS.values() if task.train_metric]))
 # Summary figures a study may optimise. Never the test split's (a study selecting on test data
 # would report a figure it tuned on) and not the target itself (a setting, not a result).
 SUMMARY_METRICS = tuple(name for name, tp in RunSummary.__annotations__.items()
