@@ -62,6 +62,15 @@ def test_target_accuracy_flag_is_a_target_on_the_accuracy_metric():
     assert (cfg.target, cfg.target_metric) == (3.5, "perplexity")
 
 
+def test_a_target_alone_on_other_data_means_its_tasks_metric_not_the_recipes():
+    """`--target 0.8` on regression data is the task's default metric (r2), not the default recipe's
+    accuracy (which the regression task would refuse); on the recipe's own data it stays the recipe's."""
+    cfg = config_from_args(build_parser().parse_args(["train", "--data", "friedman1", "--target", "0.8"]))
+    assert (cfg.target, cfg.target_metric) == (0.8, "auto")
+    cfg = config_from_args(build_parser().parse_args(["train", "--target", "0.8"]))
+    assert (cfg.target, cfg.target_metric) == (0.8, "accuracy")
+
+
 def _bad_inputs(tmp_path):
     (tmp_path / "unknown.toml").write_text("epochs = 2\nlearning_rate = 0.1\n")
     (tmp_path / "nested.toml").write_text("[optim]\nlearning_rate = 0.1\n")

@@ -157,14 +157,22 @@ def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namesp
     """A recipe's target is a promise about its own data set (the default recipe's 94 % accuracy on
     MNIST-1D). Trained on another data set whose task does not report that metric (`--data
     friedman1`: regression), the run has no target unless the command line or --config gives one,
-    rather than refusing a metric the user never named."""
+    rather than refusing a metric the user never named; a `--target` given alone there refers to
+    the task's own default metric."""
     values = vars(args)
     explicit = {**(load_toml(values["config"]) if values.get("config") else {}),
                 **{k: v for k, v in values.items() if k in ("target", "target_metric", "target_accuracy")}}
-    if cfg.target is None or "target" in explicit or "target_metric" in explicit or "target_accuracy" in explicit:
+    if cfg.target is None or "target_metric" in explicit or "target_accuracy" in explicit:
         return
     if cfg.data.name == recipe.get("data", {}).get("name"):
         return      # the recipe's own data: its target stands (and nothing is imported here)
+    if "target" in explicit:
+        # The user's own target on other data: its metric is the task's default (`auto`), not the
+        # one the recipe's promise names (`--target 0.9` of a multi-label task means its F1).
+        if "target_metric" not in recipe:
+            return
+        cfg.target_metric = "auto"
+        return
     from scaletrain.data.source import data_source
     from scaletrain.tasks import TASKS
     source = data_source(cfg.data.name)
