@@ -170,7 +170,8 @@ def test_traced_activations_are_within_ten_percent_of_measured(precision, ac):
     planner = Planner(req)
     from scaletrain.memory.activations import trace_step
     dtype = torch.bfloat16 if precision == "bf16-mixed" else None
-    predicted = trace_step(planner.traced, shape, 10, batch, dtype, torch.float32)
+    predicted = trace_step(planner.traced, batch, dtype, planner.task,
+                           lambda n: planner.req.example_batch(planner.task, n, planner.policy))
     torch.manual_seed(0)
     model = build_model("vit-tiny", shape, 10)
     if ac:

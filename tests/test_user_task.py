@@ -173,3 +173,38 @@ def test_the_step_stays_free_of_host_syncs(tmp_path, kind, request):
             for _ in range(3):
                 trainer.train_step(x, y)
         assert int(trainer.counters.applied_steps) + int(trainer.counters.skipped) == 3
+
+
+def test_plan_memory_traces_a_dict_input_model_as_it_trains(hf_gpt):
+    """The planner's example batch takes the data's named inputs and the model's own loss: its
+    traced activations equal the same count on real tensors through the trainer's task."""
+    from scaletrain.data.user import as_dataset
+    from scaletrain.memory.planner import Planner, PlanRequest
+    from scaletrain.memory.tracker import LiveBytes, storage_key
+    data = as_dataset(hf_gpt.splits(64)["train"], count_classes=False)
+    batch = 16
+    req = PlanRequest(model="hf_gpt:build", input_shape=data.input_shape, num_classes=hf_gpt.VOCAB,
+                      task=data.task, batch_size=batch, example=data.example)
+    planner = Planner(req)
+    assert planner.task.name == "own-loss"
+    predicted = planner.plan("ddp", 1, batch).activation_bytes
+    torch.manual_seed(0)
+    model = hf_gpt.build(None, None)
+    task = build_task("auto", data.task, model)
+    rows = data.train.head(batch)
+    x = task.model_inputs(rows.x, rows.y)
+    tracker = LiveBytes(list(model.parameters()) + list(model.buffers()) + list(x.values()))
+    with tracker:
+        task.loss(task.forward(model, x), rows.y).backward()
+    real = tracker.peak_excluding({storage_key(p.grad) for p in model.parameters()})
+    assert predicted == pytest.approx(real, rel=0.10)
+
+
+def test_plan_memory_and_autotune_on_a_hugging_face_model(tmp_path, hf_gpt):
+    flags = ["--model", "hf_gpt:build", "--data", "hf_gpt:splits", "--batch-size", "32"]
+    planned = run(["plan-memory", *flags, "--activation-checkpointing"], tmp_path)
+    assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
+    tuned = run(["autotune", *flags, "--trials", "2", "--steps", "3", "--knobs", "activation_checkpointing",
+                 "--out", tmp_path / "tuned"], tmp_path)
+    assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+    assert "refused" not in tuned.stdout     # recomputed blocks give the baseline's loss

@@ -36,7 +36,7 @@ def _choices(text: str, default: tuple[str, ...]) -> list[str]:
 
 def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
-    from scaletrain.data.registry import sample_shape, token_inputs
+    from scaletrain.data.registry import sample_and_example
     from scaletrain.distributed import STRATEGIES
     from scaletrain.memory.model_state import PLAN_STRATEGIES
     from scaletrain.memory.planner import Planner, PlanRequest
@@ -59,8 +59,7 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     for name in precisions:
         get_policy(name)
     memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory is not None else None
-    shape, classes, task = sample_shape(cfg.data)
-    tokens = token_inputs(cfg.data)
+    shape, classes, task, example = sample_and_example(cfg.data)
     plans = []
     for precision in precisions:
         req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,
@@ -68,7 +67,7 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
                           devices=args.devices, activation_checkpointing=cfg.memory.activation_checkpointing,
                           block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
                           momentum=cfg.optim.momentum, device_memory=memory, headroom=args.headroom,
-                          distributed=cfg.distributed, token_inputs=tokens)
+                          distributed=cfg.distributed, example=example, task_choice=cfg.task)
         planner = Planner(req)
         plans += [planner.plan(s, args.devices, cfg.batch_size) for s in strategies]
         if not args.json:
@@ -130,17 +129,17 @@ def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
 
 def _plan_pipeline(cfg, args: argparse.Namespace) -> int:
     """A row per stage of one replica (memory/pipeline_plan.py)."""
-    from scaletrain.data.registry import sample_shape, token_inputs
+    from scaletrain.data.registry import sample_and_example
     from scaletrain.memory.planner import PlanRequest
     from scaletrain.memory.pipeline_plan import plan_pipeline
     d = cfg.distributed.pipeline
     devices = args.devices if args.devices > 1 else d.stages
-    shape, classes, task = sample_shape(cfg.data)
+    shape, classes, task, example = sample_and_example(cfg.data)
     req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,
                       num_classes=classes, task=task, batch_size=cfg.batch_size, precision=cfg.precision.policy,
                       devices=devices, activation_checkpointing=cfg.memory.activation_checkpointing,
                       block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
-                      momentum=cfg.optim.momentum, token_inputs=token_inputs(cfg.data))
+                      momentum=cfg.optim.momentum, example=example, task_choice=cfg.task)
     stages = plan_pipeline(req, d.stages, d.microbatch_count(), d.schedule, d.split_points)
     if args.json:
         print(json.dumps([p.to_dict() for p in stages], indent=2))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from scaletrain.data.inputs import tensors
+from scaletrain.data.inputs import map_inputs, tensors
 from scaletrain.errors import DataError
 
 
@@ -27,7 +27,7 @@ class ArraySplit:
     # What every split offers (data/user.py's TorchSplit too): a range of it, and its first samples.
     def part(self, start: int, end: int) -> "ArraySplit":
         """Samples [start, end) (views, no copy)."""
-        return ArraySplit(self.x[start:end], self.y[start:end])
+        return ArraySplit(map_inputs(lambda t: t[start:end], self.x), self.y[start:end])
 
     def head(self, n: int) -> "ArraySplit":
         """The first `n` samples."""
@@ -62,6 +62,15 @@ class Dataset:
         if isinstance(self.train, ArraySplit):
             return self.train
         return getattr(self.train, "examples", None) or self.test
+
+    @property
+    def example(self) -> tuple:
+        """(inputs, targets) of the first two training samples: what the planners shape an example
+        batch of any size like (token ids, several named inputs, the targets' form)."""
+        head = self.examples.head(2)
+        # Features with statistics reach the model as floats (the normaliser casts them).
+        x = head.x if self.mean is None else map_inputs(lambda t: t.float(), head.x)
+        return x, head.y
 
     @property
     def token_inputs(self) -> bool:

@@ -12,24 +12,27 @@ from scaletrain.data.source import data_source, home_expanded
 def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
     """(sample shape, model output size, task) of the data set a DataConfig names, without loading
     it where the data set says what they are."""
+    return sample_and_example(cfg)[:3]
+
+
+def sample_and_example(cfg) -> tuple[tuple[int, ...], int, str, tuple | None]:
+    """`sample_shape` and `data_example` from one reading of the data set."""
     cfg = home_expanded(cfg)
     known = data_source(cfg.name).known_sample(cfg)
     if known is not None:
-        return known
+        return (*known, None)
     ds = load_dataset(cfg)
     y = ds.examples.y
     outputs = ds.num_classes if ds.task != "regression" else (1 if y.ndim == 1 else y.shape[1])
-    return ds.input_shape, outputs, ds.task
+    return ds.input_shape, outputs, ds.task, ds.example
 
 
-def token_inputs(cfg) -> bool:
-    """Whether the data set's inputs are token ids (integers into an embedding), so that a planner's
-    example batch is integers too. A built-in data set's task says so where it matters (a language
-    model's batch is tokens); a user's own set is read for its first samples."""
-    cfg = home_expanded(cfg)
-    if data_source(cfg.name).known_sample(cfg) is not None:
-        return False
-    return load_dataset(cfg).token_inputs
+def data_example(cfg) -> tuple | None:
+    """The data set's first samples (inputs, targets), which a planner's example batch is shaped
+    like (token ids, several named inputs), or None where the data set states its sample (its
+    task's example batch is then the data's: a language model's is tokens). A user's own set is
+    read for its first samples."""
+    return sample_and_example(cfg)[3]
 
 
 def load_dataset(cfg, seed: int = 0) -> Dataset:

@@ -9,10 +9,12 @@ applied exactly as the trainer applies it, and LiveBytes counts what it holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from scaletrain.data.inputs import tensors
 from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.models import build_model
@@ -64,21 +66,20 @@ def build_fake_model(model_name: str, options: dict, input_shape, num_classes: i
     return TracedModel(model, mode, shapes, len(blocks))
 
 
-def trace_step(traced: TracedModel, input_shape, num_classes: int, batch: int,
-               autocast_dtype: torch.dtype | None, input_dtype: torch.dtype, device_type: str = "cpu",
-               task: Task | None = None) -> StepTrace:
-    """Runs one forward/backward of `batch` samples on the fake model (the task's loss; default
-    classification) and counts its bytes. `num_classes`: the model's output size."""
-    from scaletrain.tasks.classification import Classification
-    task = task or Classification()
+def trace_step(traced: TracedModel, batch: int, autocast_dtype: torch.dtype | None, task: Task,
+               make_batch: Callable[[int], tuple], device_type: str = "cpu") -> StepTrace:
+    """Runs one forward/backward of `batch` samples (`make_batch(batch)`: inputs and targets, made
+    inside the fake mode) on the fake model, as the trainer's step runs it (the task calls the model
+    and takes its loss), and counts its bytes."""
     model = traced.model
     with traced.fake_mode:
-        x, y = task.example_batch(batch, input_shape, num_classes, input_dtype)
+        x, y = make_batch(batch)
+        x = task.model_inputs(x, y)
         model.zero_grad(set_to_none=True)
-        tracker = LiveBytes(list(model.parameters()) + list(model.buffers()) + [x, y])
+        tracker = LiveBytes(list(model.parameters()) + list(model.buffers()) + tensors(x) + [y])
         with tracker:
             with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                output = model(x)
+                output = task.forward(model, x)
             task.loss(output, y).backward()
             del output
         grads = {storage_key(p.grad) for p in model.parameters() if p.grad is not None}

@@ -26,7 +26,6 @@ from scaletrain.memory.planner import CUBLAS_WORKSPACE_BYTES, PlanRequest
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.models.layer_costs import meta_layer_costs
 from scaletrain.precision import get_policy
-from scaletrain.tasks import TASKS
 
 
 @dataclass(slots=True)
@@ -70,7 +69,7 @@ def plan_pipeline(req: PlanRequest, stages: int, microbatches: int, schedule: st
     compute = policy.autocast_dtype or policy.param_dtype
     traced = build_fake_model(req.model, req.model_options, req.input_shape, req.num_classes, policy.param_dtype,
                               req.activation_checkpointing, req.block_classes)
-    task = TASKS[req.task]()
+    task = req.make_task(traced.model)
     # Cut as the training cuts: by the layers' costs at this micro-batch, unless the user named cuts.
     costs = None if split_points else meta_layer_costs(req.model, req.model_options, req.input_shape,
                                                        req.num_classes, task, micro, req.activation_checkpointing,
@@ -78,7 +77,7 @@ def plan_pipeline(req: PlanRequest, stages: int, microbatches: int, schedule: st
     groups = stage_layers(traced.model, stages, split_points, costs)
     plans = []
     with traced.fake_mode:
-        x, y = task.example_batch(micro, req.input_shape, req.num_classes, req.input_dtype(policy))
+        x, y = req.example_batch(task, micro, policy)
         h = x
         for s, group in enumerate(groups):
             modules = [m for _, m in group]

@@ -25,7 +25,8 @@ from scaletrain.memory.activations import build_fake_model, trace_step
 from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.model_state import PLAN_STRATEGIES, ParamInfo, model_state
 from scaletrain.precision import get_policy
-from scaletrain.tasks import TASKS
+from scaletrain.data.inputs import map_inputs, tensors
+from scaletrain.tasks import Task, build_task
 
 # torch gives each CUDA stream's cuBLAS handle a 32 MiB workspace on Hopper (4 x 8 MiB), drawn from
 # the caching allocator, so it counts in torch.cuda.max_memory_allocated.
@@ -51,11 +52,30 @@ class PlanRequest:
     device_memory: int | None = None     # bytes
     headroom: float = 0.05               # of device memory: allocator fragmentation, CUDA context
     distributed: Any = None              # the DistributedConfig: the strategies' own option tables
-    token_inputs: bool = False           # inputs are token ids (integers into an embedding), not features
+    # The data's first samples (inputs, targets) where they were read (a user's own set): the example
+    # batch takes their shapes and dtypes (token ids, several named inputs); None: the task's own.
+    example: Any = None
+    task_choice: str = "auto"            # the config's --task (a user's own, the model's own loss)
 
     def input_dtype(self, policy) -> torch.dtype:
         """The example batch's input dtype: the data's integers, else what the policy feeds the model."""
-        return torch.int64 if self.token_inputs else policy.input_dtype
+        first = tensors(self.example[0])[0] if self.example is not None else None
+        return first.dtype if first is not None and not first.is_floating_point() else policy.input_dtype
+
+    def make_task(self, model: torch.nn.Module) -> Task:
+        """The task the training of `model` runs (the model's own loss where its forward takes labels)."""
+        return build_task(self.task_choice, self.task, model)
+
+    def example_batch(self, task: Task, batch: int, policy) -> tuple:
+        """(inputs, targets) of `batch` samples shaped as the data's (values arbitrary: zeros), made
+        inside the caller's fake mode; the task's own example where the data was not read."""
+        if self.example is None:
+            return task.example_batch(batch, self.input_shape, self.num_classes, self.input_dtype(policy))
+        x, y = self.example
+
+        def like(t: torch.Tensor, dtype=None) -> torch.Tensor:
+            return torch.zeros((batch, *t.shape[1:]), dtype=dtype or t.dtype)
+        return map_inputs(lambda t: like(t, policy.input_dtype if t.is_floating_point() else None), x), like(y)
 
 
 @dataclass(slots=True)
@@ -110,6 +130,7 @@ class Planner:
         self.traced = build_fake_model(req.model, req.model_options, req.input_shape, req.num_classes,
                                        self.policy.param_dtype, req.activation_checkpointing, req.block_classes)
         self.params = [ParamInfo(shape, unit) for shape, unit in self.traced.param_shapes]
+        self.task = req.make_task(self.traced.model)
         self._activations: dict[int, int] = {}
 
     def activation_bytes(self, per_device_batch: int) -> int:
@@ -119,8 +140,8 @@ class Planner:
         return self._activations[per_device_batch]
 
     def _trace(self, per_device_batch: int) -> int:
-        trace = trace_step(self.traced, self.req.input_shape, self.req.num_classes, per_device_batch,
-                           self.policy.autocast_dtype, self.req.input_dtype(self.policy), task=TASKS[self.req.task]())
+        trace = trace_step(self.traced, per_device_batch, self.policy.autocast_dtype, self.task,
+                           lambda n: self.req.example_batch(self.task, n, self.policy))
         return trace.activation_bytes
 
     def plan(self, strategy: str, devices: int, batch_size: int) -> MemoryPlan:

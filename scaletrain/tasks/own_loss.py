@@ -35,8 +35,9 @@ class OwnLoss(Task):
     train_metric = ""
     n_sums = 2   # loss x samples, samples
 
-    def __init__(self, input_name: str = "input_ids", tokens: bool = False):
+    def __init__(self, input_name: str = "input_ids", tokens: bool = False, keywords: dict | None = None):
         self.input_name = input_name
+        self.keywords = keywords or {}   # fixed keyword arguments of every call
         if tokens:   # next-token targets: perplexity is the language model's figure
             self.metrics = {"loss": False, "perplexity": False}
             self.default_target = "perplexity"
@@ -46,7 +47,14 @@ class OwnLoss(Task):
         if model is None or "labels" not in inspect.signature(model.forward).parameters:
             raise ConfigError(f"--task own-loss: {type(model).__name__}'s forward takes no labels=; the model's own "
                               "loss needs a forward(..., labels=None) returning an output with .loss")
-        return cls(_first_parameter(model), tokens=dataset_task == "language-model")
+        # No key/value cache: training never reads one, and activation checkpointing's recomputation
+        # of a block would extend it a second time (a shape error in the backward).
+        params = inspect.signature(model.forward).parameters
+        keywords = {"use_cache": False} if "use_cache" in params else {}
+        return cls(_first_parameter(model), tokens=dataset_task == "language-model", keywords=keywords)
+
+    def forward(self, model, x):
+        return model(**x, **self.keywords)
 
     def model_inputs(self, x: Inputs, y: torch.Tensor) -> Inputs:
         inputs = dict(x) if isinstance(x, dict) else {self.input_name: x}

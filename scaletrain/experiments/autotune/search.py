@@ -174,7 +174,7 @@ class AutoTuner:
         self.shape, self.outputs, self.task = shape, outputs, task
         from scaletrain.data import load_dataset
         dataset = load_dataset(base.data, seed=base.seed)
-        train, self.token_inputs = dataset.train, dataset.token_inputs
+        train, self.example = dataset.train, dataset.example
         self.train_samples = len(train)
         # Read on the host (streamed shards, a user's own samples, or asked for): its workers matter.
         streamed = base.data.placement == "stream" or not isinstance(train, ArraySplit)
@@ -240,7 +240,8 @@ class AutoTuner:
                     num_classes=self.outputs, task=self.task, batch_size=micro, precision=cfg.precision.policy,
                     devices=nproc, activation_checkpointing=cfg.memory.activation_checkpointing,
                     block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
-                    device_memory=memory, distributed=cfg.distributed, token_inputs=self.token_inputs))
+                    device_memory=memory, distributed=cfg.distributed, example=self.example,
+                    task_choice=cfg.task))
             plan = planners[key].plan(plan_as, nproc, micro)
             if plan.fits:
                 kept.append(params)
