@@ -62,8 +62,11 @@ def task_for(cfg: TrainConfig, dataset: Dataset) -> Task:
     task = build_task(cfg.task, dataset.task)
     if cfg.task != "auto":
         return task
+    # The data's first samples are read here, outside the meta device (a sample read under it
+    # would be a meta tensor).
+    shape, outputs = dataset.input_shape, task.output_size(dataset)
     with torch.device("meta"):
-        model = build_model(cfg.model.name, dataset.input_shape, task.output_size(dataset), **cfg.model.options)
+        model = build_model(cfg.model.name, shape, outputs, **cfg.model.options)
     return build_task(cfg.task, dataset.task, model)
 
 
