@@ -1,5 +1,5 @@
 """A Hugging Face model trained on its own loss through the trainer, against the loop a user writes
-by hand for it, in one process, interleaved (A B A B ...), one epoch each, the first round dropped
+by hand for it, in one process, interleaved (A B, B A, A B, ...), one epoch each, the first round dropped
 (warm-up): GPT-2 built from its config (random weights, nothing downloaded) on a tokenised
 `datasets.Dataset` of dict rows (`input_ids`, `attention_mask`, `labels`).
 
@@ -88,11 +88,17 @@ def main() -> None:
                              pin_memory=device.type == "cuda")
 
     times: dict[str, list[float]] = {"scaletrain": [], "hand loop": []}
-    for _ in range(args.repeats + 1):
+    def ours() -> None:
         trainer.history.clear()
         trainer.fit(train, val=val)
         times["scaletrain"].append(trainer.history[-1]["epoch_train_time_s"])
+
+    def theirs() -> None:
         times["hand loop"].append(hand_epoch(hand_model, hand_opt, hand_loader, device))
+
+    for i in range(args.repeats + 1):   # A B, B A, A B, ...: neither side always runs second
+        for run in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
+            run()
     times = {k: v[1:] for k, v in times.items()}   # the first round: warm-up
     env = environment(device)
     params = sum(p.numel() for p in hand_model.parameters())

@@ -31,6 +31,7 @@ def _step(model, x, y, dtype=None):
     with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
         out = model(x)
     loss = F.cross_entropy(out.float(), y)
+    del out    # as the trainer's step (strategies/base.py): the output released before the backward
     loss.backward()
     return loss.detach()
 

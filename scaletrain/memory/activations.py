@@ -80,8 +80,9 @@ def trace_step(traced: TracedModel, batch: int, autocast_dtype: torch.dtype | No
         with tracker:
             with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 output = task.forward(model, x)
-            task.loss(output, y).backward()
-            del output
+            loss = task.loss(output, y)
+            del output     # as the trainer's step: the output is released before the backward
+            loss.backward()
         grads = {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
         model.zero_grad(set_to_none=True)
     return StepTrace(batch, tracker.peak_excluding(grads), tracker.peak)

@@ -41,3 +41,35 @@ def build_logits_only(input_shape, num_classes):
         def forward(self, input_ids, attention_mask=None, labels=None):
             return {"logits": self.embed(input_ids)}
     return LogitsOnly()
+
+
+def build_sync_free(input_shape, num_classes):
+    """A model of Hugging Face's convention (named inputs, labels=, an output with .loss and
+    .logits) whose forward never reads a tensor back to the host, unlike transformers' GPT-2 (its
+    mask and packed-sequence checks do): what the no-host-sync test of the step runs."""
+    from dataclasses import dataclass
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    @dataclass
+    class Output:
+        loss: torch.Tensor | None
+        logits: torch.Tensor
+
+    class TinyCausalLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.mix, self.head = nn.Embedding(VOCAB, 32), nn.Linear(32, 32), nn.Linear(32, VOCAB)
+
+        def forward(self, input_ids, attention_mask=None, labels=None, use_cache=None):
+            h = self.embed(input_ids)
+            if attention_mask is not None:
+                h = h * attention_mask[..., None]
+            logits = self.head(torch.relu(self.mix(h.cumsum(1))))
+            loss = None
+            if labels is not None:
+                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+            return Output(loss, logits)
+    return TinyCausalLM()

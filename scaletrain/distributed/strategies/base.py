@@ -127,8 +127,11 @@ class Strategy(ABC):
         for i, (xm, ym) in enumerate(micro):
             with self.no_sync() if i < k - 1 else contextlib.nullcontext():
                 loss, output = step.forward_loss(xm, ym)
+                # Recorded before the backward, so the output (a language model's logits: the
+                # step's largest tensor) is freed before the backward allocates its gradients.
+                step.record(loss, output, ym)
+                del output
                 step.backward(loss)
-            step.record(loss, output, ym)
 
     def optimizer_step(self, step: StepContract) -> None:
         """Unscales (fp16), agrees on overflow, clips and steps the optimizer."""
