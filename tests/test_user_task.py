@@ -206,3 +206,8 @@ def test_plan_memory_and_autotune_on_a_hugging_face_model(tmp_path, hf_gpt):
                  "--out", tmp_path / "tuned"], tmp_path)
     assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
     assert "refused" not in tuned.stdout     # recomputed blocks give the baseline's loss
+    # The scaling predictor measures the step as the trainer runs it (FLOPs through the model's own loss).
+    scaled = run(["scaling", *flags, "--measure-steps", "2", "--json"], tmp_path)
+    assert scaled.returncode == 0, scaled.stderr[-2000:]
+    rows = json.loads(scaled.stdout)      # the log line about counting classes goes to stderr
+    assert rows[0]["devices"] == 1 and rows[0]["step_time_s"] > 0

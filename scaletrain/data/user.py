@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import itertools
 import random
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
@@ -227,7 +228,7 @@ class StreamSplit(TorchSplit):
                 self.end = len(self.dataset)
             except TypeError:   # no __len__: a stream of unknown length
                 print(f"scaletrain: counting the samples of {self.name} by reading it through "
-                      "(give the IterableDataset a __len__ to skip this)", flush=True)
+                      "(give the IterableDataset a __len__ to skip this)", file=sys.stderr, flush=True)
                 with kept_random_state():
                     self.end = sum(1 for _ in self.dataset)
         return self.end - self.start
@@ -373,7 +374,7 @@ def class_count(data: Any, split, given: int | None, count: bool = True) -> int:
     targets = getattr(data, "targets", None)
     if targets is None:
         print(f"scaletrain: counting the classes of {split.name} by reading its targets "
-              "(give num_classes to skip this)", flush=True)
+              "(give num_classes to skip this)", file=sys.stderr, flush=True)
         with kept_random_state():
             targets = [split_batch(sample, split.name)[1] for sample in split.samples()]
     return infer_num_classes(torch.as_tensor(np.asarray(targets)).long().view(-1), split.name)

@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scaletrain.callbacks import Throughput
 from scaletrain.config import DistributedConfig, TrainConfig
+from scaletrain.data.inputs import batch_rows, first_rows
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import find_blocks, pipeline_layers
 from scaletrain.training import build_training
@@ -25,6 +26,19 @@ def train_flops_per_sample(model: torch.nn.Module, sample_shape, device, tokens:
         model(x).float().sum().backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / 2
+
+
+def step_flops_per_sample(trainer, dataset) -> float:
+    """Forward + backward FLOPs of one sample of the training step as the trainer runs it (the task
+    calls the model, its loss): counted by FlopCounterMode on two real samples of the data as the
+    loader hands them over (token ids, several named inputs, a model's own loss alike)."""
+    x, y = next(iter(trainer.loader(dataset.train, train=False)))
+    x, y = first_rows(x, 2), y[:2]
+    counter = FlopCounterMode(display=False)
+    with counter:
+        trainer.task.loss(trainer.task.forward(trainer.model, x), y).backward()
+    trainer.model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / batch_rows(y)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +197,7 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
     # Under autocast the weights, hence the gradients DDP reduces, stay float32; bf16-true halves them.
     tensor_bytes = tuple(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
     grad_bytes = sum(tensor_bytes)
-    flops = train_flops_per_sample(trainer.model, dataset.input_shape, trainer.device, tokens=dataset.token_inputs)
+    flops = step_flops_per_sample(trainer, dataset)
     from scaletrain.summary import device_name
     step_time = cfg.batch_size / throughput.steady_state() if time_steps else float("nan")
     tp_allreduces, tp_bytes, tp_share = tensor_parallel_traffic(trainer, dataset)
