@@ -172,7 +172,8 @@ class Registry(Mapping[str, Any]):
             raise ConfigError(f"unknown {self.kind} '{name}'; choose one of: {', '.join(known)}") from None
 
     def __getitem__(self, name: str) -> Any:
-        if name not in self._entries and self.choices is not None and self.choices.importable and ":" in name:
+        if (name not in self._entries and self.choices is not None and self.choices.importable
+                and isinstance(name, str) and ":" in name):
             # A user's own `package.module:Name`: imported on lookup, kept under that name (but not
             # listed among the choices: it is the user's, not ours).
             from scaletrain.importing import import_function

@@ -32,6 +32,7 @@ def step_flops_per_sample(trainer, dataset) -> float:
     """Forward + backward FLOPs of one sample of the training step as the trainer runs it (the task
     calls the model, its loss): counted by FlopCounterMode on two real samples of the data as the
     loader hands them over (token ids, several named inputs, a model's own loss alike)."""
+    trainer.adopt(dataset)    # its task and input statistics, where it has not trained
     x, y = next(iter(trainer.loader(dataset.train, train=False)))
     x, y = first_rows(x, 2), y[:2]
     counter = FlopCounterMode(display=False)
