@@ -211,3 +211,17 @@ def test_plan_memory_and_autotune_on_a_hugging_face_model(tmp_path, hf_gpt):
     assert scaled.returncode == 0, scaled.stderr[-2000:]
     rows = json.loads(scaled.stdout)      # the log line about counting classes goes to stderr
     assert rows[0]["devices"] == 1 and rows[0]["step_time_s"] > 0
+
+
+def test_gradient_accumulation_cuts_named_inputs_into_micro_batches(tmp_path, hf_gpt):
+    """Two micro-batches of 16 dict rows (each input and the labels cut alike) give the step of one
+    batch of 32: the same losses, epoch after epoch (fp32, no dropout)."""
+    from scaletrain.config import OptimConfig
+    data = hf_gpt.splits(128)
+    histories = []
+    for accum in (1, 2):
+        torch.manual_seed(0)
+        cfg = _config(tmp_path / str(accum), epochs=2, batch_size=32, optim=OptimConfig(lr=3e-3, grad_accum_steps=accum))
+        with Trainer(hf_gpt.build(None, None), cfg) as trainer:
+            histories.append([(h["train_loss"], h["val_loss"]) for h in trainer.fit(data["train"], val=data["val"])])
+    assert np.allclose(histories[0], histories[1], rtol=1e-4), histories
