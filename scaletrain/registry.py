@@ -131,6 +131,7 @@ class Registry(Mapping[str, Any]):
     def __init__(self, kind: str, flag: str, choices: Choices | None = None):
         self.kind, self.flag, self.choices = kind, flag, choices
         self._entries: dict[str, Any] = {}
+        self._imported: dict[str, Any] = {}     # users' own `package.module:Name`, by that name
         self._all_loaded = False
 
     def add(self, name: str, entry: Any) -> Any:
@@ -174,11 +175,12 @@ class Registry(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         if (name not in self._entries and self.choices is not None and self.choices.importable
                 and isinstance(name, str) and ":" in name):
-            # A user's own `package.module:Name`: imported on lookup, kept under that name (but not
-            # listed among the choices: it is the user's, not ours).
-            from scaletrain.importing import import_function
-            self._entries[name] = import_function(name, self.kind)
-            return self._entries[name]
+            # A user's own `package.module:Name`: imported on lookup and kept, but never listed
+            # among the registered entries (it is the user's, not ours).
+            if name not in self._imported:
+                from scaletrain.importing import import_function
+                self._imported[name] = import_function(name, self.kind)
+            return self._imported[name]
         self._load(name)
         return self._entries[name]
 

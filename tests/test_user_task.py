@@ -60,6 +60,9 @@ def test_user_task_contract_is_checked_in_one_line():
                         ("nowhere:Task", "cannot import module 'nowhere'")]:
         with pytest.raises(ConfigError, match=words):
             build_task(name, "regression")
+    from scaletrain.tasks import TASKS
+    assert build_task("multilabel:MultiLabel", "regression").name == "multilabel:MultiLabel"
+    assert not any(":" in name for name in TASKS)     # looked up, never listed among ours
 
 
 def test_user_task_through_the_cli_on_two_processes(tmp_path):
