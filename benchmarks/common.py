@@ -31,3 +31,11 @@ def mfu(images_per_sec: float, flops_per_sample: float, precision: str, device: 
 
 def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def print_epochs(times: dict[str, list[float]]) -> None:
+    """One line per arm: its per-epoch seconds as a median (min, max) in ms."""
+    width = max(map(len, times)) + 1
+    for name, values in times.items():
+        s = spread([v * 1e3 for v in values])
+        print(f"{name:{width}s} epoch {s['median']:8.1f} ms (min {s['min']:.1f}, max {s['max']:.1f})")

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, spread  # noqa: E402
+from benchmarks.common import environment, print_epochs, spread  # noqa: E402
 from scaletrain.config import OptimConfig, TrainConfig  # noqa: E402
 from scaletrain.training import Trainer  # noqa: E402
 from scaletrain.training.clock import synchronize  # noqa: E402
@@ -105,9 +105,7 @@ def main() -> None:
     print(f"# hf model: GPT-2 {args.layers} layers x {args.width} ({params / 1e6:.2f}M params), {args.samples} "
           f"sequences of {args.length}, batch {args.batch_size}, fp32, on {env['device']}, torch {env['torch']}, "
           f"{env['date']}, {args.repeats} interleaved rounds")
-    for name, values in times.items():
-        s = spread([v * 1e3 for v in values])
-        print(f"{name:12s} epoch {s['median']:8.1f} ms (min {s['min']:.1f}, max {s['max']:.1f})")
+    print_epochs(times)
     ratios = [a / b for a, b in zip(times["scaletrain"], times["hand loop"])]
     r = spread(ratios)
     print(f"scaletrain / hand loop: median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}); "

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, spread  # noqa: E402
+from benchmarks.common import environment, print_epochs, spread  # noqa: E402
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
 from scaletrain.data import load_dataset  # noqa: E402
 from scaletrain.models import build_model  # noqa: E402
@@ -171,9 +171,7 @@ def main() -> None:
     print(f"# user data: cnn1d on MNIST-1D ({len(users)} train samples), batch {args.batch_size}, fp32, "
           f"{args.num_workers} loader workers, on {env['device']}, torch {env['torch']}, {env['date']}, "
           f"{args.repeats} interleaved rounds")
-    for name, values in times.items():
-        s = spread([v * 1e3 for v in values])
-        print(f"{name:16s} epoch {s['median']:7.1f} ms (min {s['min']:.1f}, max {s['max']:.1f})")
+    print_epochs(times)
     over_hand = [g / h for g, h in zip(times["general path"], times["hand loop"])]
     over_resident = [g / r for g, r in zip(times["general path"], times["device-resident"])]
     stream_over_general = [s / g for s, g in zip(times["stream"], times["general path"])]

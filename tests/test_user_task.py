@@ -11,22 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.tasks import build_task
 from scaletrain.training import Trainer
 from tests.processes import PLUGINS, run, summary
+from tests.test_user_data import _config as user_data_config
 
 sys.path.insert(0, str(PLUGINS))
 import multilabel  # noqa: E402
 
 
 def _config(tmp_path, **overrides):
-    cfg = TrainConfig(epochs=4, batch_size=64, progress=False, run_dir=str(tmp_path / "run"), device="cpu")
-    cfg.optim.lr = 1e-2
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
-    return cfg
+    return user_data_config(tmp_path, **{"epochs": 4, "batch_size": 64, **overrides})
 
 
 def _micro_f1(probabilities: torch.Tensor, truth: torch.Tensor) -> float:
