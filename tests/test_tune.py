@@ -207,7 +207,7 @@ def test_tune_rejects_a_missing_space_file_and_a_bad_metric(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "space.toml").write_text(SPACE)
     assert main(["tune", "--space", str(tmp_path / "space.toml"), "--metric", "accuracy", "--out",
-                 str(tmp_path / "s"), "--data", "digits"]) == 2
+                 str(tmp_path / "s"), "--data", "digits", "--model", "mlp"]) == 2
     assert "--metric accuracy is not something a run reports" in capsys.readouterr().err
 
 

@@ -224,3 +224,23 @@ def test_gradient_accumulation_cuts_named_inputs_into_micro_batches(tmp_path, hf
         with Trainer(hf_gpt.build(None, None), cfg) as trainer:
             histories.append([(h["train_loss"], h["val_loss"]) for h in trainer.fit(data["train"], val=data["val"])])
     assert np.allclose(histories[0], histories[1], rtol=1e-4), histories
+
+
+def test_tune_optimises_a_user_tasks_metric(tmp_path):
+    """`tune --metric auto` on a user task is its default target (val_f1, maximised); a built-in
+    metric the task does not report is refused; the study's best value is one a trial logged."""
+    optuna = pytest.importorskip("optuna")
+    from scaletrain.experiments.tune import resolve_objective
+    from scaletrain.errors import UserError
+    from scaletrain.tasks import TASKS
+    task = build_task("multilabel:MultiLabel", "regression")
+    assert resolve_objective("auto", "auto", task) == ("val_f1", "maximize")
+    with pytest.raises(UserError, match="reports val_loss, val_f1"):
+        resolve_objective("val_accuracy", "auto", task)
+    assert resolve_objective("auto", "auto", TASKS["own-loss"](tokens=True)) == ("val_perplexity", "minimize")
+    (tmp_path / "space.toml").write_text('[lr]\ntype = "float"\nlow = 3e-3\nhigh = 3e-2\nlog = true\n')
+    result = run(["tune", "--space", "space.toml", "--trials", "2", "--out", "study", "--model", "multilabel:build",
+                  "--data", "multilabel:splits", "--task", "multilabel:MultiLabel", "--epochs", "2"], tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    study = optuna.load_study(study_name="space", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE and 0.5 < study.best_value <= 1.0

@@ -41,11 +41,12 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.experiments.space import SearchSpace
     from scaletrain.experiments.tune import Tuner, TuneSettings
     from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
-    from scaletrain.data.registry import sample_shape
-    from scaletrain.experiments.tune import resolve_objective
+    from scaletrain.experiments.tune import epoch_metrics, resolve_objective
+    from scaletrain.training.preflight import run_task
     space = SearchSpace.load(args.space)
     cfg = config_from_args(args)
-    metric, direction = resolve_objective(args.metric, args.direction, sample_shape(cfg.data)[2])
+    task = run_task(cfg)
+    metric, direction = resolve_objective(args.metric, args.direction, task)
     study_name = args.study_name or Path(args.space).stem
     out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "studies" / study_name
     storage = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
@@ -57,7 +58,8 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     settings = TuneSettings(space=space, trials=args.trials, parallel=args.parallel, metric=metric,
                             direction=direction, out=out, storage_url=storage, study_name=study_name,
                             pruner={"kind": args.pruner, "startup_trials": args.prune_startup_trials,
-                                    "warmup_epochs": args.prune_warmup_epochs})
+                                    "warmup_epochs": args.prune_warmup_epochs},
+                            epoch_metrics=epoch_metrics(task))
     console = wide_console()
     tuner = Tuner(cfg, settings, console)
     tuner.run()

@@ -38,10 +38,15 @@ from scaletrain.summary import RunSummary
 from scaletrain.tasks import TASKS
 from scaletrain.tracking.store import RunRecord, RunStore
 
-# Per-epoch metrics of every task: validation metrics and each task's training metric.
-EPOCH_METRICS = tuple(dict.fromkeys(
-    [f"val_{m}" for task in TASKS.values() for m in task.metrics]
-    + ["train_loss"] + [f"train_{task.train_metric}" for task in TASKS.values() if task.train_metric]))
+def epoch_metrics(task) -> tuple[str, ...]:
+    """The per-epoch metrics a run of `task` logs: its validation metrics, the training loss and its
+    training metric."""
+    return tuple([f"val_{m}" for m in task.metrics] + ["train_loss"]
+                 + ([f"train_{task.train_metric}"] if task.train_metric else []))
+
+
+# Per-epoch metrics of every registered task (a study on a user's own task takes that task's).
+EPOCH_METRICS = tuple(dict.fromkeys(name for task in TASKS.values() for name in epoch_metrics(task)))
 # Summary figures a study may optimise. Never the test split's (a study selecting on test data
 # would report a figure it tuned on) and not the target itself (a setting, not a result).
 SUMMARY_METRICS = tuple(name for name, tp in RunSummary.__annotations__.items()
@@ -62,20 +67,25 @@ class TuneSettings:
     storage_url: str
     study_name: str
     pruner: dict
+    # The per-epoch metrics the trials log (the study's task's: epoch_metrics).
+    epoch_metrics: tuple[str, ...] = EPOCH_METRICS
 
 
-def resolve_objective(metric: str, direction: str, task_name: str) -> tuple[str, str]:
+def resolve_objective(metric: str, direction: str, task) -> tuple[str, str]:
     """`--metric auto` is the task's own target on the validation split (val_accuracy, val_r2,
-    val_perplexity); `--direction auto` is the way that metric improves. A per-epoch metric this
-    task does not report is refused here, before any trial trains to no objective."""
-    task = TASKS[task_name]
+    val_perplexity, a user task's); `--direction auto` is the way that metric improves. A
+    per-epoch metric this task does not report is refused here, before any trial trains to no
+    objective. `task`: the Task the trials train."""
     if metric == "auto":
+        if task.default_target is None:
+            raise UserError(f"the {task.name} task has no default target: name --metric "
+                            f"({', '.join('val_' + m for m in task.metrics)})")
         metric = f"val_{task.default_target}"
-    if metric not in EPOCH_METRICS + SUMMARY_METRICS:
+    if metric not in EPOCH_METRICS + epoch_metrics(task) + SUMMARY_METRICS:
         return metric, direction if direction != "auto" else "maximize"   # check_settings names the problem
     kind, _, name = metric.partition("_")
-    if metric in EPOCH_METRICS and kind == "val" and name not in task.metrics:
-        raise UserError(f"--metric {metric}: the {task_name} task reports "
+    if metric not in SUMMARY_METRICS and kind == "val" and name not in task.metrics:
+        raise UserError(f"--metric {metric}: the {task.name} task reports "
                         f"{', '.join('val_' + m for m in task.metrics)} per epoch; use one of these (or --metric auto)")
     if direction == "auto":
         if kind == "val" and name in task.metrics:
@@ -99,8 +109,8 @@ def check_settings(s: TuneSettings, base: TrainConfig) -> None:
     if s.metric.startswith("test_"):
         raise UserError(f"--metric {s.metric}: a study never selects on the test split (its figure would no longer "
                         f"be an honest estimate); use the validation metric val_{s.metric[5:]}")
-    if s.metric not in EPOCH_METRICS + SUMMARY_METRICS:
-        raise UserError(f"--metric {s.metric} is not something a run reports; per epoch: {', '.join(EPOCH_METRICS)}; "
+    if s.metric not in s.epoch_metrics + SUMMARY_METRICS:
+        raise UserError(f"--metric {s.metric} is not something a run reports; per epoch: {', '.join(s.epoch_metrics)}; "
                         f"per run: {', '.join(SUMMARY_METRICS)}")
     if s.metric.startswith("val_") and not base.eval_each_epoch:
         raise UserError(f"--metric {s.metric} needs an evaluation each epoch; drop --no-eval-each-epoch")
@@ -111,7 +121,7 @@ def check_settings(s: TuneSettings, base: TrainConfig) -> None:
 
 def objective_value(metric: str, direction: str, record: RunRecord, epochs: list[dict]) -> float | None:
     """A per-epoch metric's best epoch (what early stopping would keep), or a run summary's value."""
-    if metric in EPOCH_METRICS:
+    if metric not in SUMMARY_METRICS:
         values = [e[metric] for e in epochs if e.get(metric) is not None]
         if not values:
             return None
@@ -207,7 +217,7 @@ class Tuner:
         cfg = self.s.space.apply(self.base, values)
         name = f"trial-{trial.number:04d}"
         spec = {"storage": self.s.storage_url, "study": self.s.study_name, "trial_id": trial._trial_id,
-                "metric": self.s.metric if self.s.metric in EPOCH_METRICS else "", "pruner": self.s.pruner}
+                "metric": "" if self.s.metric in SUMMARY_METRICS else self.s.metric, "pruner": self.s.pruner}
         job = training_job(cfg, name, self.s.out / "trials", self.group, payload=trial.number,
                            env={TRIAL_ENV: json.dumps(spec)})
         trial.set_user_attr("run_id", job.payload[0].tracking.run_id)

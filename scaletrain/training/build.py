@@ -19,6 +19,7 @@ from scaletrain.data import Dataset, load_dataset
 from scaletrain.distributed import Strategy
 from scaletrain.models import build_model
 from scaletrain.tasks import Task, build_task
+from scaletrain.training.preflight import run_task
 from scaletrain.training.trainer import Trainer
 
 
@@ -56,18 +57,10 @@ def set_thread_pools(intra_op: int | None, inter_op: int | None) -> None:
 
 
 def task_for(cfg: TrainConfig, dataset: Dataset) -> Task:
-    """The task a run of `cfg` on `dataset` trains: under `--task auto` the model's own loss where
-    its forward takes labels (asked of the model built on the meta device: no memory), else the
-    data's."""
-    task = build_task(cfg.task, dataset.task)
-    if cfg.task != "auto":
-        return task
-    # The data's first samples are read here, outside the meta device (a sample read under it
-    # would be a meta tensor).
-    shape, outputs = dataset.input_shape, task.output_size(dataset)
-    with torch.device("meta"):
-        model = build_model(cfg.model.name, shape, outputs, **cfg.model.options)
-    return build_task(cfg.task, dataset.task, model)
+    """The task a run of `cfg` on `dataset` trains (preflight.run_task, on the data in hand; its
+    first samples are read here, outside the meta device, where a sample would be a meta tensor)."""
+    outputs = build_task(cfg.task, dataset.task).output_size(dataset)
+    return run_task(cfg, (dataset.input_shape, outputs, dataset.task))
 
 
 def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,

@@ -33,6 +33,17 @@ def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module
         return build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
 
 
+def run_task(cfg: TrainConfig, sample: tuple | None = None):
+    """The task a run of `cfg` trains: the one `--task` names, or under `auto` the model's own loss
+    where its forward takes labels (asked of the model on the meta device) or the data's.
+    `sample`: (input shape, output size, data task) where the caller has them."""
+    from scaletrain.tasks import build_task
+    shape, outputs, data_task = sample if sample is not None else sample_shape(cfg.data)
+    if cfg.task != "auto":
+        return build_task(cfg.task, data_task)
+    return build_task(cfg.task, data_task, meta_model(cfg, (shape, outputs)))
+
+
 def layer_costs_of(cfg: TrainConfig, micro_batch: int) -> list:
     """What each pipeline layer of the model `cfg` trains costs at `micro_batch` (models/
     layer_costs.py), measured on the meta device."""
