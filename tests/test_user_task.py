@@ -125,13 +125,22 @@ def test_a_hugging_face_model_under_ddp_and_fsdp_with_checkpointing(tmp_path, hf
     losses = {}
     for name, extra in [("single", []), ("ddp", ["--nproc", "2", "--strategy", "ddp"]),
                         ("fsdp", ["--nproc", "2", "--strategy", "fsdp", "--activation-checkpointing"])]:
-        result = run([*base, *extra, "--run-dir", tmp_path / name], tmp_path)
+        result = run([*base, *extra, "--run-dir", tmp_path / name, "--run-id", f"gpt-{name}"], tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
         lines = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         losses[name] = [(m["train_loss"], m["val_loss"]) for m in lines]
     assert "own-loss" in result.stdout
     for name in ("ddp", "fsdp"):
         assert np.allclose(losses[name], losses["single"], rtol=2e-4), (name, losses)
+    # predict gives the token distributions; export (one input tensor) refuses named inputs in one line.
+    predicted = run(["predict", "gpt-fsdp", "--split", "test", "--out", tmp_path / "p.npy"], tmp_path)
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    probabilities = np.load(tmp_path / "p.npy")
+    assert probabilities.shape == (128, hf_gpt.LENGTH, hf_gpt.VOCAB)
+    assert np.allclose(probabilities.sum(-1), 1, atol=1e-4)
+    exported = run(["export", "gpt-single", "--out", tmp_path / "m.pt2"], tmp_path)
+    assert exported.returncode == 2 and "several named inputs (input_ids, attention_mask)" in exported.stderr
+    assert "Traceback" not in exported.stderr and not (tmp_path / "m.pt2").exists()
 
 
 def test_own_loss_refuses_what_it_cannot_train(tmp_path, hf_gpt):

@@ -94,7 +94,12 @@ def export_run(record: RunRecord, out: Path, fmt: str = "pt2", data_dir: str | N
         trainer, dataset = built.trainer, built.dataset
         trainer.adopt(dataset)
         load_weights(trainer.model, saved_model_path(record), f"run {record.id}'s model")
-        samples = torch.as_tensor(dataset.test.head(CHECK_SAMPLES).x)
+        head = dataset.test.head(CHECK_SAMPLES).x
+        if isinstance(head, dict):
+            raise UserError(f"export serves a model of one input tensor; run {record.id}'s samples have several "
+                            f"named inputs ({', '.join(head)}). Its weights are in {saved_model_path(record)} "
+                            "(load them into your model, then use its own export, e.g. transformers' save_pretrained)")
+        samples = torch.as_tensor(head)
         expected = trainer.predict(samples)
         served = Served(trainer.model, trainer.normalizer, trainer.task).eval()
         example = samples[:2] if len(samples) >= 2 else samples.repeat(2, *([1] * (samples.dim() - 1)))
