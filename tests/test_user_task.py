@@ -77,6 +77,13 @@ def test_user_task_through_the_cli_on_two_processes(tmp_path):
     with Trainer(model, _config(tmp_path / "eval", task="multilabel:MultiLabel")) as trainer:
         scores = trainer.evaluate(data["test"])
     assert reported["test_metrics"]["f1"] == pytest.approx(scores["f1"], abs=1e-9)
+    # The planners trace and measure the step through the user's loss.
+    flags = ["--model", "multilabel:build", "--data", "multilabel:splits", "--task", "multilabel:MultiLabel"]
+    planned = run(["plan-memory", *flags, "--batch-size", "64"], tmp_path)
+    assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
+    tuned = run(["autotune", *flags, "--trials", "2", "--steps", "3", "--knobs", "steps_per_execution",
+                 "--out", tmp_path / "tuned"], tmp_path)
+    assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name, words", [
