@@ -75,7 +75,8 @@ class TrainStep:
         c, k = self.counters, parts or self.grad_accum_steps
         step_loss = loss.detach() / k if k > 1 else loss.detach()
         c.step_losses.index_add_(0, c.slot, step_loss.view(1))
-        c.metric_sum.add_(self.task.train_metric_sum(output, y))
+        if self.task.train_metric:   # a task without a training metric costs the step nothing here
+            c.metric_sum.add_(self.task.train_metric_sum(output, y))
 
     # ----------------------------------------------------------- the update
     def unscale_(self) -> torch.Tensor | None:
