@@ -93,8 +93,14 @@ class FSDPStrategy(ProcessGroupStrategy):
             blocks = []  # no repeated block: the whole model is one unit (still sharded at rest)
         # Inner units first (fully_shard goes bottom-up). Modules pinned to float32
         # (--fp32-modules) are their own units with a float32 policy.
+        # Batch norm too, under a 16-bit gather: its running statistics stay float32 buffers, which
+        # batch_norm refuses beside bf16 weights ("expected scalar type BFloat16 but found Float",
+        # found by the GPU kit's smoke part); FSDP1 kept batch norm in float32 by default for this.
+        low_gather = mp.param_dtype not in (None, torch.float32)
         for module in model.modules():
-            if getattr(module, "_scaletrain_float32", False) and module is not model:
+            pinned = getattr(module, "_scaletrain_float32", False) or (
+                low_gather and isinstance(module, nn.modules.batchnorm._BatchNorm))
+            if pinned and module is not model:
                 fully_shard(module, mp_policy=fp32, **shard)
         for block in blocks:
             fully_shard(block, mp_policy=mp, **shard)

@@ -1,0 +1,55 @@
+"""Part f: `scaletrain autotune` on WRN-16-2 (CIFAR-sized synthetic data, batch 256) within a
+90-second budget: 5 candidates of 2 × 10 measured steps each, every one its own process, compile
+left out of the search (its minute of compilation per candidate would spend the budget on two
+candidates; part c measures compile). The command, its table and its best configuration come back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.gpu.kit import Part, case
+
+TITLE = "autotune"
+LIMIT_S = 95.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def command(part: Part, folder: Path) -> list[str]:
+    if part.rehearse:
+        size = ["--model", "wrn-10-1", "--shape", "3,8,8", "--num-samples", "256", "--batch-size", "32",
+                "--trials", "2", "--steps", "3", "--knobs", "steps_per_execution"]
+    else:
+        size = ["--model", "wrn-16-2", "--shape", "3,32,32", "--num-samples", "2560", "--batch-size", "256",
+                "--trials", "5", "--steps", "10", "--knobs", "precision,steps_per_execution,channels_last,"
+                "activation_checkpointing,grad_accum_steps"]
+    return [sys.executable, "-m", "scaletrain", "autotune", "--data", "synthetic", *size, "--window-epochs", "2",
+            "--out", str(folder / "autotune"), "--store", str(folder / "runs.db"), "--no-progress"]
+
+
+def tune(part: Part) -> dict:
+    folder = Path(tempfile.mkdtemp(prefix="scaletrain-gpu-autotune-"))
+    argv = command(part, folder)
+    part.note(command="scaletrain " + " ".join(argv[3:]))
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=max(part.left_s() - 5, 10))
+    print(done.stdout[-4000:], done.stderr[-2000:], flush=True)
+    if done.returncode:
+        raise RuntimeError(f"autotune exited {done.returncode}: {(done.stderr.strip() or done.stdout.strip() or 'no output').splitlines()[-1]}")
+    result = json.loads((folder / "autotune" / "autotune.json").read_text())
+    best = next((line for line in done.stdout.splitlines() if line.startswith("best:")), None)
+    return {"best": best, "result": result}
+
+
+def run(part: Part) -> None:
+    row = case(part, "autotune", lambda: tune(part))
+    result = row.pop("result", None)
+    if result is not None:
+        trials = result.get("trials") or result.get("rows") or []
+        part.note(trials=len(trials))
+        for trial in trials:
+            part.add({"case": "trial", "status": trial.get("outcome"), **{k: v for k, v in trial.items() if not isinstance(v, (dict, list))},
+                      **{f"param {k}": v for k, v in (trial.get("params") or {}).items()}})

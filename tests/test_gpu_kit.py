@@ -1,0 +1,76 @@
+"""The prepared GPU run (benchmarks/gpu/) rehearsed on this CPU, so it cannot rot between GPU
+loans: every part runs at toy size through the code the GPU runs, writes its result file, and
+a part that fails or outlives its limit costs that part alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("environment", "smoke", "precision", "peers", "memory_lab", "autotune", "compiled")
+
+
+def kit(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--out", str(out), "--rehearse", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def results(out: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+def test_rehearsal_runs_every_part_and_writes_at_most_8_files(tmp_path):
+    done = kit(tmp_path, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == sorted([f"{p}.json" for p in PARTS] + ["summary.md"])   # the lease brings back 8
+    found = results(tmp_path)
+    for name in PARTS:
+        r = found[name]
+        assert r["status"] == "passed", (name, r.get("error"), r.get("output_tail", "")[-2000:])
+        assert r["rehearsal"] is True and r["notes"].get("unreached", []) == []
+        failed = [(row["case"], row.get("error")) for row in r["rows"] if row["status"] == "failed"]
+        assert not failed, (name, failed)
+        assert r["rows"], name
+    # The training paths a CPU can take ran, not skipped: every precision, fusing, the streaming
+    # loader, checkpointing, ddp and fsdp on one rank, and the CLI end to end.
+    smoke = {row["case"]: row for row in found["smoke"]["rows"]}
+    ran = [c for c, row in smoke.items() if row["status"] == "passed"]
+    assert {"fp32", "bf16-mixed", "fp16-mixed (dynamic loss scale)", "bf16-true", "activation checkpointing",
+            "fused steps (4 per call), no graph", "streaming loader, pinned, 2 workers", "ddp on one rank",
+            "fsdp on one rank", "cli: train with checkpoints", "cli: resume", "cli: export pt2",
+            "cli: predict"} <= set(ran)
+    assert smoke["CUDA-graph fused steps (4 per call)"] == {**smoke["CUDA-graph fused steps (4 per call)"],
+                                                           "status": "skipped", "error": "no CUDA"}
+    # Figures are figures: positive rates, the planner's prediction beside a measured peak.
+    precision = [row for row in found["precision"]["rows"] if row["status"] == "passed"]
+    assert len(precision) == 4 and all(row["images_per_sec"] > 0 and row["min"] <= row["images_per_sec"]
+                                       <= row["max"] for row in precision)
+    memory = [row for row in found["memory_lab"]["rows"] if row["status"] == "passed"]
+    assert len(memory) == 9 and all(row["measured_mib"] > 0 and row["predicted_mib"] > 0 for row in memory)
+    recipe = [row for row in found["peers"]["rows"] if row.get("kind") == "time to 94 %"]
+    assert [row["status"] for row in recipe] == ["passed"] * 3
+    assert all(0 < row["test_accuracy"] <= 1 for row in recipe)
+    trials = [row for row in found["autotune"]["rows"] if row["case"] == "trial"]
+    assert len(trials) == 2 and found["autotune"]["rows"][0]["best"].startswith("best:")
+    summary = (tmp_path / "summary.md").read_text()
+    assert all(f"## {name}: passed" in summary for name in PARTS)
+
+
+def test_a_failing_part_and_a_part_past_its_limit_cost_only_themselves(tmp_path):
+    done = kit(tmp_path, "--parts", "environment,smoke,precision", "--fail", "environment", "--limit", "smoke=4",
+               timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = results(tmp_path)
+    assert found["environment"]["status"] == "failed"
+    assert "failure injected into part environment" in found["environment"]["error"]
+    assert "RuntimeError" in found["environment"]["output_tail"]   # its traceback came back with it
+    smoke = found["smoke"]
+    assert smoke["status"] == "timed out" and smoke["error"] == "stopped at its 4 s limit"
+    assert smoke["notes"]["unreached"], "a part stopped at its limit lists what it did not reach"
+    assert found["precision"]["status"] == "passed"   # the part after both still ran
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| environment | failed |" in summary and "| smoke | timed out |" in summary
