@@ -25,13 +25,14 @@ def setup(part: Part) -> dict:
             "batch": 256, "finder_model": ("wrn-16-4", [3, 32, 32]), "cap": CAP_GIB * 2**30, "max_batch": 1 << 14}
 
 
-def _trainer(model_name: str, shape, precision: str, strategy: str = "single", checkpointing: bool = False):
+def _trainer(model_name: str, shape, precision: str, strategy: str = "single", checkpointing: bool = False,
+             num_samples: int = 4096):
     from scaletrain.config import DataConfig, ModelConfig, TrainConfig
     from scaletrain.data import load_dataset
     from scaletrain.models import build_model
     from scaletrain.training import Trainer
 
-    data = DataConfig(name="synthetic", shape=list(shape), num_samples=4096, placement="device")
+    data = DataConfig(name="synthetic", shape=list(shape), num_samples=num_samples, placement="device")
     dataset = load_dataset(data, seed=0)
     cfg = TrainConfig(model=ModelConfig(name=model_name), data=data, epochs=1, batch_size=8, progress=False,
                       save_model=False)
@@ -80,7 +81,8 @@ def finder_against_oom(part: Part, s: dict) -> dict:
         raise Skip("no CUDA: nothing runs out of memory on a CPU")
     model_name, shape = s["finder_model"]
     precision = "bf16-mixed"
-    trainer, dataset, _ = _trainer(model_name, shape, precision)
+    # As many samples as the largest batch tried: the finder caps its answer at the training set.
+    trainer, dataset, _ = _trainer(model_name, shape, precision, num_samples=s["max_batch"])
     total = torch.cuda.get_device_properties(trainer.device).total_memory
     try:
         found = BatchSizeFinder(trainer, dataset, steps=STEPS, margin=0.0, memory_limit=s["cap"]).run(
