@@ -49,7 +49,8 @@ def run(part: Part) -> None:
     result = row.pop("result", None)
     if result is not None:
         trials = result.get("trials") or result.get("rows") or []
-        part.note(trials=len(trials))
-        for trial in trials:
+        tried = [t for t in trials if t.get("outcome") != "not tried"]
+        part.note(trials=len(tried), candidates_not_tried=len(trials) - len(tried))
+        for trial in tried:
             part.add({"case": "trial", "status": trial.get("outcome"), **{k: v for k, v in trial.items() if not isinstance(v, (dict, list))},
                       **{f"param {k}": v for k, v in (trial.get("params") or {}).items()}})

@@ -29,7 +29,7 @@ def run(part: Part) -> None:
         return run_it
 
     # The peers first: one pair answers "is scaletrain's compiled step as fast as a hand one".
-    case(part, "hand loop, bf16 + channels_last + compile", compiled(lambda: peers.hand_loop(part, s, True)),
+    case(part, "hand loop, bf16 + channels_last + compile", compiled(lambda: peers.hand_loop(part, s, True, tf32=None)),
          kind="peer")
     case(part, "scaletrain, bf16-mixed + channels_last + compile + CUDA-graph fusing",
          compiled(lambda: peers.scaletrain_loop(part, s, "bf16-mixed", channels_last=True, compiled=True,

@@ -88,7 +88,8 @@ def finder_against_oom(part: Part, s: dict) -> dict:
         found = BatchSizeFinder(trainer, dataset, steps=STEPS, margin=0.0, memory_limit=s["cap"]).run(
             start=8, max_batch=s["max_batch"]).max_batch_size
         # The real thing: the allocator itself refuses past the cap; bisect on OutOfMemoryError.
-        torch.cuda.set_per_process_memory_fraction(s["cap"] / total, trainer.device)
+        index = torch.cuda.current_device()   # the call wants an index; the trainer's device may name none
+        torch.cuda.set_per_process_memory_fraction(s["cap"] / total, index)
         probe = BatchSizeFinder(trainer, dataset, steps=2, margin=0.0, memory_limit=1 << 50)
 
         def fits(size: int) -> bool:
@@ -110,7 +111,7 @@ def finder_against_oom(part: Part, s: dict) -> dict:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, trainer.device)
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())
         _close(trainer)
     return {"model": model_name, "precision": precision, "cap_gib": s["cap"] / 2**30, "finder_batch": found,
             "oom_bisection_batch": lo, "finder_over_oom": round(found / lo, 3)}

@@ -2,7 +2,9 @@
 
 Throughput on part c's model and batch (WRN-16-10, 28×28×1, batch 512, SGD, data on the device),
 each pair built to differ in one thing:
-  hand fp32 eager loop      | scaletrain fp32 eager            (the harness's own cost)
+  hand fp32 eager loop      | scaletrain fp32 eager            (the harness's own cost; both IEEE
+                                                               float32: PyTorch's default runs
+                                                               cuDNN convolutions in TF32, also shown)
   Lightning bf16-mixed      | scaletrain bf16-mixed eager      (the same recipe in each framework)
 and scaletrain's best eager settings (bf16-mixed, channels_last, CUDA-graph fusing); the compiled
 pair (hand bf16 + channels_last + compile against scaletrain's) is in part `compiled`.
@@ -74,8 +76,20 @@ def _model(s: dict, device: torch.device, channels_last: bool = False) -> nn.Mod
     return model.to(memory_format=torch.channels_last) if channels_last and len(s["shape"]) == 3 else model
 
 
-def hand_loop(part: Part, s: dict, bf16_compiled: bool) -> dict:
+def hand_loop(part: Part, s: dict, bf16_compiled: bool, tf32: bool | None = False) -> dict:
+    """tf32=False: IEEE float32 throughout, as scaletrain's fp32; None: PyTorch's defaults (cuDNN
+    convolutions in TF32, matrix products in float32)."""
     device = part.device
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    if tf32 is not None:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        return _hand_loop(part, s, bf16_compiled, device)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _hand_loop(part: Part, s: dict, bf16_compiled: bool, device: torch.device) -> dict:
     model = _model(s, device, channels_last=bf16_compiled)
     forward = torch.compile(model) if bf16_compiled else model
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -295,6 +309,7 @@ def recipe_lightning(part: Part, seed: int) -> dict:
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(Module(), torch.utils.data.DataLoader(Shuffled(), batch_size=None))
+    model.to(device)   # Lightning's teardown moved it back to the CPU
     return {"time_to_94_s": clock["reached"], "train_time_s": clock["train_s"], "test_accuracy": _accuracy(model, test)}
 
 
@@ -315,7 +330,8 @@ def run(part: Part) -> None:
               windows=f"{WINDOWS} x {s['window_steps']} steps after {s['warmup_steps']} warm-up")
 
     throughput = (
-        ("hand loop, fp32 eager", lambda: hand_loop(part, s, False)),
+        ("hand loop, PyTorch defaults (TF32 convolutions)", lambda: hand_loop(part, s, False, tf32=None)),
+        ("hand loop, fp32 eager (TF32 off, as scaletrain's fp32)", lambda: hand_loop(part, s, False)),
         ("scaletrain, fp32 eager", lambda: scaletrain_loop(part, s, "fp32")),
         ("Lightning, bf16-mixed", lambda: lightning_loop(part, s)),
         ("scaletrain, bf16-mixed eager", lambda: scaletrain_loop(part, s, "bf16-mixed")),

@@ -156,6 +156,7 @@ def suite_cases(part: Part) -> dict:
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
                            "--timeout", "30", *files], cwd=ROOT, capture_output=True, text=True,
                           timeout=max(part.left_s() - 2, 5))
+    print(done.stdout[-5000:], done.stderr[-2000:], flush=True)   # which test failed, and why: in output_tail
     last = (done.stdout.strip().splitlines() or ["no output"])[-1]
     if done.returncode not in (0, 5):   # 5: nothing collected
         raise RuntimeError(f"pytest -m cuda: {last}")

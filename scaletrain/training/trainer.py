@@ -137,7 +137,9 @@ class Trainer:
         if self.task is None:
             self.task = build_task(self.config.task, dataset.task, self.model)
         if self.normalizer is None:
-            self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype)
+            # Where the batches are normalised: the batch finder normalises its device batches with
+            # it directly (on a GPU a host copy failed every trial: found by benchmarks/gpu).
+            self.normalizer = Normalizer(dataset.mean, dataset.std, self.policy.input_dtype).to(self.device)
         self._units_per_sample = max(dataset.examples.y[:1].numel(), 1)
 
     # ----------------------------------------------------------------- state
