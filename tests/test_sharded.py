@@ -207,3 +207,41 @@ def test_zero1_with_more_processes_than_tensors_is_one_line_before_launch(tmp_pa
         "has 4 trainable tensors for 5 processes; use at most 4 processes, or --strategy zero2 or fsdp (they shard "
         "inside each tensor)"]
     assert not (tmp_path / "r").exists()
+
+
+def test_fsdp_under_bf16_keeps_batch_norm_in_float32_at_single_device_memory():
+    """A 16-bit gather would hand batch norm bf16 weights beside its float32 running statistics,
+    which batch_norm refuses (the GPU kit's rehearsal found fsdp + bf16-mixed failing on every
+    model with batch norm). Batch norm is its own float32 unit taking the 16-bit activations as
+    they come, as under plain autocast: the step trains, and holds what one device holds plus
+    fsdp's own per-parameter buffers (a gathered 16-bit copy, an unsharded float32 gradient: 6
+    bytes a parameter, 8 allowed). Casting batch norm's inputs to float32 had added 15 a parameter
+    here (a float32 copy of every normalised activation)."""
+    import torch.distributed as dist
+
+    from scaletrain.config import DataConfig, ModelConfig
+    from scaletrain.data import load_dataset
+    from scaletrain.memory.batch_finder import BatchSizeFinder
+    from scaletrain.models import build_model
+    from scaletrain.training import Trainer
+
+    data = DataConfig(name="synthetic", shape=[3, 16, 16], num_samples=64)
+    dataset = load_dataset(data, seed=0)
+    peaks = {}
+    for strategy in ("single", "fsdp"):
+        cfg = TrainConfig(model=ModelConfig(name="resnet"), data=data, epochs=1, batch_size=16, progress=False,
+                          save_model=False)
+        cfg.tracking.record, cfg.precision.policy, cfg.distributed.strategy = False, "bf16-mixed", strategy
+        torch.manual_seed(0)
+        trainer = Trainer(build_model("resnet", dataset.input_shape, dataset.num_classes), cfg)
+        try:
+            peaks[strategy], _ = BatchSizeFinder(trainer, dataset, steps=3, margin=0.0,
+                                                 memory_limit=1 << 40).measure(16, 3)
+            history = trainer.fit(dataset)
+        finally:
+            trainer.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        assert math.isfinite(history[-1]["train_loss"])
+    params = sum(p.numel() for p in build_model("resnet", dataset.input_shape, dataset.num_classes).parameters())
+    assert peaks["fsdp"] - peaks["single"] <= 8 * params, (peaks, params)

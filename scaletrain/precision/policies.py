@@ -67,10 +67,14 @@ class PrecisionPolicy:
         return MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=REDUCE_DTYPES[grad_compression])
 
     @staticmethod
-    def sharded_float32():
-        """FSDP2's settings for modules pinned to float32 (--fp32-modules)."""
+    def sharded_float32(cast_inputs: bool = True):
+        """FSDP2's settings for modules kept in float32: those pinned (--fp32-modules), whose inputs
+        are cast to float32 too, and batch norm (cast_inputs=False), which takes the 16-bit
+        activations with float32 weights as it does under plain autocast (casting them would keep a
+        float32 copy of every normalised activation for the backward)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
-        return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                    cast_forward_inputs=cast_inputs)
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

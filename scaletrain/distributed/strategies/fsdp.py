@@ -97,11 +97,14 @@ class FSDPStrategy(ProcessGroupStrategy):
         # batch_norm refuses beside bf16 weights ("expected scalar type BFloat16 but found Float",
         # found by the GPU kit's smoke part); FSDP1 kept batch norm in float32 by default for this.
         low_gather = mp.param_dtype not in (None, torch.float32)
+        norm = policy.sharded_float32(cast_inputs=False)
         for module in model.modules():
-            pinned = getattr(module, "_scaletrain_float32", False) or (
-                low_gather and isinstance(module, nn.modules.batchnorm._BatchNorm))
-            if pinned and module is not model:
+            if module is model:
+                continue
+            if getattr(module, "_scaletrain_float32", False):
                 fully_shard(module, mp_policy=fp32, **shard)
+            elif low_gather and isinstance(module, nn.modules.batchnorm._BatchNorm):
+                fully_shard(module, mp_policy=norm, **shard)
         for block in blocks:
             fully_shard(block, mp_policy=mp, **shard)
         # The root's parameters are needed again first thing in the backward: keep them gathered.
