@@ -16,7 +16,7 @@ import torch
 from benchmarks.gpu.kit import Part, case
 
 TITLE = "environment"
-LIMIT_S = 20.0
+LIMIT_S = 12.0
 
 
 def _smi(fields: str) -> dict:
