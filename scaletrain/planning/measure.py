@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scaletrain.callbacks import Throughput
 from scaletrain.config import DistributedConfig, TrainConfig
-from scaletrain.data.inputs import batch_rows, first_rows
+from scaletrain.data.inputs import batch_rows, first_rows, map_inputs
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import find_blocks, pipeline_layers
 from scaletrain.training import build_training
@@ -75,18 +75,38 @@ def boundary_bytes(trainer, dataset) -> int:
         layers = pipeline_layers(trainer.model)
     except ConfigError:
         return 0
-    trainer.adopt(dataset)
-    x, _ = next(iter(trainer.loader(dataset.train, train=True)))
     sizes: list[int] = []
     hooks = [layer.register_forward_hook(lambda module, args, out: sizes.append(out.numel() * out.element_size()))
              for _, layer in layers[:-1]]
     try:
-        with torch.no_grad(), trainer.policy.autocast(trainer.device):
-            trainer.model(x)
+        _forward_shapes(trainer, dataset)
     finally:
         for hook in hooks:
             hook.remove()
     return max(sizes, default=0)
+
+
+def _forward_shapes(trainer, dataset, backward: bool = False) -> None:
+    """Runs `trainer.model` on one training batch (and back, with `backward`) for its module hooks
+    and any FlopCounterMode around the call, shapes only: the weights, buffers and batch enter as
+    fake tensors (FakeTensorMode), so every op computes its output's shape and dtype and no
+    arithmetic, and the real model is left untouched. A prediction counts rather than computes: a
+    real bf16 forward of a 512-batch WRN-16-10 took minutes on a CPU without bf16 instructions, for
+    bytes and FLOPs that depend on shapes alone."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import functional_call
+    trainer.adopt(dataset)
+    x, _ = next(iter(trainer.loader(dataset.train, train=True)))
+    model = trainer.model
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        state = {name: mode.from_tensor(t) for name, t in (*model.named_parameters(), *model.named_buffers())}
+        fake = map_inputs(mode.from_tensor, x)
+        with torch.set_grad_enabled(backward), trainer.policy.autocast(trainer.device):
+            # A dict sample's several inputs go in by name, as the task calls the model.
+            out = functional_call(model, state, (), fake) if isinstance(fake, dict) else functional_call(
+                model, state, (fake,))
+        if backward:
+            out.float().sum().backward()
 
 
 def tensor_parallel_traffic(trainer, dataset) -> tuple[int, int, float]:
@@ -101,8 +121,6 @@ def tensor_parallel_traffic(trainer, dataset) -> tuple[int, int, float]:
         return 0, 0, 0.0
     if not blocks:
         return 0, 0, 0.0
-    trainer.adopt(dataset)
-    x, _ = next(iter(trainer.loader(dataset.train, train=True)))
     sizes: list[int] = []
 
     def record(module, args, out, style):
@@ -114,12 +132,11 @@ def tensor_parallel_traffic(trainer, dataset) -> tuple[int, int, float]:
     names = {id(module): name for name, module in trainer.model.named_modules()}
     counter = FlopCounterMode(display=False)
     try:
-        with counter, trainer.policy.autocast(trainer.device):
-            trainer.model(x).float().sum().backward()
+        with counter:
+            _forward_shapes(trainer, dataset, backward=True)
     finally:
         for hook in hooks:
             hook.remove()
-        trainer.model.zero_grad(set_to_none=True)
     counts = counter.get_flop_counts()
     root = type(trainer.model).__name__
     inside = sum(sum(counts.get(f"{root}.{names[id(block)]}", {}).values()) for block in blocks)
