@@ -148,12 +148,35 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     assert set(done_before) <= numbers and killed not in numbers   # kept, not run again; the killed one asked anew
 
 
+def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_best_so_far(tmp_path):
+    """--budget-s bounds the whole search: the `threads = 1` candidate hangs (a model made slow on
+    purpose), is stopped when the budget runs out, and the baseline measured before it is the answer."""
+    out, budget = tmp_path / "tuned", 45
+    started = time.perf_counter()
+    done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_hangs_mlp", "--knobs", "threads",
+                "--trials", "2", "--budget-s", str(budget), "--out", str(out), "--store", str(tmp_path / "runs.db")],
+               tmp_path)
+    took = time.perf_counter() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"the --budget-s of {budget} s ran out" in done.stdout
+    assert took < budget + 30, took          # the hanging candidate would have taken a minute more
+    measured, stopped = _rows(out, "measured"), _rows(out, "stopped")
+    assert [r["params"]["threads"] for r in measured] == [None]
+    assert [r["params"]["threads"] for r in stopped] == [1]
+    assert stopped[0]["why"] == f"the --budget-s of {budget:g} s ran out while it ran"
+    assert _result(out)["best"] == {"threads": None}
+    store = RunStore(str(tmp_path / "runs.db"))   # the stopped candidate's run is ended, not left running
+    assert store.get(stopped[0]["run_id"]).status == "failed"
+    store.close()
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--knobs", "nosuch"], "--knobs nosuch: not a knob for this training here; it has precision, compile"),
     (["--trials", "0"], "--trials must be >= 1 (got 0)"),
     (["--window-epochs", "1"], "--window-epochs must be >= 2"),
     (["--loss-tolerance", "-1"], "--loss-tolerance must be > 0"),
     (["--lr-rule", "cubic"], "--lr-rule must be one of none, linear, sqrt"),
+    (["--budget-s", "0"], "--budget-s must be > 0"),
     (["--device-memory", "lots"], "--device-memory"),
     (["--objective", "time-to-target", "--config", "{tmp}/no_target.toml"], "--objective time-to-target needs a target"),
 ])

@@ -33,6 +33,9 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
                    "whole grid) instead of --trials proposed by Optuna's TPE")
     g.add_argument("--knobs", default="", help="comma list of the knobs to search, e.g. precision,compile "
                    "(default: every knob that applies; the table's header names them)")
+    add_number(g, "--budget-s", float, gt=0, default=None,
+               help="bound the whole search to this many seconds: a candidate still running then is stopped, "
+                    "and the best found so far is reported (default: no bound)")
     g.add_argument("--device-memory", metavar="BYTES", help="the memory a candidate may use, e.g. 16GiB (default: "
                    "the GPU's, or the host memory free now)")
     add_number(g, "--loss-tolerance", float, gt=0, default=None,
@@ -56,7 +59,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     check_writable_file(cfg.tracking.store, "run store (--store)")
     settings = AutotuneSettings(
         out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
-        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
         device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
         loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
         loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)
@@ -65,6 +68,9 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     rows = tuner.run()
     best_path, table = tuner.write_results(rows)
     console.print(table)
+    if tuner.budget_ran_out:
+        console.print(f"the --budget-s of {args.budget_s:g} s ran out: the best of what was measured by then is "
+                      "reported", soft_wrap=True)
     if settings.objective.name == "throughput" and any(k.numerics for k in tuner.knobs):
         console.print("* changes the arithmetic (checked against the baseline's loss with the 16-bit tolerance)")
     if best_path is None:

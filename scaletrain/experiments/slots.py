@@ -127,11 +127,15 @@ class SlotPool:
         self.running[process] = (job, slot, time.perf_counter())
         return slot
 
-    def wait_any(self, poll_s: float = 0.2, idle: Callable[[], None] | None = None) -> Finished:
-        """Blocks until one running job ends; calls `idle` between polls (heartbeats)."""
+    def wait_any(self, poll_s: float = 0.2, idle: Callable[[], None] | None = None,
+                 until: float | None = None) -> Finished | None:
+        """Blocks until one running job ends; calls `idle` between polls (heartbeats). With `until`
+        (a time.perf_counter() reading), returns None once it passes with every job still running."""
         if not self.running:
             raise RuntimeError("no job is running")
         while True:
+            if until is not None and time.perf_counter() >= until:
+                return None
             for process, (job, slot, t0) in list(self.running.items()):
                 code = process.poll()
                 if code is not None:

@@ -122,3 +122,21 @@ def runtime_oom_mlp(shape, classes, above=40, **options):
             raise torch.OutOfMemoryError(f"injected: {args[0].shape[0]} samples > {above}")
     model.register_forward_pre_hook(hook)
     return model
+
+
+def single_thread_hangs_mlp(shape, classes, **options):
+    """An MLP whose real training forward sleeps for a minute when torch runs on one thread: the
+    autotuner's `threads = 1` candidate outlives any short --budget-s (the planner's fake-tensor
+    forwards in the autotune process itself pass)."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    model = MLP(shape, classes, **options)
+
+    def hook(module, args):
+        x = args[0]
+        if module.training and torch.get_num_threads() == 1 and not is_fake(x) and x.device.type != "meta":
+            time.sleep(60)
+
+    model.register_forward_pre_hook(hook)
+    return model

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import socket
+import time
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -42,7 +43,7 @@ from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, emul
                                                   model_facts, system_knobs)
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV
-from scaletrain.experiments.slots import SlotPool, device_slots, machine_slot
+from scaletrain.experiments.slots import Finished, SlotPool, device_slots, machine_slot
 from scaletrain.experiments.sweep import LR_SCALINGS, scaled_lr
 from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open_storage, require_optuna
 from scaletrain.memory.planner import Planner, PlanRequest
@@ -98,6 +99,7 @@ class AutotuneSettings:
     exhaustive: bool = False     # measure every candidate the planner keeps, in order (the grid)
     objective: Objective = THROUGHPUT
     lr_rule: str = "sqrt"        # time-to-target: how the LR follows the batch size (none, linear, sqrt)
+    budget_s: float | None = None  # wall-clock bound of the whole search: the best so far is reported
 
     def problems(self) -> list[str]:
         out = []
@@ -109,6 +111,8 @@ class AutotuneSettings:
             out.append(f"--window-epochs must be at least 2, a warm-up and a measured epoch (got {self.epochs})")
         if self.lr_rule not in LR_SCALINGS:
             out.append(f"--lr-rule must be one of {', '.join(LR_SCALINGS)} (got {self.lr_rule!r})")
+        if self.budget_s is not None and not (self.budget_s > 0 and math.isfinite(self.budget_s)):
+            out.append(f"--budget-s must be a positive number of seconds (got {self.budget_s})")
         for flag, value in (("--loss-tolerance", self.loss_tolerance), ("--loss-tolerance-16bit", self.loss_tolerance_16bit)):
             if not (value > 0 and math.isfinite(value)):
                 out.append(f"{flag} must be a positive fraction (got {value})")
@@ -119,7 +123,7 @@ class AutotuneSettings:
 class Row:
     """One candidate in the result table."""
     params: dict
-    outcome: str                      # measured, refused, pruned, failed, discarded, not tried
+    outcome: str                      # measured, refused, pruned, failed, stopped (--budget-s), discarded, not tried
     value: float | None = None        # the objective's figure
     images_per_sec: float | None = None
     peak_memory_bytes: int | None = None
@@ -167,6 +171,10 @@ class AutoTuner:
                             "as the default recipe has (0.94 accuracy)")
         self.optuna = require_optuna()
         self.base, self.s, self.console = base, settings, console
+        # --budget-s counts from here: the data and the plan are part of what the user waits for.
+        self.started = time.perf_counter()
+        self.deadline = self.started + settings.budget_s if settings.budget_s else None
+        self.budget_ran_out = False
         self.group = f"autotune-{settings.study_name}"
         self.me = f"{socket.gethostname()}:{os.getpid()}"
         self.device = resolve_device(base.device)
@@ -319,6 +327,9 @@ class AutoTuner:
         repeats = 0
         try:
             while sum(1 for r in rows.values() if r.outcome != "discarded") < budget and repeats < 50:
+                if self.deadline is not None and time.perf_counter() >= self.deadline:
+                    self.budget_ran_out = True
+                    break
                 trial = study.ask()
                 params = {key: json.loads(v) for key, v in self._suggest(trial).items()}
                 key = _key(params)
@@ -366,7 +377,14 @@ class AutoTuner:
         shown = ", ".join(f"{k.label}={params[k.key]}" for k in self.knobs)
         self.console.print(f"trial {trial.number}: {shown} ...", soft_wrap=True)
         pool.start(job)
-        finished = pool.wait_any()
+        finished = pool.wait_any(until=self.deadline)
+        if finished is None:   # --budget-s ran out with this candidate still running
+            pool.terminate()
+            settle(store, Finished(job, None, -15, time.perf_counter() - self.started))
+            self.budget_ran_out = True
+            why = f"the --budget-s of {self.s.budget_s:g} s ran out while it ran"
+            self.console.print(f"  stopped: {why}")
+            return Row(params, "stopped", why=why, run_id=run_id, trial=trial.number)
         if finished.returncode == PRUNED_EXIT_CODE:
             self.console.print(f"  pruned: images/sec trails the median after its warm-up ({finished.seconds:.1f} s)")
             return Row(params, "pruned", why="images/sec below the median of earlier candidates", run_id=run_id,
@@ -432,7 +450,7 @@ class AutoTuner:
         baseline = next((r for r in rows if r.params == self.grid[0]), None)
         best = self.best(rows)
         objective = self.s.objective
-        order = {"measured": 0, "refused": 1, "pruned": 2, "failed": 3, "discarded": 4, "not tried": 5}
+        order = {"measured": 0, "refused": 1, "pruned": 2, "failed": 3, "stopped": 4, "discarded": 5, "not tried": 6}
         sign = -1 if objective.direction == "maximize" else 1
         rows = sorted(rows, key=lambda r: (order[r.outcome], sign * (r.value or 0), -(r.images_per_sec or 0)))
         table = Table(title=f"autotune ({objective.name}): {self.base.model.name} on {self.base.data.name}, "
