@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("environment", "smoke", "precision", "peers", "memory_lab", "autotune", "compiled")
 
@@ -22,8 +24,9 @@ def results(out: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 
+@pytest.mark.timeout(900)   # 2 minutes idle; beside the other test worker, up to twice that
 def test_rehearsal_runs_every_part_and_writes_at_most_8_files(tmp_path):
-    done = kit(tmp_path, timeout=400)
+    done = kit(tmp_path, timeout=850)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == sorted([f"{p}.json" for p in PARTS] + ["summary.md"])   # the lease brings back 8
