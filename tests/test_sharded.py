@@ -227,6 +227,8 @@ def test_fsdp_under_bf16_keeps_batch_norm_in_float32_at_single_device_memory():
 
     data = DataConfig(name="synthetic", shape=[3, 16, 16], num_samples=64)
     dataset = load_dataset(data, seed=0)
+    import os
+    launcher_env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     peaks = {}
     for strategy in ("single", "fsdp"):
         cfg = TrainConfig(model=ModelConfig(name="resnet"), data=data, epochs=1, batch_size=16, progress=False,
@@ -245,3 +247,6 @@ def test_fsdp_under_bf16_keeps_batch_norm_in_float32_at_single_device_memory():
         assert math.isfinite(history[-1]["train_loss"])
     params = sum(p.numel() for p in build_model("resnet", dataset.input_shape, dataset.num_classes).parameters())
     assert peaks["fsdp"] - peaks["single"] <= 8 * params, (peaks, params)
+    # The one-process group it made here left the environment as it was: a WORLD_SIZE=1 left behind
+    # made later multi-host and SLURM tests in the same worker train alone.
+    assert {k: os.environ.get(k) for k in launcher_env} == launcher_env

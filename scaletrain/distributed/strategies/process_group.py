@@ -46,6 +46,7 @@ class ProcessGroupStrategy(Strategy):
     def __init__(self, config, env, layout=None):
         super().__init__(config, env, layout)
         self.owns_group = False
+        self.set_env: tuple[str, ...] = ()   # variables this strategy put in os.environ: removed at teardown
 
     def setup(self, device_request: str) -> torch.device:
         if device_request == "auto":
@@ -63,7 +64,9 @@ class ProcessGroupStrategy(Strategy):
             "nccl" if self.device.type == "cuda" else "gloo")
         if not dist.is_initialized():
             if "MASTER_ADDR" not in os.environ:  # a one-process DDP run outside any launcher
-                os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+                added = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+                self.set_env = tuple(k for k in added if k not in os.environ)
+                os.environ.update(added)
             # A generous first timeout covers compilation and data loading before the first
             # collective; after_first_step() shortens it so a dead peer is noticed quickly.
             timeout = datetime.timedelta(seconds=self.config.init_timeout_s)
@@ -97,6 +100,12 @@ class ProcessGroupStrategy(Strategy):
                 dist.barrier()
             destroy_process_group()
             self.owns_group = False
+        # A one-process group made in the caller's process (the Python API, a notebook) leaves its
+        # environment as it found it: a later `torchrun` or subprocess would read WORLD_SIZE=1 and a
+        # stale MASTER_PORT (seen: the multi-host and SLURM tests after an in-process fsdp test).
+        for name in self.set_env:
+            os.environ.pop(name, None)
+        self.set_env = ()
 
     def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
