@@ -77,3 +77,16 @@ def test_a_failing_part_and_a_part_past_its_limit_cost_only_themselves(tmp_path)
     assert found["precision"]["status"] == "passed"   # the part after both still ran
     summary = (tmp_path / "summary.md").read_text()
     assert "| environment | failed |" in summary and "| smoke | timed out |" in summary
+
+
+def test_bad_arguments_are_one_line_before_any_part_runs(tmp_path):
+    (tmp_path / "file").write_text("")
+    for args, message in ((["--parts", "nosuch"], "unknown part 'nosuch'"),
+                          (["--limit", "smoke"], "--limit takes PART=SECONDS"),
+                          (["--out", str(tmp_path / "file")], "is a file, not a folder")):
+        out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
+        done = subprocess.run([sys.executable, "-m", "benchmarks.gpu", *out, *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -121,6 +121,12 @@ def main(argv=None) -> int:
     if args.part_process:
         run_one(args.part_process, args.out, args.rehearse, overrides[args.part_process], args.part_process in args.fail)
         return 0
+    from scaletrain.errors import UserError
+    from scaletrain.lifecycle.paths import check_writable_dir
+    try:   # checked before any part starts, with the library's own path check
+        check_writable_dir(args.out, "--out")
+    except UserError as exc:
+        p.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
     for name in parts:   # a rerun of some parts replaces only their files
         result_path(args.out, name).unlink(missing_ok=True)
