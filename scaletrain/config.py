@@ -156,6 +156,8 @@ class OptimConfig:
     optimizer: str = _f("adamw", "sgd (with momentum) or adamw", choices=("sgd", "adamw"))
     lr: float = _f(1e-3, "peak learning rate", gt=0)
     weight_decay: float = _f(0.0, "decoupled weight decay (adamw) or L2 (sgd)", ge=0)
+    decay_all: bool = _f(False, "weight decay on biases and norm scales too (torch's default); by default only "
+                         "weights (2-D and up) are decayed")
     momentum: float = _f(0.9, "SGD momentum", ge=0, lt=1)
     nesterov: bool = _f(False, "Nesterov momentum for SGD")
     betas: list[float] = _f([0.9, 0.999], "AdamW betas", ge=0, lt=1)
@@ -332,9 +334,12 @@ class TrainConfig:
     target: float | None = _f(None, "stop once the validation metric --target-metric reaches this for `patience` "
                               "epochs (at or above it; at or below for loss, perplexity and mae)",
                               rule="any finite number (its range depends on the metric: checked below)", resumable=True)
+    # Any name: the task says which metrics it reports (a user's task or a LightningModule its own),
+    # and the run refuses one it does not report before its folder is opened (Task.check_metric).
     target_metric: str = _f("auto", "the validation metric --target refers to: auto (the task's: accuracy, r2, "
-                            "perplexity) or another the task reports, e.g. loss",
-                            choices=("auto", "accuracy", "loss", "perplexity", "r2", "mae"), resumable=True)
+                            "perplexity) or another the task reports, e.g. loss, or a metric of your own task",
+                            pattern=r"[a-z][a-z0-9_]*", rule="a metric name (lower-case letters, digits and _)",
+                            resumable=True)
     patience: int = _f(1, "epochs at the target before stopping", ge=1, resumable=True)
     early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss", ge=1, resumable=True)
     eval_each_epoch: bool = _f(True, "evaluate on the validation split after every epoch, and on the test split once "

@@ -57,6 +57,7 @@ class RunSummary:
     test_loss: float | None = None
     task: str = "classification"
     target_metric: str | None = None    # the validation metric `target` refers to (e.g. accuracy)
+    target_higher_is_better: bool | None = None   # its direction, as the task states it
     val_metrics: dict | None = None     # the last epoch's validation metrics, by name
     test_metrics: dict | None = None    # every metric of the test split, by name
     run_id: str | None = None       # the run's id in the run store (None when not recorded)
@@ -120,6 +121,7 @@ def build_summary(trainer, cfg, wall_time_s: float, run_dir: Path | None = None,
         test_loss=trainer.test_logs.get("test_loss"),
         task=trainer.task.name if trainer.task is not None else "classification",
         target_metric=stopper.monitor[4:] if stopper else None,
+        target_higher_is_better=stopper.higher_is_better if stopper else None,
         val_metrics={k[4:]: history[-1][k] for k in val_names} if history else None,
         test_metrics={k[5:]: v for k, v in trainer.test_logs.items()} or None,
         alloc_retries=trainer.peak_memory.retries(),
@@ -138,7 +140,9 @@ def print_summary(s: RunSummary, console: Console) -> None:
     table.add_column("metric", style="bold")
     table.add_column("value")
     if s.target is not None:
-        relation = "<=" if s.target_metric in LOWER_IS_BETTER else ">="
+        lower = (not s.target_higher_is_better if s.target_higher_is_better is not None
+                 else s.target_metric in LOWER_IS_BETTER)   # summaries written before it was recorded
+        relation = "<=" if lower else ">="
         table.add_row("reached target", f"{'yes' if s.reached_target else 'no'} "
                                         f"(val {s.target_metric} {relation} {s.target:g})")
         table.add_row("time to target", _fmt_time(s.time_to_target_s) + " (training time, evaluation excluded)")

@@ -48,7 +48,7 @@ def test_every_numeric_field_declares_what_it_admits():
     ("optim.min_lr_ratio", 1.5, "must be >= 0 and <= 1"),
     ("precision.policy", "fp8", "must be one of bf16-mixed"),
     ("target", float("nan"), "must be a finite number"),
-    ("target_metric", "bleu", "must be one of auto"),
+    ("target_metric", "Val Acc", "must be a metric name"),
     ("task", "translation", "must be one of auto"),
     ("tracking.run_id", "-x", "must be 1-64 letters"),
     ("tracking.run_id", "x" * 65, "must be 1-64 letters"),

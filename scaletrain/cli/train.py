@@ -148,9 +148,29 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     merged = merge_mappings(base_mapping(args), given_overrides(args))
     cfg = from_mapping(TrainConfig, merged)
     cfg.validate()
+    _refuse_optimizer_flags_a_model_sets(cfg, args)
     recipe = load_recipe(vars(args)["recipe"]) if vars(args).get("recipe") else base_mapping(args)
     _drop_a_recipe_target_the_task_lacks(cfg, args, recipe)
     return cfg
+
+
+def _refuse_optimizer_flags_a_model_sets(cfg: TrainConfig, args: argparse.Namespace) -> None:
+    """A LightningModule's configure_optimizers sets the optimizer and its schedule: a flag naming
+    one of those settings is refused, not overridden in silence. (A --config file's are replaced,
+    and the run's first lines say so: whole configurations, such as autotune's candidates and
+    best.toml, hold every key.) The user's module is imported only when such a flag is given with
+    a package.module:Name model."""
+    from scaletrain.adapters import OWN_OPTIMIZER_FIELDS
+    given = {k.split(".", 1)[1] for k in vars(args) if k.startswith("optim.")}
+    named = [f for f in OWN_OPTIMIZER_FIELDS if f in given]
+    if not named or ":" not in cfg.model.name:
+        return
+    from scaletrain.adapters import is_lightning_module
+    from scaletrain.importing import import_function
+    if is_lightning_module(import_function(cfg.model.name, "model")):
+        flags = ", ".join(FLAG_NAMES.get(f"optim.{f}", "--" + f.replace("_", "-")) for f in named)
+        raise ConfigError(f"{flags}: {cfg.model.name} is a LightningModule whose configure_optimizers sets the "
+                          "optimizer and its schedule; drop the flag, or change configure_optimizers")
 
 
 def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namespace, recipe: dict) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 
+from scaletrain.adapters import is_lightning_data_module
 from scaletrain.data.dataset import Dataset
 from scaletrain.data.user import as_dataset, as_split
 from scaletrain.errors import DataError
@@ -14,7 +15,8 @@ from scaletrain.errors import DataError
 
 def user_source(name: str):
     """`--data package.module:function`: the function, called with `--data-option`s, returns the
-    splits: a dict with `train` (and optionally `val`, `test`), or the training split alone."""
+    splits: a dict with `train` (and optionally `val`, `test`), or the training split alone; or a
+    Lightning LightningDataModule class (or a function returning one), whose data loaders give them."""
     from scaletrain.data.source import DataSource
     return DataSource(name, lambda cfg, seed: load_user_data(name, cfg), sample=None, splits_itself=True,
                       users_own=True)
@@ -31,6 +33,8 @@ def load_user_data(name: str, cfg) -> Dataset:
         raise
     except Exception as exc:   # the user's function failed: its message, one line
         raise DataError(f"data '{name}' raised {type(exc).__name__}: {exc}") from None
+    if is_lightning_data_module(result):
+        result = data_module_splits(result, name)
     if isinstance(result, Mapping):
         unknown = set(result) - {"train", "val", "test"}
         if "train" not in result or unknown:
@@ -44,3 +48,26 @@ def load_user_data(name: str, cfg) -> Dataset:
         splits["train"] = train.part(0, min(cfg.train_subset, len(train)))
     return as_dataset(splits["train"], splits.get("val"), splits.get("test"), val_fraction=cfg.val_fraction,
                       name=name)
+
+
+def data_module_splits(module, name: str) -> dict:
+    """A LightningDataModule's splits as Lightning's `fit` and `test` read them: prepare_data, then
+    setup("fit") for the training and validation loaders, setup("test") for the test loader, each
+    split only where the module defines its loader."""
+    base = next(b for b in type(module).__mro__ if b.__name__ == "LightningDataModule")
+    defines = [hook for hook in ("val_dataloader", "test_dataloader")
+               if getattr(type(module), hook) is not getattr(base, hook)]
+    try:
+        module.prepare_data()
+        module.setup("fit")
+        splits = {"train": module.train_dataloader()}
+        if "val_dataloader" in defines:
+            splits["val"] = module.val_dataloader()
+        if "test_dataloader" in defines:
+            module.setup("test")
+            splits["test"] = module.test_dataloader()
+    except DataError:
+        raise
+    except Exception as exc:   # the user's data module failed: its message, one line
+        raise DataError(f"data '{name}' (a LightningDataModule) raised {type(exc).__name__}: {exc}") from None
+    return splits

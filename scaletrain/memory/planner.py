@@ -64,7 +64,11 @@ class PlanRequest:
 
     def make_task(self, model: torch.nn.Module) -> Task:
         """The task the training of `model` runs (the model's own loss where its forward takes labels)."""
-        return build_task(self.task_choice, self.task, model)
+        example = self.example
+        if example is None and hasattr(model, "own_task"):   # a LightningModule reads its metrics off one
+            from scaletrain.tasks import TASKS
+            example = TASKS.get(self.task)().example_batch(2, self.input_shape, self.num_classes, torch.float32)
+        return build_task(self.task_choice, self.task, model, example)
 
     def example_batch(self, task: Task, batch: int, policy) -> tuple:
         """(inputs, targets) of `batch` samples shaped as the data's (values arbitrary: zeros), made

@@ -2,13 +2,15 @@
 builder.py) and is imported when a name it declares is asked for (registry.py), so a new model
 is one decorated builder in one new file. A
 user's own builder is named `package.module:function` and takes the same arguments as ours but
-the variant: `f(input_shape, num_classes, **options) -> nn.Module`.
+the variant: `f(input_shape, num_classes, **options) -> nn.Module`; a Lightning LightningModule
+class named so is built with the options alone and trained through its adapter (adapters/).
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from scaletrain.adapters import is_lightning_module
 from scaletrain.errors import ConfigError
 from scaletrain.importing import import_function
 from scaletrain.models.builder import MODEL_BUILDERS
@@ -26,7 +28,11 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 
 def _build(name: str, shape: tuple[int, ...], classes: int, options: dict) -> nn.Module:
     if ":" in name:  # a user's builder: f(input_shape, num_classes, **options) -> nn.Module
-        model = import_function(name, "model")(shape, classes, **options)
+        builder = import_function(name, "model")
+        if is_lightning_module(builder):   # a LightningModule class: built with its own arguments only
+            from scaletrain.adapters.lightning import LightningAdapter
+            return LightningAdapter.build(builder, options)
+        model = builder(shape, classes, **options)
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model '{name}' returned {type(model).__name__}, not a torch.nn.Module")
         return model

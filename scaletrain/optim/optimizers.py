@@ -14,13 +14,14 @@ from scaletrain.errors import ConfigError
 OPTIMIZERS = ("sgd", "adamw")
 
 
-def _param_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]:
-    # Biases and norm scales (1-D tensors) are not decayed: decaying them only hurts accuracy.
+def _param_groups(params: list[nn.Parameter], weight_decay: float, decay_all: bool = False) -> list[dict]:
+    # Biases and norm scales (1-D tensors) are not decayed unless asked (`decay_all`, torch's own
+    # default, which a LightningModule's optimizer brings): decaying them only hurts accuracy.
     # Tensor-parallel (DTensor) parameters get groups of their own: a fused kernel takes one kind.
     groups: dict[tuple[bool, str], list[nn.Parameter]] = {}
     for p in params:
         if p.requires_grad:
-            groups.setdefault((p.ndim > 1, type(p.data).__name__), []).append(p)
+            groups.setdefault((decay_all or p.ndim > 1, type(p.data).__name__), []).append(p)
     return [{"params": ps, "weight_decay": weight_decay if decay else 0.0}
             for (decay, _), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
 
@@ -31,7 +32,8 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: boo
     `capturable` makes AdamW safe to record in a CUDA graph; `params` (default: all of the
     model's) is the subset this rank updates under optimizer-state sharding."""
     lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device)
-    groups = _param_groups(list(model.parameters()) if params is None else params, cfg.weight_decay)
+    groups = _param_groups(list(model.parameters()) if params is None else params, cfg.weight_decay,
+                           cfg.decay_all)
     for g in groups:
         g["lr"] = lr
     if cfg.optimizer == "sgd":

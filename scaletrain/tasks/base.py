@@ -116,9 +116,17 @@ def computes_own_loss(model) -> bool:
         return False
 
 
-def build_task(name: str, dataset_task: str, model=None) -> Task:
+def build_task(name: str, dataset_task: str, model=None, example=None) -> Task:
     """The task `name`: a user's own class (`package.module:Name`, checked), a built-in one that
-    fits the data, or for 'auto' the model's own loss (`model` computes one) or the data's task."""
+    fits the data, or for 'auto' the task the model brings (`own_task`: an adapted LightningModule,
+    which reads its metrics off `example`, two of the data's (inputs, targets)), its own loss
+    (`model` computes one) or the data's task."""
+    own_task = getattr(model, "own_task", None)
+    if own_task is not None:
+        if name != "auto":
+            raise ConfigError(f"--task {name}: {type(model).__name__} brings its own loss and metrics; leave --task "
+                              "auto")
+        return own_task(example)
     if ":" in name:
         return user_task(name)
     if name == "auto" and model is not None and computes_own_loss(model):

@@ -60,7 +60,7 @@ def task_for(cfg: TrainConfig, dataset: Dataset) -> Task:
     """The task a run of `cfg` on `dataset` trains (preflight.run_task, on the data in hand; its
     first samples are read here, outside the meta device, where a sample would be a meta tensor)."""
     outputs = build_task(cfg.task, dataset.task).output_size(dataset)
-    return run_task(cfg, (dataset.input_shape, outputs, dataset.task))
+    return run_task(cfg, (dataset.input_shape, outputs, dataset.task, dataset.example))
 
 
 def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
@@ -75,7 +75,8 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     # The same initial weights for every precision, fusing choice, strategy and rank.
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.name, dataset.input_shape, task.output_size(dataset), **cfg.model.options)
-    task = given or build_task(cfg.task, dataset.task, model)   # a model with its own loss trains on it
+    # A model with its own loss trains on it; one that brings its task (a LightningModule) on that.
+    task = given or build_task(cfg.task, dataset.task, model, dataset.example)
     if cfg.model.init_from is not None:   # before the strategy wraps or shards it: every rank reads the whole file
         load_weights(model, cfg.model.init_from, "--init-from")
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)

@@ -16,7 +16,7 @@ import torch
 
 from scaletrain.checkpoint.weights import check_fits, read_weights
 from scaletrain.config import TrainConfig
-from scaletrain.data.registry import sample_shape
+from scaletrain.data.registry import sample_and_example, sample_shape
 from scaletrain.distributed.batching import plan_batch
 from scaletrain.distributed.layout import Layout
 from scaletrain.distributed.strategies.registry import strategy_class
@@ -34,14 +34,18 @@ def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module
 
 
 def run_task(cfg: TrainConfig, sample: tuple | None = None):
-    """The task a run of `cfg` trains: the one `--task` names, or under `auto` the model's own loss
-    where its forward takes labels (asked of the model on the meta device) or the data's.
-    `sample`: (input shape, output size, data task) where the caller has them."""
-    from scaletrain.tasks import build_task
-    shape, outputs, data_task = sample if sample is not None else sample_shape(cfg.data)
-    if cfg.task != "auto":
+    """The task a run of `cfg` trains: the one `--task` names, or under `auto` the one the model
+    brings, its own loss where its forward takes labels (asked of the model on the meta device) or
+    the data's. `sample`: (input shape, output size, data task, example or None) where the caller
+    has them (`example`: the data's first samples; else the data task's example batch)."""
+    from scaletrain.tasks import TASKS, build_task
+    shape, outputs, data_task, example = sample if sample is not None else sample_and_example(cfg.data)
+    model = meta_model(cfg, (shape, outputs))
+    if cfg.task != "auto" and not hasattr(model, "own_task"):
         return build_task(cfg.task, data_task)
-    return build_task(cfg.task, data_task, meta_model(cfg, (shape, outputs)))
+    if example is None:
+        example = TASKS.get(data_task)().example_batch(2, shape, outputs, torch.float32)
+    return build_task(cfg.task, data_task, model, example)
 
 
 def layer_costs_of(cfg: TrainConfig, micro_batch: int) -> list:

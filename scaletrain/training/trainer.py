@@ -20,13 +20,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from scaletrain.adapters import adapted
 from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig
 from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
 from scaletrain.data.inputs import Inputs, first_rows, map_inputs
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
-from scaletrain.distributed.capabilities import epoch_control
+from scaletrain.distributed.capabilities import Serving, epoch_control
 from scaletrain.errors import ConfigError, NonFiniteLossError
 from scaletrain.optim import LRSchedule, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
@@ -53,11 +54,20 @@ class Trainer:
         self.config = config or TrainConfig()
         self.config.validate()
         cfg = self.config
+        model = adapted(model)   # a LightningModule trains through its adapter (adapters/)
+        # A model that brings its optimizer settings (a LightningModule's configure_optimizers):
+        # they replace the config's, so the optimizer, the schedule and the logs all follow them.
+        own_optim = getattr(model, "optim_settings", None)
+        if own_optim is not None:
+            cfg.optim = own_optim(cfg.optim, cfg.epochs)
         # Whoever sets a strategy up tears it down: given one, the caller; else this trainer.
         self.owns_strategy = strategy is None
         if strategy is None:
             strategy = build_strategy(cfg.distributed)
             strategy.setup(cfg.device)
+        if own_optim is not None and isinstance(strategy, Serving):
+            raise ConfigError(f"--strategy {strategy.name}: its servers build the optimizer from the config, not from "
+                              f"{type(model).__name__}'s own settings; use ddp, zero1 or fsdp")
         self.strategy = strategy
         # None: the data set's own task, chosen when fit() or evaluate() first sees the data.
         self.task = task
@@ -76,7 +86,8 @@ class Trainer:
         # What this device does with the policy, and tensor-core shapes under 16-bit precisions;
         # run_training prints these once.
         self.advice = (precision_warnings(self.policy, device_facts(self.device))
-                       + alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps))
+                       + alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps)
+                       + ([model.describe_optimizer(cfg.optim)] if own_optim is not None else []))
         self.callbacks = CallbackList(callbacks)
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)
@@ -135,7 +146,7 @@ class Trainer:
     def adopt(self, dataset: Dataset) -> None:
         """Takes the data's task (unless one was given) and input statistics."""
         if self.task is None:
-            self.task = build_task(self.config.task, dataset.task, self.model)
+            self.task = build_task(self.config.task, dataset.task, self.model, dataset.example)
         if self.normalizer is None:
             # Where the batches are normalised: the batch finder normalises its device batches with
             # it directly (on a GPU a host copy failed every trial: found by benchmarks/gpu).
@@ -219,8 +230,9 @@ class Trainer:
         given_batch = getattr(dataset.train, "batch_size", None)   # a DataLoader's
         if given_batch is not None and given_batch != self.batch.per_replica:
             raise ConfigError(f"the training DataLoader's batch_size is {given_batch} but this trainer's batch per replica "
-                              f"is {self.batch.per_replica}; set TrainConfig(batch_size={given_batch * self.layout.replicas}) "
-                              "(the global batch), or pass the Dataset and let the trainer batch it")
+                              f"is {self.batch.per_replica}; set --batch-size {given_batch * self.layout.replicas} (TrainConfig(batch_size="
+                              f"{given_batch * self.layout.replicas}): the global batch), or pass the Dataset and let the "
+                              "trainer batch it")
         train_loader = self.loader(dataset.train, train=True)
         self.replica_seeded_data = isinstance(dataset.train, TorchSplit)
         val_loader = self.loader(dataset.val if dataset.val is not None else dataset.test, train=False)

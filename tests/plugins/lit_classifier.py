@@ -1,0 +1,91 @@
+"""A LightningModule and LightningDataModule written as Lightning's docs write them, with no
+scaletrain in sight (tests/test_lightning.py trains them through scaletrain and through
+Lightning's own Trainer; docs/lightning.md shows the same)."""
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class LitClassifier(L.LightningModule):
+    def __init__(self, features: int = 16, classes: int = 4, hidden: int = 64, lr: float = 0.05):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y))
+        self.log("val_acc", (logits.argmax(dim=1) == y).float().mean())
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        return {"optimizer": optimizer,
+                "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)}
+
+
+class LitAdam(LitClassifier):
+    """AdamW with torch's default decay on every parameter, and no scheduler."""
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def samples(n=1200, features=16, classes=4, seed=0):
+    """Points labelled by which of `classes` random directions they lie closest to."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    y = (x @ torch.randn(features, classes, generator=g)).argmax(dim=1)
+    return x, y
+
+
+class Blobs(L.LightningDataModule):
+    def __init__(self, n: int = 1200, batch_size: int = 64):
+        super().__init__()
+        self.n, self.batch_size = n, batch_size
+
+    def setup(self, stage):
+        x, y = samples(self.n)
+        cut = self.n * 3 // 4
+        self.train_set, self.val_set = TensorDataset(x[:cut], y[:cut]), TensorDataset(x[cut:], y[cut:])
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=self.batch_size)
+
+
+# ---- modules scaletrain refuses, each in one line
+class Manual(LitClassifier):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+
+class TwoOptimizers(LitClassifier):
+    def configure_optimizers(self):
+        return [torch.optim.SGD(self.net[0].parameters(), lr=0.1), torch.optim.SGD(self.net[2].parameters(), lr=0.1)]
+
+
+class EpochHook(LitClassifier):
+    def on_train_epoch_end(self):
+        pass
+
+
+class Cosine(LitClassifier):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [optimizer], [torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)]

@@ -1,0 +1,155 @@
+"""A LightningModule trained as it is (adapters/lightning.py): its losses equal Lightning's own
+Trainer's step for step; through the real CLI (with its LightningDataModule) single process, under
+torchrun with ddp, an exact resume, plan-memory, autotune and scaling; the step free of host
+syncs; what is not honoured refused in one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+from scaletrain.config import OptimConfig, TrainConfig  # noqa: E402
+from scaletrain.errors import ConfigError  # noqa: E402
+from scaletrain.training import Trainer  # noqa: E402
+from tests.processes import PLUGINS, committed_steps, metrics, run, summary  # noqa: E402
+
+sys.path.insert(0, str(PLUGINS))
+import lit_classifier  # noqa: E402
+
+LIT = ["--model", "lit_classifier:LitClassifier", "--data", "lit_classifier:Blobs", "--no-progress"]
+
+
+def _lightning_losses(module_class, train, val, epochs: int) -> tuple[list[float], dict]:
+    """Per-step training losses and the last validation metrics under Lightning's own Trainer."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    class Record(L.Callback):
+        losses: list[float] = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.losses.append(float(outputs["loss"]))
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    L.seed_everything(0, verbose=False)
+    module, record = module_class(), Record()
+    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        callbacks=[record])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(train, batch_size=len(train)), DataLoader(val, batch_size=64))
+    return record.losses, {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+@pytest.mark.parametrize("module_class", [lit_classifier.LitClassifier, lit_classifier.LitAdam])
+def test_losses_equal_lightnings_own_trainer(tmp_path, module_class):
+    """The same module, seed and data (one batch an epoch: the mean loss does not depend on the
+    order), four epochs: every step's loss and the validation metrics equal Lightning's Trainer's.
+    SGD with momentum and a StepLR halving the LR after epoch 2; AdamW decaying every parameter."""
+    from torch.utils.data import TensorDataset
+    train, val = TensorDataset(*lit_classifier.samples(256)), TensorDataset(*lit_classifier.samples(128, seed=1))
+    theirs, their_val = _lightning_losses(module_class, train, val, epochs=4)
+    cfg = TrainConfig(epochs=4, batch_size=256, seed=0, run_dir=str(tmp_path / "run"))
+    torch.manual_seed(0)
+    with Trainer(module_class(), cfg) as trainer:
+        history = trainer.fit(train, val=val)
+        assert trainer.task.metrics == {"loss": False, "acc": True}
+    assert [h["train_loss"] for h in history] == pytest.approx(theirs, rel=1e-5)
+    assert history[-1]["val_loss"] == pytest.approx(their_val["val_loss"], rel=1e-5)
+    assert history[-1]["val_acc"] == pytest.approx(their_val["val_acc"], abs=1e-9)
+    if module_class is lit_classifier.LitClassifier:
+        assert [h["lr"] for h in history] == pytest.approx([0.05, 0.05, 0.025, 0.025])
+        assert cfg.optim.optimizer == "sgd" and cfg.optim.momentum == 0.9
+    else:
+        assert cfg.optim.optimizer == "adamw" and cfg.optim.weight_decay == 0.01 and cfg.optim.decay_all
+
+
+@pytest.mark.parametrize("module, words", [
+    ("Manual", "uses manual optimisation"),
+    ("TwoOptimizers", "returns 2 optimizers; scaletrain trains with one"),
+    ("EpochHook", "overrides on_train_epoch_end: scaletrain does not call these Lightning hooks"),
+    ("Cosine", "returns a CosineAnnealingLR; scaletrain reads StepLR and MultiStepLR")])
+def test_what_is_not_honoured_is_refused_in_one_line(tmp_path, module, words):
+    from torch.utils.data import TensorDataset
+    with pytest.raises(ConfigError, match=words):
+        with Trainer(getattr(lit_classifier, module)(), TrainConfig(epochs=1, batch_size=64)) as trainer:
+            trainer.fit(TensorDataset(*lit_classifier.samples(256)))
+
+
+def test_a_lightning_module_through_the_cli(tmp_path):
+    """Its DataModule's loaders give the splits; a target on a metric it logs stops the run; an
+    optimizer flag its configure_optimizers sets is refused before anything starts; then ddp on two
+    processes, plan-memory, autotune and scaling on it."""
+    result = run(["train", *LIT, "--batch-size", "64", "--epochs", "6", "--target", "0.85", "--target-metric", "acc",
+                  "--run-dir", tmp_path / "one"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "optimizer from LitClassifier.configure_optimizers: sgd lr 0.05, LR x0.5 at epochs 2, 4, 6" in result.stdout
+    reported = summary(tmp_path / "one")
+    assert reported["task"] == "lightning:LitClassifier" and reported["reached_target"]
+    assert "val acc >= 0.85" in result.stdout
+    logged = metrics(tmp_path / "one")
+    assert logged[-1]["val_acc"] >= 0.85 > logged[0]["val_acc"] - 0.5 and "val_loss" in logged[-1]
+
+    refused = run(["train", *LIT, "--lr", "0.1", "--run-dir", tmp_path / "refused"], tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "--lr: lit_classifier:LitClassifier is a LightningModule whose configure_optimizers" in refused.stderr
+    assert not (tmp_path / "refused").exists()
+    unknown = run(["train", *LIT, "--target", "0.9", "--target-metric", "f1", "--run-dir", tmp_path / "f1"], tmp_path)
+    assert unknown.returncode == 2 and "reports loss, acc" in unknown.stderr, unknown.stderr[-2000:]
+
+    # The DataModule batches 64 a replica: the global batch of two replicas is 128.
+    ddp = run(["train", *LIT, "--batch-size", "128", "--epochs", "3", "--nproc", "2", "--strategy", "ddp",
+               "--run-dir", tmp_path / "ddp"], tmp_path)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    assert summary(tmp_path / "ddp")["world_size"] == 2
+
+    flags = [*LIT[:4], "--batch-size", "64"]
+    planned = run(["plan-memory", *flags], tmp_path)
+    assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
+    tuned = run(["autotune", *flags, "--trials", "2", "--steps", "3", "--knobs", "steps_per_execution",
+                 "--out", tmp_path / "tuned"], tmp_path)
+    assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+    assert "refused" not in tuned.stdout     # fused steps give the same loss through training_step
+    scaled = run(["scaling", *flags, "--measure-steps", "2", "--json"], tmp_path)
+    assert scaled.returncode == 0, scaled.stderr[-2000:]
+    assert json.loads(scaled.stdout)[0]["step_time_s"] > 0
+
+
+def test_a_lightning_run_resumed_from_a_checkpoint_equals_the_whole_run(tmp_path):
+    common = ["train", *LIT, "--batch-size", "64", "--epochs", "4", "--no-record", "--checkpoint-every", "10"]
+    full = run([*common, "--run-dir", tmp_path / "full"], tmp_path)
+    assert full.returncode == 0, full.stderr[-2000:]
+    steps = committed_steps(tmp_path / "full" / "checkpoints")
+    mid = tmp_path / "full" / "checkpoints" / f"step-{steps[0]:09d}"
+    resumed = run([*common, "--run-dir", tmp_path / "cut", "--resume", mid], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    figures = [[m[k] for k in ("train_loss", "val_loss", "val_acc", "lr")] for m in metrics(tmp_path / "full")]
+    assert figures == [[m[k] for k in ("train_loss", "val_loss", "val_acc", "lr")] for m in metrics(tmp_path / "cut")]
+
+
+def test_the_lightning_step_stays_free_of_host_syncs(tmp_path):
+    """The no-host-sync rule of tests/test_trainer.py holds through training_step (its self.log
+    included), under fp16's loss scaling and clipping too."""
+    from torch.utils.data import TensorDataset
+    from scaletrain.config import PrecisionConfig
+    from tests.test_trainer import _NoHostSync
+    cfg = TrainConfig(epochs=1, batch_size=64, precision=PrecisionConfig(policy="fp16-mixed"),
+                      optim=OptimConfig(clip_grad_norm=1.0), run_dir=str(tmp_path / "run"))
+    with Trainer(lit_classifier.LitClassifier(), cfg) as trainer:
+        dataset = trainer.as_dataset(TensorDataset(*lit_classifier.samples(512)))
+        trainer.fit(dataset)
+        x, y = next(iter(trainer.loader(dataset.train, train=True)))
+        trainer.counters.reset_epoch()
+        trainer.counters.applied_steps.zero_()
+        with _NoHostSync():
+            for _ in range(3):
+                trainer.train_step(x, y)
+        assert int(trainer.counters.applied_steps) + int(trainer.counters.skipped) == 3
