@@ -110,6 +110,13 @@ def test_a_lightning_module_through_the_cli(tmp_path):
                "--run-dir", tmp_path / "ddp"], tmp_path)
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     assert summary(tmp_path / "ddp")["world_size"] == 2
+    # fsdp shards it as any model (AdamW: torch has no sharded fused SGD, tests/test_sharded.py).
+    fsdp = run(["train", "--model", "lit_classifier:LitAdam", *LIT[2:], "--batch-size", "128", "--epochs", "2",
+                "--nproc", "2", "--strategy", "fsdp", "--run-dir", tmp_path / "fsdp"], tmp_path)
+    assert fsdp.returncode == 0, fsdp.stderr[-2000:]
+    servers = run(["train", *LIT, "--strategy", "ps", "--nproc", "3", "--run-dir", tmp_path / "ps"], tmp_path)
+    assert servers.returncode == 2 and "its servers build the optimizer from the config" in servers.stderr
+    assert not (tmp_path / "ps").exists()
 
     flags = [*LIT[:4], "--batch-size", "64"]
     planned = run(["plan-memory", *flags], tmp_path)

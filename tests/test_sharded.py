@@ -250,3 +250,28 @@ def test_fsdp_under_bf16_keeps_batch_norm_in_float32_at_single_device_memory():
     # The one-process group it made here left the environment as it was: a WORLD_SIZE=1 left behind
     # made later multi-host and SLURM tests in the same worker train alone.
     assert {k: os.environ.get(k) for k in launcher_env} == launcher_env
+
+
+def test_sgd_over_sharded_parameters_is_one_line():
+    """torch has no sharded fused SGD (aten._fused_sgd_ has no DTensor rule) and the unfused one reads
+    its tensor LR back every step: fsdp with SGD (a flag's, or a LightningModule's) is refused in
+    one line where the optimizer is built, not a NotImplementedError from inside the first step."""
+    import torch.distributed as dist
+
+    from scaletrain.config import ModelConfig
+    from scaletrain.errors import ConfigError
+    from scaletrain.training import Trainer
+
+    cfg = TrainConfig(model=ModelConfig(name="mlp"), epochs=1, batch_size=16, progress=False, save_model=False)
+    cfg.tracking.record, cfg.distributed.strategy, cfg.optim.optimizer = False, "fsdp", "sgd"
+    import os
+    launcher_env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    try:
+        with pytest.raises(ConfigError, match="SGD cannot update sharded .* use AdamW \\(--optimizer adamw"):
+            Trainer(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)), cfg)
+        # The trainer that refused tore down the process group it had set up, and its environment.
+        assert not dist.is_initialized()
+        assert {k: os.environ.get(k) for k in launcher_env} == launcher_env
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

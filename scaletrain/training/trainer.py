@@ -64,11 +64,23 @@ class Trainer:
         self.owns_strategy = strategy is None
         if strategy is None:
             strategy = build_strategy(cfg.distributed)
-            strategy.setup(cfg.device)
         if own_optim is not None and isinstance(strategy, Serving):
             raise ConfigError(f"--strategy {strategy.name}: its servers build the optimizer from the config, not from "
-                              f"{type(model).__name__}'s own settings; use ddp, zero1 or fsdp")
+                              "the model's own (configure_optimizers); use ddp, zero1 or fsdp")
+        if self.owns_strategy:
+            strategy.setup(cfg.device)
         self.strategy = strategy
+        try:
+            self._build_parts(model, cfg, callbacks, checkpointer, task, own_optim is not None)
+        except BaseException:
+            self.close(clean=False)   # a strategy this trainer set up (a process group) is left as found
+            raise
+
+    def _build_parts(self, model: nn.Module, cfg: TrainConfig, callbacks, checkpointer, task: Task | None,
+                     own_optim: bool) -> None:
+        """Everything but the strategy: layout, batch, precision, the parallelized model, the
+        optimizer and the device-side state."""
+        strategy = self.strategy
         # None: the data set's own task, chosen when fit() or evaluate() first sees the data.
         self.task = task
         self.device = strategy.device
@@ -87,7 +99,7 @@ class Trainer:
         # run_training prints these once.
         self.advice = (precision_warnings(self.policy, device_facts(self.device))
                        + alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps)
-                       + ([model.describe_optimizer(cfg.optim)] if own_optim is not None else []))
+                       + ([model.describe_optimizer(cfg.optim)] if own_optim else []))
         self.callbacks = CallbackList(callbacks)
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)
