@@ -158,29 +158,21 @@ def _refuse_optimizer_flags_a_model_sets(cfg: TrainConfig, args: argparse.Namesp
     """A LightningModule's configure_optimizers sets the optimizer and its schedule: a flag naming
     one of those settings is refused, not overridden in silence (a --config file's are replaced,
     and the run's first lines say so: whole configurations, such as autotune's candidates and
-    best.toml, hold every key); so is a parameter server, whose servers build the optimizer from
-    the config. The user's module is imported only where one of these is asked for with a
-    package.module:Name model."""
+    best.toml, hold every key). The user's module is imported only where such a flag is given
+    with a package.module:Name model."""
     from scaletrain.adapters import OWN_OPTIMIZER_FIELDS
     given = {k.split(".", 1)[1] for k in vars(args) if k.startswith("optim.")}
     named = [f for f in OWN_OPTIMIZER_FIELDS if f in given]
-    if ":" not in cfg.model.name or not (named or cfg.distributed.strategy != "auto"):
-        return
-    from scaletrain.adapters import is_lightning_module
-    from scaletrain.importing import import_function
-    if not is_lightning_module(import_function(cfg.model.name, "model")):
-        return
-    from scaletrain.distributed.capabilities import Serving
-    from scaletrain.distributed.strategies.registry import strategy_class
-    servers = issubclass(strategy_class(cfg.distributed, cfg.distributed.nproc), Serving)
-    if not (named or servers):
-        return
-    if named:
+    if named and ":" in cfg.model.name and _is_lightning_model(cfg):
         flags = ", ".join(FLAG_NAMES.get(f"optim.{f}", "--" + f.replace("_", "-")) for f in named)
         raise ConfigError(f"{flags}: {cfg.model.name} is a LightningModule whose configure_optimizers sets the "
                           "optimizer and its schedule; drop the flag, or change configure_optimizers")
-    raise ConfigError(f"--strategy {cfg.distributed.strategy}: its servers build the optimizer from the config, not from {cfg.model.name}'s "
-                      "configure_optimizers; use ddp, zero1 or fsdp")
+
+
+def _is_lightning_model(cfg: TrainConfig) -> bool:
+    from scaletrain.adapters import is_lightning_module
+    from scaletrain.importing import import_function
+    return is_lightning_module(import_function(cfg.model.name, "model"))
 
 
 def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namespace, recipe: dict) -> None:
@@ -241,6 +233,11 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         problem = None
     if problem:
         raise ConfigError(problem)
+    if ":" in cfg.model.name and cfg.distributed.strategy != "auto" and _is_lightning_model(cfg):
+        from scaletrain.distributed.capabilities import Serving
+        if issubclass(strategy_class(cfg.distributed, cfg.distributed.nproc), Serving):
+            raise ConfigError(f"--strategy {cfg.distributed.strategy}: its servers build the optimizer from the "
+                              f"config, not from {cfg.model.name}'s configure_optimizers; use ddp, zero1 or fsdp")
     # A cloud job's folders fill what the config leaves unset, here as in every worker (train.py).
     folders = job_folders()
     apply_job_folders(cfg, folders)
