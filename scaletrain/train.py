@@ -32,6 +32,7 @@ from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.training import Trainer, build_training
 from scaletrain.training.build import task_for
+from scaletrain.training.preflight import settle_model_optimizer
 
 
 def run_training(cfg: TrainConfig, console: Console | None = None,
@@ -42,6 +43,7 @@ def run_training(cfg: TrainConfig, console: Console | None = None,
     # A cloud job's folders (SM_MODEL_DIR, AIP_CHECKPOINT_DIR, ...) fill what the config leaves unset.
     folders = apply_job_folders(cfg, job_folders())
     cfg.validate()
+    settle_model_optimizer(cfg)   # a LightningModule's own optimizer, in the config the run records
     env = dist_env()
     strategy = build_strategy(cfg.distributed, env)
     try:

@@ -93,6 +93,10 @@ def test_a_lightning_module_through_the_cli(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "optimizer from LitClassifier.configure_optimizers: sgd lr 0.05, LR x0.5 at epochs 2, 4, 6" in result.stdout
     reported = summary(tmp_path / "one")
+    # The run records the optimizer that trained, not the recipe's defaults it replaced.
+    recorded = json.loads((tmp_path / "one" / "config.json").read_text())["optim"]
+    assert (recorded["optimizer"], recorded["lr"], recorded["momentum"], recorded["lr_schedule"],
+            recorded["step_milestones"], recorded["step_gamma"]) == ("sgd", 0.05, 0.9, "step", [2.0, 4.0, 6.0], 0.5)
     assert reported["task"] == "lightning:LitClassifier" and reported["reached_target"]
     assert "val acc >= 0.85" in result.stdout
     logged = metrics(tmp_path / "one")

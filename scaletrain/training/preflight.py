@@ -33,6 +33,20 @@ def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module
         return build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
 
 
+def settle_model_optimizer(cfg: TrainConfig) -> None:
+    """Writes into `cfg` the optimizer settings its model brings (a LightningModule's
+    configure_optimizers, read off the model built on the meta device), before a run records its
+    configuration: the record, the store and a resume then hold what trains. The trainer applies
+    the same settings again (the Python API's path): the same values."""
+    from scaletrain.adapters import is_lightning_module
+    from scaletrain.importing import import_function
+    if ":" not in cfg.model.name or not is_lightning_module(import_function(cfg.model.name, "model")):
+        return
+    with torch.device("meta"):   # a LightningModule is built from its own arguments: no shapes needed
+        model = build_model(cfg.model.name, (1,), 1, **cfg.model.options)
+    cfg.optim = model.optim_settings(cfg.optim, cfg.epochs)
+
+
 def run_task(cfg: TrainConfig, sample: tuple | None = None):
     """The task a run of `cfg` trains: the one `--task` names, or under `auto` the one the model
     brings, its own loss where its forward takes labels (asked of the model on the meta device) or
