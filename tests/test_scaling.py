@@ -373,3 +373,15 @@ def test_the_gapped_collectives_benchmark_refuses_bad_input_in_one_line_before_a
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == f"gapped_collectives.py: error: {says}"
     assert "Traceback" not in result.stderr
+
+
+def test_every_strategy_has_a_predictor_and_the_command_branches_on_none():
+    """A strategy's traffic pattern reaches its predictor (planning/predictors.py) from its class's
+    declaration: a new pattern adds a predictor, and the command names no pattern."""
+    import inspect
+
+    from scaletrain.cli import scaling
+    from scaletrain.distributed import STRATEGIES
+    from scaletrain.planning.predictors import PREDICTORS
+    assert {cls.traffic for cls in STRATEGIES.values()} <= set(PREDICTORS)
+    assert ".traffic" not in inspect.getsource(scaling)
