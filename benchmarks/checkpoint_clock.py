@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import environment, spread  # noqa: E402
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrackingConfig, TrainConfig  # noqa: E402
 from scaletrain.console import make_console  # noqa: E402
-from scaletrain.train import run_training  # noqa: E402
+from scaletrain.runner import run_training  # noqa: E402
 
 
 def config(root: Path, name: str, every: int, epochs: int, model: str = "mlp", data: str = "digits") -> TrainConfig:

@@ -24,7 +24,7 @@ from benchmarks.common import environment, spread  # noqa: E402
 from scaletrain.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrackingConfig, TrainConfig  # noqa: E402
 from scaletrain.console import make_console  # noqa: E402
-from scaletrain.train import run_training  # noqa: E402
+from scaletrain.runner import run_training  # noqa: E402
 
 
 def config(root: Path, name: str, args, background: bool) -> TrainConfig:

@@ -36,7 +36,7 @@ FIRST_STEP = """
 import os, sys, time
 from scaletrain.cli.main import build_parser
 from scaletrain.cli.train import config_from_args
-from scaletrain.train import run_training
+from scaletrain.runner import run_training
 args = build_parser().parse_args(["train", "--no-progress", "--no-record", "--run-dir", sys.argv[1]])
 
 class FirstStep:

@@ -18,7 +18,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace, argv: list[str]) -> int:
-    from scaletrain.serving.export import check_export_target, default_export_path, export_run
+    from scaletrain.inference.export import check_export_target, default_export_path, export_run
     from scaletrain.tracking.store import RunStore
     with RunStore(args.store, create=False) as store:
         record = store.get(args.run_id)

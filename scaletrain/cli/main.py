@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     named = argv[0] if argv and any(c.name == argv[0] for c in COMMANDS) else ""    # `--help`: no command's arguments
     if threading.current_thread() is not threading.main_thread():
         return _main(argv, named)
-    # SIGTERM ends a command the way Ctrl-C does: every phase's cleanup runs (train.py records the
+    # SIGTERM ends a command the way Ctrl-C does: every phase's cleanup runs (runner.py records the
     # run as interrupted), then one line and exit 143. The caller's handlers come back after (a
     # test or a notebook calling main()).
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGTERM, signal.SIGINT)}

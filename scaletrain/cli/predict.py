@@ -1,5 +1,5 @@
 """`scaletrain predict RUN_ID`: the run's predictions for new samples or one of its splits, with
---nproc N computed by the replicas of N processes side by side (see serving/predict.py)."""
+--nproc N computed by the replicas of N processes side by side (see inference/predict.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def run_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.distributed.launch import inside_worker, launch
     from scaletrain.errors import UserError
     from scaletrain.lifecycle.paths import check_writable_file
-    from scaletrain.serving.predict import check_samples, input_shape, predict_run, prediction_config, read_samples
+    from scaletrain.inference.predict import check_samples, input_shape, predict_run, prediction_config, read_samples
     from scaletrain.tracking.store import RunStore
     from scaletrain.training.preflight import preflight
     out = Path(args.out)

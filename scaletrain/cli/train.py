@@ -215,7 +215,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.distributed.strategies.registry import strategy_class
     from scaletrain.experiments.pruning import trial_pruning_from_env
     from scaletrain.lifecycle import plan_run, resume_config, resume_source
-    from scaletrain.train import run_training
+    from scaletrain.runner import run_training
     from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
     from scaletrain.tracking.loggers import check_trackers
     spec = cluster_from_env()

@@ -4,7 +4,7 @@ them (Lightning Fabric's `_BackwardSyncControl` and `_Sharded` are the model). T
 of these, and the caller asks with `isinstance` (or takes the no-op default below).
 
     capability         implemented by   asked for by
-    Serving            ps               train.py: a process the layout marks `serves` serves instead of training
+    Serving            ps               runner.py: a process the layout marks `serves` serves instead of training
     EpochControl       ps               training/trainer.py: each epoch's begin and end, early cuts, own figures
     CheckpointJoining  ps               checkpoint/checkpointer.py: who writes what, over which group
     CostBalancing      pipeline         training/parallelize.py: the layers' measured costs, before wrap

@@ -86,7 +86,7 @@ class Trainer:
         self.device = strategy.device
         self.layout = strategy.layout
         # What only some strategies do at an epoch's edges (a no-op object for the others).
-        self.epochs = epoch_control(strategy)
+        self.epoch_control = epoch_control(strategy)
         self.batch = plan_batch(cfg.batch_size, cfg.per_replica_batch_size, self.layout.replicas,
                                 cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
         self.policy = get_policy(cfg.precision.policy)
@@ -271,7 +271,7 @@ class Trainer:
                 break
             self.epoch = epoch
             train_loader.set_epoch(epoch, start_step)
-            self.epochs.begin_epoch(epoch)
+            self.epoch_control.begin_epoch(epoch)
             self.callbacks.call("on_epoch_begin", self, epoch)
             logs = self._train_epoch(train_loader, epoch, start_step)
             start_step = 0
@@ -343,7 +343,7 @@ class Trainer:
             batch_logs = {"epoch_step": epoch_step}
             if epoch_step >= next_log:  # a log step: the only reads inside the epoch
                 next_log += cfg.log_every
-                ran = epoch_step if self.epochs.cuts_epochs else None
+                ran = epoch_step if self.epoch_control.cuts_epochs else None
                 losses = c.read(epoch_step, self.strategy, ran=ran)["losses"]
                 self._check_finite(losses, first_global_step)
                 batch_logs["loss"] = sum(losses[-cfg.log_every:]) / len(losses[-cfg.log_every:])
@@ -353,13 +353,13 @@ class Trainer:
                 self.checkpointer.save(self)
                 self.checkpoint_time_s += time.perf_counter() - paused_at
                 self.clock.resume()
-            if self.epochs.epoch_cut():
+            if self.epoch_control.epoch_cut():
                 break   # the others have finished the epoch (backup workers): the rest of this share is dropped
-        self.epochs.end_epoch()
+        self.epoch_control.end_epoch()
         # The epoch's training ends when every replica has finished its steps, so the reads below (a
         # collective) are inside the clock: a replica that finished first (a parameter server's fast
         # worker, which never waits inside a step) counts its wait for the others.
-        if self.epochs.cuts_epochs:
+        if self.epoch_control.cuts_epochs:
             ran, epoch_step = epoch_step, self._agree_on_epoch_end(epoch_step, first_global_step)
             values = c.read(epoch_step, self.strategy, ran=ran)
             samples = round(values["replica_steps"] * self.batch.global_batch / self.layout.replicas)
@@ -377,7 +377,7 @@ class Trainer:
             "samples": samples,
             "epoch_train_time_s": epoch_time,
             "data_wait_s": data_wait,
-            **self.epochs.epoch_metrics(),
+            **self.epoch_control.epoch_metrics(),
             "cumulative_train_time_s": self.clock.total,
             "checkpoint_time_s": self.checkpoint_time_s,
             "skipped_steps": values["skipped"],

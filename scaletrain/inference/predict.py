@@ -14,7 +14,7 @@ import torch
 from scaletrain.config import TrainConfig, from_mapping, to_mapping
 from scaletrain.errors import UserError
 from scaletrain.lifecycle.resume import merge_mappings
-from scaletrain.serving.saved import saved_model_path, saved_run_config
+from scaletrain.inference.saved import saved_model_path, saved_run_config
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
 

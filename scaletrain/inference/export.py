@@ -26,7 +26,7 @@ from torch import nn
 
 from scaletrain.checkpoint.weights import load_weights
 from scaletrain.errors import UserError
-from scaletrain.serving.saved import saved_model_path, saved_run_config
+from scaletrain.inference.saved import saved_model_path, saved_run_config
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
 
