@@ -8,8 +8,8 @@ import statistics
 
 import torch
 
-from scaletrain.planning.hardware import H100_PEAK  # noqa: F401  (re-exported for the benchmarks)
-from scaletrain.planning.measure import train_flops_per_sample  # noqa: F401
+from scaletrain.prediction.hardware import H100_PEAK  # noqa: F401  (re-exported for the benchmarks)
+from scaletrain.prediction.measure import train_flops_per_sample  # noqa: F401
 
 
 def environment(device: torch.device) -> dict:

@@ -90,9 +90,9 @@ def main() -> None:
 
 
 def predicted(name: str, results: dict[str, list[dict]], delay_ms: float) -> float | None:
-    """The straggler term's step for a slow-worker setup (planning/scaling.py's predict_stragglers):
+    """The straggler term's step for a slow-worker setup (prediction/scaling.py's predict_stragglers):
     the same mode's measured no-delay step for the fast workers, that plus the delay for worker 1."""
-    from scaletrain.planning.scaling import predict_stragglers
+    from scaletrain.prediction.scaling import predict_stragglers
     if "slow" not in name:
         return None
     mode = "async" if "async" in name else "sync"

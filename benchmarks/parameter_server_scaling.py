@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import spread  # noqa: E402
-from scaletrain.planning.hardware import Interconnect  # noqa: E402
-from scaletrain.planning.scaling import predict_parameter_server  # noqa: E402
+from scaletrain.prediction.hardware import Interconnect  # noqa: E402
+from scaletrain.prediction.scaling import predict_parameter_server  # noqa: E402
 
 WORKERS, BATCH = 2, 64
 LAYERS = [64, 512, 512, 512, 512, 512, 10]

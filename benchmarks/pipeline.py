@@ -1,5 +1,5 @@
 """Pipeline parallelism measured: step time against the number of micro-batches beside the bubble
-fraction and the predictor (planning/scaling.py `predict_pipeline`), activation memory per stage
+fraction and the predictor (prediction/scaling.py `predict_pipeline`), activation memory per stage
 for GPipe against 1F1B, and pipeline / tensor / data parallelism at the same process count.
 
 Every run is the real trainer (`build_training`, `fit`) in real processes (torchrun, gloo): the step
@@ -123,7 +123,7 @@ def main() -> None:
     import torch
 
     from benchmarks.common import environment, spread
-    from scaletrain.planning.scaling import predict_pipeline
+    from scaletrain.prediction.scaling import predict_pipeline
 
     P = args.stages
     configs = {"single": (1, {"strategy": "single"}),

@@ -12,7 +12,7 @@ machine's cores, none communicating. Then, on each set of hosts, it
 2. trains with `scaletrain train` on every host (SCALETRAIN_CLUSTER; DDP, FSDP, ZeRO, a parameter
    server on one more host, or tensor parallelism over the hosts), and reads the step time from
    the chief's steady-state images/sec;
-3. predicts that step time with `planning/scaling.py` from the measured compute and the probed
+3. predicts that step time with `prediction/scaling.py` from the measured compute and the probed
    link figures;
 
 and prints measured beside predicted. The MLP has many weights and little compute, so the links
@@ -196,14 +196,14 @@ def fit_link(probed: dict, world: int, around: int | None = None) -> tuple[float
 
 def algorithm_factors(probed: dict, message: int | None = None) -> dict:
     """Each collective's time against the ideal ring's at the same bytes, the ring priced by this
-    link's own all-reduce (planning/scaling.py's ALGORITHM_FACTORS, measured here): the median over
+    link's own all-reduce (prediction/scaling.py's ALGORITHM_FACTORS, measured here): the median over
     the sizes from 1 MiB up, where bandwidth, not latency, sets the time; given the strategy's
     `message` (the bytes one collective moves), over the probe sizes from a quarter of it up. A
     whole-model all-gather between 2 hosts over tbf runs 1.3-1.5x the ring at 16 MiB, 1.0x at
     4 MiB: each host sends and receives at once, and the ACKs of what it receives wait behind what
     it sends. (One size alone is noisy: a 16 MiB all-gather over tbf took 83-108 ms in three
     probes of the same 2 hosts.)"""
-    from scaletrain.planning.scaling import RING_VOLUME
+    from scaletrain.prediction.scaling import RING_VOLUME
     sizes = [size for size in probed["all_reduce"] if int(size) >= max(2**20, (message or 0) // 4)]
     return {kind: statistics.median(probed[kind][size] / (probed["all_reduce"][size] * RING_VOLUME[kind]
                                                           / RING_VOLUME["all_reduce"]) for size in sizes)
@@ -282,7 +282,7 @@ def model_tensor_bytes() -> list[int]:
 @functools.cache
 def model_blocks() -> int:
     """MODEL's repeated blocks (none: the MLP is one unit to fsdp and zero2)."""
-    from scaletrain.planning.measure import count_blocks
+    from scaletrain.prediction.measure import count_blocks
     return count_blocks(_model())
 
 
@@ -304,7 +304,7 @@ def on_one_thread(measure):
 
 def shard_copy_per_byte(tensor_bytes: list[int]) -> float:
     """FSDP2's copies around its collectives, per byte, on one thread as each host has."""
-    from scaletrain.planning.measure import shard_copy_seconds_per_byte
+    from scaletrain.prediction.measure import shard_copy_seconds_per_byte
     return on_one_thread(lambda: shard_copy_seconds_per_byte(tensor_bytes, 2))
 
 
@@ -330,8 +330,8 @@ def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes:
     measured run's, for the pull that ends a parameter server's epoch (None: files from before it
     was recorded, when every notice cost a shard, too)."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
-    from scaletrain.planning.hardware import Interconnect
-    from scaletrain.planning.scaling import (SHARDED_KINDS, ScalingInputs, predict, predict_parameter_server,
+    from scaletrain.prediction.hardware import Interconnect
+    from scaletrain.prediction.scaling import (SHARDED_KINDS, ScalingInputs, predict, predict_parameter_server,
                                              predict_tensor_parallel, strategy_traffic)
     if name == "tensor":
         message = tp["allreduce_bytes"] / tp["allreduces"]
@@ -394,9 +394,9 @@ def add_predictions(result: dict) -> None:
 
 def server_per_byte(total_bytes: int, counts: list[int]) -> tuple[float, dict[str, float]]:
     """A parameter server's update (the run's optimizer: MODEL's defaults), and its own work on a
-    message at each worker count, each per byte, on one thread as each host has (planning/measure.py)."""
+    message at each worker count, each per byte, on one thread as each host has (prediction/measure.py)."""
     from scaletrain.config import OptimConfig
-    from scaletrain.planning.measure import optimizer_seconds_per_byte, server_seconds_per_byte
+    from scaletrain.prediction.measure import optimizer_seconds_per_byte, server_seconds_per_byte
     return on_one_thread(lambda: (optimizer_seconds_per_byte(OptimConfig(lr=0.01), total_bytes),
                                   {str(n): server_seconds_per_byte(total_bytes, workers=n) for n in counts}))
 

@@ -10,7 +10,7 @@ import torch
 
 from scaletrain.checkpoint import Checkpointer, CheckpointStore
 from scaletrain.cli.main import main
-from scaletrain.distributed.batching import plan_batch
+from scaletrain.distributed.batching import divide_batch
 from scaletrain.distributed.cluster import parse_cluster_spec
 from scaletrain.distributed.env import dist_env
 from scaletrain.distributed.launch import strip_launcher_flags, torchrun_arguments
@@ -74,18 +74,18 @@ def test_cluster_spec_turns_nproc_into_a_multi_host_torchrun(monkeypatch):
 
 
 def test_batch_plan_fixes_one_size_and_derives_the_rest():
-    assert plan_batch(256, None, 4).per_replica == 64
-    assert plan_batch(999, 32, 4).global_batch == 128                  # per-replica fixed
-    plan = plan_batch(512, 32, 4, accumulate_to_global=True)            # both fixed: accumulation
+    assert divide_batch(256, None, 4).per_replica == 64
+    assert divide_batch(999, 32, 4).global_batch == 128                  # per-replica fixed
+    plan = divide_batch(512, 32, 4, accumulate_to_global=True)            # both fixed: accumulation
     assert (plan.global_batch, plan.per_replica, plan.accum_steps, plan.micro_batch) == (512, 128, 4, 32)
     with pytest.raises(ConfigError, match="global batch 100 does not divide across 8 replica"):
-        plan_batch(100, None, 8)
+        divide_batch(100, None, 8)
     with pytest.raises(ConfigError, match="use --batch-size 96 or 104"):
-        plan_batch(100, None, 8)
+        divide_batch(100, None, 8)
     with pytest.raises(ConfigError, match="use --batch-size 384 or 512"):
-        plan_batch(500, 32, 4, accumulate_to_global=True)
+        divide_batch(500, 32, 4, accumulate_to_global=True)
     with pytest.raises(ConfigError, match="per-replica batch 30 is not divisible"):
-        plan_batch(64, 30, 2, accum_steps=4)
+        divide_batch(64, 30, 2, accum_steps=4)
 
 
 def test_indivisible_global_batch_is_a_clear_error_before_launching(tmp_path, capsys):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from scaletrain.cli.main import main
-from scaletrain.planning.hardware import get_interconnect
-from scaletrain.planning.scaling import ScalingInputs, device_counts, explain, predict, predict_parameter_server
+from scaletrain.prediction.hardware import get_interconnect
+from scaletrain.prediction.scaling import ScalingInputs, device_counts, explain, predict, predict_parameter_server
 
 MiB = 2**20
 
@@ -35,7 +35,7 @@ def test_ring_allreduce_formula_overlap_and_speedup_exactly():
 
 def test_sharded_strategies_move_what_their_collectives_move_and_hide_where_they_prefetch():
     from scaletrain.distributed.strategies.registry import STRATEGIES
-    from scaletrain.planning.scaling import strategy_traffic
+    from scaletrain.prediction.scaling import strategy_traffic
     ddp = predict(_inputs(**strategy_traffic(STRATEGIES.get("ddp"))), 4)
     fsdp_in = _inputs(**strategy_traffic(STRATEGIES.get("fsdp")))
     fsdp = predict(fsdp_in, 4)
@@ -55,7 +55,7 @@ def test_a_model_without_blocks_is_one_unit_nothing_hides_and_fsdp2s_copies_add(
     whole model, neither hidden (tests/test_sharded.py counts them in a real step); FSDP2's copies
     around each, (S + S/N) bytes at the measured rate, add to the step."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
-    from scaletrain.planning.scaling import strategy_traffic
+    from scaletrain.prediction.scaling import strategy_traffic
     for name in ("fsdp", "zero2"):
         strategy = STRATEGIES.get(name)
         assert strategy.step_collectives(4) == strategy.collectives     # blocks: the usual, prefetched
@@ -77,7 +77,7 @@ def test_a_model_without_blocks_is_one_unit_nothing_hides_and_fsdp2s_copies_add(
 def test_ddp_buckets_are_scheduled_against_the_backward_in_reverse_layer_order():
     """An MLP whose first layer holds 3/4 of the bytes: its gradient comes last, so its bucket cannot
     hide; the first bucket (1 MiB cap) closes on the second layer's weight and hides what it can."""
-    from scaletrain.planning.scaling import ddp_buckets
+    from scaletrain.prediction.scaling import ddp_buckets
     tensors = (12 * MiB, 4096, 4 * MiB, 4096, 40960, 40)        # fc1 w, b, fc2 w, b, head w, b
     assert ddp_buckets(tensors, 25 * MiB) == [4 * MiB + 4096 + 40960 + 40, 12 * MiB + 4096]
     assert ddp_buckets(tensors, 2 * MiB) == [4 * MiB + 4096 + 40960 + 40, 12 * MiB + 4096]
@@ -209,7 +209,7 @@ def test_a_shaped_links_result_is_shown_measured_beside_predicted(tmp_path, caps
 
 
 def test_tensor_parallel_formula_exactly():
-    from scaletrain.planning.scaling import predict_tensor_parallel
+    from scaletrain.prediction.scaling import predict_tensor_parallel
     link = get_interconnect("pcie4")     # 20e9 B/s, 10 us
     p = predict_tensor_parallel(0.100, 4, split_share=0.9, allreduces=16, allreduce_bytes=8 * MiB, link=link)
     assert p.compute_s == pytest.approx(0.100 * (0.9 / 4 + 0.1))      # the head stays whole on every device
@@ -268,7 +268,7 @@ def test_scaling_refuses_tensor_parallelism_for_a_model_without_a_plan(capsys):
 
 def test_gloo_collectives_cost_what_was_measured_and_nccl_the_ideal_ring():
     from scaletrain.distributed.strategies.registry import STRATEGIES
-    from scaletrain.planning.scaling import strategy_traffic
+    from scaletrain.prediction.scaling import strategy_traffic
     fsdp = STRATEGIES.get("fsdp")
     assert _inputs(**strategy_traffic(fsdp, "nccl")).volume(overlaps=True) == pytest.approx(3.0)
     # Two all-gathers at 1.1x the ideal half and a reduce-scatter that costs a whole all-reduce.
@@ -283,7 +283,7 @@ def test_zero1s_broadcast_is_paced_by_the_largest_owner():
     N = 4 (balanced partitions would be 1). Between 2 hosts the two owners' broadcasts to each
     other take turns: the whole model, 2 units (measured: BENCHMARKS.md)."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
-    from scaletrain.planning.scaling import strategy_traffic
+    from scaletrain.prediction.scaling import strategy_traffic
     tensors = (12 * MiB, 4096, 4 * MiB, 4096, 40960, 40)
     zero1 = _inputs(grad_bytes=sum(tensors), tensor_bytes=tensors, **strategy_traffic(STRATEGIES.get("zero1"), "gloo"))
     assert zero1.volume(overlaps=False, devices=4) == pytest.approx(4 * (12 * MiB) / sum(tensors))
@@ -299,7 +299,7 @@ def test_zero1s_broadcast_is_paced_by_the_largest_owner():
 
 
 def test_stragglers_sync_waits_for_the_slowest_and_backups_for_the_rest():
-    from scaletrain.planning.scaling import predict_stragglers
+    from scaletrain.prediction.scaling import predict_stragglers
     fast, slow = [0.003], [0.053]
     sync = predict_stragglers([fast, slow, fast])
     assert sync.step_time_s == pytest.approx(0.053) and sync.epoch_end_s == 0.0
@@ -321,8 +321,8 @@ def test_the_shaped_links_benchmark_predicts_the_servers_it_ran():
     """`shaped_links.py --servers 2` measures two parameter servers: its prediction lays the model
     over two as well (it once priced every point with one)."""
     from benchmarks.shaped_links import predict_point
-    from scaletrain.planning.hardware import Interconnect
-    from scaletrain.planning.scaling import predict_parameter_server
+    from scaletrain.prediction.hardware import Interconnect
+    from scaletrain.prediction.scaling import predict_parameter_server
     tensor_bytes = [12 * MiB, 4 * MiB, 4096, 4096, 40 * 1024, 40]
     # A point-to-point probe of exactly 100 MB/s and 50 us: the fit gives the link back.
     probed = {"p2p": {str(size): 50e-6 + size / 1e8 for size in (1024, 2**20, 16 * 2**20)}}
@@ -342,7 +342,7 @@ def test_fsdp2s_copies_are_timed_and_blocks_counted():
 
     from torch import nn
 
-    from scaletrain.planning.measure import count_blocks, shard_copy_seconds_per_byte
+    from scaletrain.prediction.measure import count_blocks, shard_copy_seconds_per_byte
 
     class Block(nn.Module):
         def __init__(self):
@@ -376,12 +376,12 @@ def test_the_gapped_collectives_benchmark_refuses_bad_input_in_one_line_before_a
 
 
 def test_every_strategy_has_a_predictor_and_the_command_branches_on_none():
-    """A strategy's traffic pattern reaches its predictor (planning/predictors.py) from its class's
+    """A strategy's traffic pattern reaches its predictor (prediction/predictors.py) from its class's
     declaration: a new pattern adds a predictor, and the command names no pattern."""
     import inspect
 
     from scaletrain.cli import scaling
     from scaletrain.distributed import STRATEGIES
-    from scaletrain.planning.predictors import PREDICTORS
+    from scaletrain.prediction.predictors import PREDICTORS
     assert {cls.traffic for cls in STRATEGIES.values()} <= set(PREDICTORS)
     assert ".traffic" not in inspect.getsource(scaling)

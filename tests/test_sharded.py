@@ -52,7 +52,7 @@ def test_the_predictor_states_what_a_model_without_blocks_really_sends(worker_re
     zero2 (the root keeps its gathered parameters for the backward). Counted in a real step."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
     from scaletrain.models import build_model
-    from scaletrain.planning.measure import count_blocks
+    from scaletrain.prediction.measure import count_blocks
     model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[64, 32])
     assert count_blocks(model) == 0
     stated = STRATEGIES.get(strategy).step_collectives(count_blocks(model))

@@ -75,8 +75,8 @@ def measure(part: Part, s: dict, precision: str, compiled: bool, graphs: bool) -
 def table(part: Part, order) -> None:
     """Measures `order`'s cases, most-wanted first (this part's and part `compiled`'s body)."""
     from scaletrain.models import build_model
-    from scaletrain.planning.hardware import H100_PEAK
-    from scaletrain.planning.measure import train_flops_per_sample
+    from scaletrain.prediction.hardware import H100_PEAK
+    from scaletrain.prediction.measure import train_flops_per_sample
 
     s = setup(part)
     device = part.device

@@ -1,5 +1,5 @@
 """`scaletrain scaling`: measure one device, predict 1..64 devices. What is predicted for a strategy
-is its traffic pattern's predictor (planning/predictors.py); this command measures and renders."""
+is its traffic pattern's predictor (prediction/predictors.py); this command measures and renders."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.table import Table
 
 from scaletrain.cli.flags import add_number
 from scaletrain.errors import ConfigError
-from scaletrain.planning.hardware import H100_PEAK, INTERCONNECTS
+from scaletrain.prediction.hardware import H100_PEAK, INTERCONNECTS
 
 
 def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +47,8 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         return _measured_table(args.measured, args.json)
     from scaletrain.cli.train import config_from_args
     from scaletrain.distributed.strategies.registry import strategy_class
-    from scaletrain.planning.measure import measure_single_device
-    from scaletrain.planning.predictors import PredictionRequest, predictor_for
+    from scaletrain.prediction.measure import measure_single_device
+    from scaletrain.prediction.predictors import PredictionRequest, predictor_for
     cfg = config_from_args(args)
     # The prediction follows what the strategy sends over the links (auto: ddp, as on several devices).
     strategy = strategy_class(cfg.distributed, world=2)

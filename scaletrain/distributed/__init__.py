@@ -7,12 +7,12 @@ from scaletrain.lazy import lazy_exports
 
 _EXPORTS = {
     "STRATEGIES": "scaletrain.distributed.strategies.registry",
-    "BatchPlan": "scaletrain.distributed.batching",
+    "BatchDivision": "scaletrain.distributed.batching",
     "DistEnv": "scaletrain.distributed.env",
     "Strategy": "scaletrain.distributed.strategies",
     "build_strategy": "scaletrain.distributed.strategies",
     "dist_env": "scaletrain.distributed.env",
-    "plan_batch": "scaletrain.distributed.batching",
+    "divide_batch": "scaletrain.distributed.batching",
     "plannable_strategies": "scaletrain.distributed.strategies",
     "register_strategy": "scaletrain.distributed.strategies",
     "resolve_device": "scaletrain.distributed.strategies",
@@ -22,6 +22,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from scaletrain.distributed.strategies.registry import STRATEGIES
-    from scaletrain.distributed.batching import BatchPlan, plan_batch
+    from scaletrain.distributed.batching import BatchDivision, divide_batch
     from scaletrain.distributed.env import DistEnv, dist_env
     from scaletrain.distributed.strategies import Strategy, build_strategy, plannable_strategies, register_strategy, resolve_device

@@ -14,7 +14,7 @@ from scaletrain.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
-class BatchPlan:
+class BatchDivision:
     global_batch: int   # samples per optimizer step, all replicas together
     per_replica: int    # samples one replica processes per optimizer step
     accum_steps: int    # micro-batches per replica per optimizer step
@@ -37,8 +37,8 @@ def _nearby_multiples(value: int, unit: int) -> str:
     return " or ".join(str(v) for v in options)
 
 
-def plan_batch(global_batch: int, per_replica_batch: int | None, replicas: int, accum_steps: int = 1,
-               accumulate_to_global: bool = False) -> BatchPlan:
+def divide_batch(global_batch: int, per_replica_batch: int | None, replicas: int, accum_steps: int = 1,
+               accumulate_to_global: bool = False) -> BatchDivision:
     """Resolves the batch sizes for `replicas` replicas, or raises a ConfigError that suggests valid sizes.
 
     - only the global batch: it is split evenly across replicas;
@@ -58,13 +58,13 @@ def plan_batch(global_batch: int, per_replica_batch: int | None, replicas: int, 
                 f"{per_replica_batch} = {unit}, so gradient accumulation cannot make it up; use --batch-size "
                 f"{_nearby_multiples(global_batch, unit)}")
         steps = global_batch // unit
-        return BatchPlan(global_batch, per_replica_batch * steps, steps, replicas)
+        return BatchDivision(global_batch, per_replica_batch * steps, steps, replicas)
     if per_replica_batch is not None:
         if per_replica_batch % accum_steps:
             raise ConfigError(
                 f"per-replica batch {per_replica_batch} is not divisible by optim.grad_accum_steps {accum_steps}; "
                 f"use --per-replica-batch-size {_nearby_multiples(per_replica_batch, accum_steps)}")
-        return BatchPlan(per_replica_batch * replicas, per_replica_batch, accum_steps, replicas)
+        return BatchDivision(per_replica_batch * replicas, per_replica_batch, accum_steps, replicas)
     unit = replicas * accum_steps
     if global_batch % unit:
         what = f"{replicas} replica(s)" + (f" x {accum_steps} accumulation steps" if accum_steps > 1 else "")
@@ -73,4 +73,4 @@ def plan_batch(global_batch: int, per_replica_batch: int | None, replicas: int, 
             f"{_nearby_multiples(global_batch, unit)}, or fix --per-replica-batch-size instead"
             + (" (add --accumulate-to-global to keep this global batch with gradient accumulation)"
                if replicas > 1 else ""))
-    return BatchPlan(global_batch, global_batch // replicas, accum_steps, replicas)
+    return BatchDivision(global_batch, global_batch // replicas, accum_steps, replicas)

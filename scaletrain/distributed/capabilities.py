@@ -8,7 +8,7 @@ of these, and the caller asks with `isinstance` (or takes the no-op default belo
     EpochControl       ps               training/trainer.py: each epoch's begin and end, early cuts, own figures
     CheckpointJoining  ps               checkpoint/checkpointer.py: who writes what, over which group
     CostBalancing      pipeline         training/parallelize.py: the layers' measured costs, before wrap
-    BlockSharding      fsdp, zero2      planning/scaling.py: the step's collectives for the model's blocks
+    BlockSharding      fsdp, zero2      prediction/scaling.py: the step's collectives for the model's blocks
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 from scaletrain.checkpoint.weights import check_fits, read_weights
 from scaletrain.config import TrainConfig
 from scaletrain.data.registry import sample_and_example, sample_shape
-from scaletrain.distributed.batching import plan_batch
+from scaletrain.distributed.batching import divide_batch
 from scaletrain.distributed.layout import Layout
 from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.errors import ConfigError
@@ -88,7 +88,7 @@ def check_job(cfg: TrainConfig, world: int, model: torch.nn.Module | None = None
     batch plan and the strategy's rules about the model (`model`: built on the meta device, or
     None to build it here). Raises ConfigError. Autotune asks it of every candidate."""
     layout = Layout.build(strategy_class(cfg.distributed, world), cfg.distributed, world)
-    plan_batch(cfg.batch_size, cfg.per_replica_batch_size, layout.replicas, cfg.optim.grad_accum_steps,
+    divide_batch(cfg.batch_size, cfg.per_replica_batch_size, layout.replicas, cfg.optim.grad_accum_steps,
                cfg.accumulate_to_global)
     problem = model_problem(cfg, model if model is not None else meta_model(cfg), layout)
     if problem:

@@ -26,7 +26,7 @@ from scaletrain.config import TrainConfig
 from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
 from scaletrain.data.inputs import Inputs, first_rows, map_inputs
 from scaletrain.data.user import TorchSplit
-from scaletrain.distributed import Strategy, build_strategy, plan_batch, resolve_device
+from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
 from scaletrain.distributed.capabilities import Serving, epoch_control
 from scaletrain.errors import ConfigError, NonFiniteLossError
 from scaletrain.optim import LRSchedule, build_schedule, current_lr
@@ -87,7 +87,7 @@ class Trainer:
         self.layout = strategy.layout
         # What only some strategies do at an epoch's edges (a no-op object for the others).
         self.epoch_control = epoch_control(strategy)
-        self.batch = plan_batch(cfg.batch_size, cfg.per_replica_batch_size, self.layout.replicas,
+        self.batch = divide_batch(cfg.batch_size, cfg.per_replica_batch_size, self.layout.replicas,
                                 cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
         self.policy = get_policy(cfg.precision.policy)
         self.policy.configure_backend()

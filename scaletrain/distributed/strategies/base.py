@@ -53,7 +53,7 @@ class Strategy(ABC):
     traffic = "all-reduce"
     # For the all-reduce and sharded patterns: the step's collectives over the model's S bytes, as
     # (kind, count, can overlap compute), and what they can hide behind: "backward" or the whole
-    # "step" (planning/scaling.py prices each kind).
+    # "step" (prediction/scaling.py prices each kind).
     collectives = (("all_reduce", 1, True),)
     hides_behind = "backward"
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from scaletrain.planning.hardware import Interconnect
+from scaletrain.prediction.hardware import Interconnect
 
 BACKWARD_SHARE = 2 / 3
 FIRST_BUCKET_BYTES = 2**20     # DDP's first gradient bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES)

@@ -3,7 +3,7 @@ declares (`Strategy.traffic`): one predictor per pattern, registered here (`@pre
 strategy with a new pattern adds its predictor in this folder and touches no command. A predictor
 takes the one-device measurement and returns a `Prediction` (a table's title, columns and rows,
 the records `--json` prints, notes); the command only renders it. The cost models themselves are
-planning/scaling.py's.
+prediction/scaling.py's.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from scaletrain.errors import ConfigError
-from scaletrain.planning.hardware import get_interconnect
-from scaletrain.planning.measure import StepMeasurement
-from scaletrain.planning.scaling import (SHARDED_KINDS, ScalingInputs, device_counts, explain, predict,
+from scaletrain.prediction.hardware import get_interconnect
+from scaletrain.prediction.measure import StepMeasurement
+from scaletrain.prediction.scaling import (SHARDED_KINDS, ScalingInputs, device_counts, explain, predict,
                                         predict_parameter_server, predict_pipeline, predict_tensor_parallel,
                                         strategy_traffic)
 
@@ -27,7 +27,7 @@ class PredictionRequest:
     step_time_s: float             # one device's step: measured, given or assumed
     source: str                    # where step_time_s came from, in words
     step_time_given: bool          # not measured here (--step-time-ms, --assume-h100-mfu)
-    intra: str                     # the link within a host (planning/hardware.py's names)
+    intra: str                     # the link within a host (prediction/hardware.py's names)
     network: str                   # the link between hosts
     devices_per_host: int = 8
     overlap: float = 0.8
@@ -74,17 +74,17 @@ def predicts(*traffic: str) -> Callable[[type], type]:
 def predictor_for(strategy: type) -> Predictor:
     if strategy.traffic not in PREDICTORS:
         raise ConfigError(f"--strategy {strategy.name}: no scaling prediction for its '{strategy.traffic}' traffic "
-                          "(planning/predictors.py has one predictor per pattern)")
+                          "(prediction/predictors.py has one predictor per pattern)")
     return PREDICTORS[strategy.traffic]
 
 
 @predicts("all-reduce", "sharded", "none")
 class DataParallel(Predictor):
     """Replicas (or shards) of the whole model at 1, 2, 4, ... devices: the strategy's collectives
-    over the host's links, then the network's (planning/scaling.py's `predict`)."""
+    over the host's links, then the network's (prediction/scaling.py's `predict`)."""
 
     def predict(self, req: PredictionRequest) -> Prediction:
-        from scaletrain.planning.measure import shard_copy_seconds_per_byte
+        from scaletrain.prediction.measure import shard_copy_seconds_per_byte
         cfg, m = req.cfg, req.measurement
         on_gpu = m.device.startswith(("NVIDIA", "cuda"))
         traffic = strategy_traffic(req.strategy, library="nccl" if on_gpu else "gloo", blocks=m.blocks)
@@ -189,7 +189,7 @@ class ParameterServers(Predictor):
     """Sync parameter servers: one row per server count at --workers workers, over --network."""
 
     def predict(self, req: PredictionRequest) -> Prediction:
-        from scaletrain.planning.measure import optimizer_seconds_per_byte, server_seconds_per_byte
+        from scaletrain.prediction.measure import optimizer_seconds_per_byte, server_seconds_per_byte
         cfg, m = req.cfg, req.measurement
         counts = [k for k in (1, 2, 4, 8, 16) if k <= len(m.tensor_bytes)]
         per_byte = optimizer_seconds_per_byte(cfg.optim, sum(m.tensor_bytes))

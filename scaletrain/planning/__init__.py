@@ -1,1 +1,0 @@
-"""Planners: predict before running (data-parallel scaling; issue 4 adds memory)."""
