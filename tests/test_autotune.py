@@ -2,6 +2,7 @@
 Optuna study in SQLite, the real planner and run store."""
 
 import importlib.util
+import os
 import json
 import re
 import signal
@@ -29,16 +30,17 @@ def _rows(out, outcome=None):
 
 def test_a_candidate_that_learns_differently_is_refused_and_the_best_toml_trains(tmp_path):
     out = tmp_path / "tuned"
+    # The caller runs two threads: the given configuration is theirs, one thread the candidate.
     done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_differs_mlp", "--knobs", "threads",
-                "--trials", "2", "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path)
+                "--trials", "2", "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="2")
     assert done.returncode == 0, done.stdout + done.stderr
     refused = _rows(out, "refused")
     assert [r["params"]["threads"] for r in refused] == [1]
     assert "loss departs" in refused[0]["why"] and refused[0]["departure"] > 0.02
     baseline = _rows(out, "measured")
-    assert [r["params"]["threads"] for r in baseline] == [None] and baseline[0]["images_per_sec"] > 0
+    assert [r["params"]["threads"] for r in baseline] == [2] and baseline[0]["images_per_sec"] > 0
     assert len(baseline[0]["loss"]) == 2 and baseline[0]["warmup_s"] > 0
-    assert _result(out)["best"] == {"threads": None}
+    assert _result(out)["best"] == {"threads": 2}
     if importlib.util.find_spec("matplotlib"):     # the report extra draws the speed/memory plot
         assert (out / "speed_memory.png").read_bytes()[:4] == b"\x89PNG"
     # Both trials are runs in the store, under the autotune's group, the best marked as its choice.
@@ -155,16 +157,16 @@ def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_be
     started = time.perf_counter()
     done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_hangs_mlp", "--knobs", "threads",
                 "--trials", "2", "--budget-s", str(budget), "--out", str(out), "--store", str(tmp_path / "runs.db")],
-               tmp_path)
+               tmp_path, OMP_NUM_THREADS="2")
     took = time.perf_counter() - started
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"the --budget-s of {budget} s ran out" in done.stdout
     assert took < budget + 30, took          # the hanging candidate would have taken a minute more
     measured, stopped = _rows(out, "measured"), _rows(out, "stopped")
-    assert [r["params"]["threads"] for r in measured] == [None]
+    assert [r["params"]["threads"] for r in measured] == [2]
     assert [r["params"]["threads"] for r in stopped] == [1]
     assert stopped[0]["why"] == f"the --budget-s of {budget:g} s ran out while it ran"
-    assert _result(out)["best"] == {"threads": None}
+    assert _result(out)["best"] == {"threads": 2}
     store = RunStore(str(tmp_path / "runs.db"))   # the stopped candidate's run is ended, not left running
     assert store.get(stopped[0]["run_id"]).status == "failed"
     store.close()
@@ -241,3 +243,16 @@ def test_precisions_the_device_only_emulates_are_discarded_before_anything_runs(
     assert "bf16-mixed" not in emulated_precisions("bf16-mixed", plain_cpu)   # the baseline is always measured
     assert "bf16-mixed" in emulated_precisions("fp32", DeviceFacts("cuda", "V100", capability=(7, 0)))
     assert emulated_precisions("fp32", DeviceFacts("cuda", "H100", capability=(9, 0))) == {}
+
+
+def test_the_given_configuration_runs_on_the_callers_threads(tmp_path):
+    """The baseline is what the caller runs: on one thread (OMP_NUM_THREADS=1, as this shell), not
+    the whole machine the candidates' slot holds; the machine's other thread count is the knob's
+    other value, and best.toml states the winner's count."""
+    out = tmp_path / "tuned"
+    done = run(["autotune", *SMALL, "--knobs", "threads", "--trials", "2", "--out", str(out),
+                "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = _result(out)["rows"]
+    assert rows[0]["params"]["threads"] == 1      # the given configuration comes first
+    assert sorted(r["params"]["threads"] for r in rows) == sorted({1, len(os.sched_getaffinity(0))})

@@ -41,6 +41,10 @@ def _child(request: dict) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    threads = request["env"].get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:   # what torch would read at a fresh start
+        import torch
+        torch.set_num_threads(int(threads))
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *[p for p in BASE_PATH if p not in extra]]
     sys.argv = ["scaletrain", *request["args"]]

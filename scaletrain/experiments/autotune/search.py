@@ -178,6 +178,14 @@ class AutoTuner:
         self.group = f"autotune-{settings.study_name}"
         self.me = f"{socket.gethostname()}:{os.getpid()}"
         self.device = resolve_device(base.device)
+        if self.device.type == "cpu" and base.threads is None and base.distributed.nproc == 1:
+            # The given configuration is what the caller runs: their thread count (OMP_NUM_THREADS,
+            # which a `scaletrain train` from their shell would start with; else torch's own
+            # default), not the whole machine that the candidates' slot would give. Under --nproc
+            # the launcher shares the cores out itself.
+            import torch
+            given = os.environ.get("OMP_NUM_THREADS", "")
+            base.threads = int(given) if given.isdigit() and int(given) > 0 else torch.get_num_threads()
         shape, outputs, task = sample_shape(base.data)
         self.shape, self.outputs, self.task = shape, outputs, task
         from scaletrain.data import load_dataset
