@@ -256,3 +256,19 @@ def test_the_given_configuration_runs_on_the_callers_threads(tmp_path):
     rows = _result(out)["rows"]
     assert rows[0]["params"]["threads"] == 1      # the given configuration comes first
     assert sorted(r["params"]["threads"] for r in rows) == sorted({1, len(os.sched_getaffinity(0))})
+
+
+def test_time_to_target_searches_the_batch_size_whatever_knobs_names(tmp_path):
+    """The batch size is what time to target is about: `--knobs threads` under that objective
+    still searches it (docs/autotune.md says so); under throughput `--knobs` is the whole space."""
+    from rich.console import Console
+
+    from scaletrain.config import DataConfig, ModelConfig, TrainConfig
+    from scaletrain.experiments.autotune.search import OBJECTIVES, AutoTuner, AutotuneSettings
+    cfg = TrainConfig(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), batch_size=64, target=0.9,
+                      target_metric="accuracy", device="cpu")
+    for objective, labels in (("time-to-target", ["batch_size", "threads"]), ("throughput", ["threads"])):
+        settings = AutotuneSettings(out=tmp_path / objective, trials=2, only=("threads",),
+                                    objective=OBJECTIVES[objective])
+        tuner = AutoTuner(cfg, settings, Console(quiet=True))
+        assert [k.label for k in tuner.knobs] == labels

@@ -202,7 +202,10 @@ class AutoTuner:
         if unknown:
             raise UserError(f"--knobs {','.join(sorted(unknown))}: not a knob for this training here; it has "
                             f"{', '.join(k.label for k in knobs)}")
-        self.knobs: list[Knob] = [k for k in knobs if not settings.only or k.label in settings.only]
+        # The batch size is what time to target is about: searched under that objective whatever
+        # --knobs names (the docs say so), the given batch first.
+        always = {"batch_size"} if settings.objective is TIME_TO_TARGET else set()
+        self.knobs: list[Knob] = [k for k in knobs if not settings.only or k.label in settings.only or k.label in always]
         self.grid = candidates(self.knobs)
         self.memory = settings.device_memory or self._device_memory()
         self.storage_url = f"sqlite:///{(settings.out / 'autotune.db').resolve()}"
