@@ -102,6 +102,22 @@ def test_a_lightning_module_through_the_cli(tmp_path):
     logged = metrics(tmp_path / "one")
     assert logged[-1]["val_acc"] >= 0.85 > logged[0]["val_acc"] - 0.5 and "val_loss" in logged[-1]
 
+    # predict and export run the module's own forward (class probabilities): the same as loading
+    # model.pt into the class by hand.
+    predicted = run(["predict", reported["run_id"], "--split", "test", "--out", tmp_path / "p.npy"], tmp_path)
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    exported = run(["export", reported["run_id"]], tmp_path)
+    assert exported.returncode == 0 and "max |difference| 0" in exported.stdout, exported.stderr[-2000:]
+    import numpy as np
+    from scaletrain.checkpoint.weights import read_weights
+    module = lit_classifier.LitClassifier()
+    state = read_weights(str(tmp_path / "one" / "model.pt"), "model")
+    module.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+    x, _ = lit_classifier.samples(1200)
+    with torch.no_grad():
+        expected = torch.softmax(module(x[900:]), dim=-1).numpy()
+    assert np.allclose(np.load(tmp_path / "p.npy"), expected, atol=1e-6)
+
     refused = run(["train", *LIT, "--lr", "0.1", "--run-dir", tmp_path / "refused"], tmp_path)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "--lr: lit_classifier:LitClassifier is a LightningModule whose configure_optimizers" in refused.stderr

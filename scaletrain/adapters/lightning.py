@@ -14,8 +14,9 @@ What of the module is used (docs/lightning.md says the same to users):
   device-side schedule with the same settings: SGD, Adam or AdamW, one setting for every
   parameter (or decay only on weights, biases and norms undecayed), with no scheduler, StepLR or
   MultiStepLR stepped per epoch;
-- the test split is scored with validation_step (test_step is not called), and `predict_step`
-  neither.
+- the test split is scored with validation_step (test_step is not called); `predict` and `export`
+  run the module's `forward` (its predict_step is not called), read as the data's task reads a
+  model's outputs (class probabilities for classes).
 Refused in one line, not ignored: manual optimisation, several optimizers, any other scheduler,
 any other Lightning hook the class overrides (on_*, optimizer_step, backward, gradient clipping,
 checkpoint and dataloader hooks...), a logged value that is not a number or tensor (a torchmetrics
@@ -99,7 +100,9 @@ class LightningAdapter(nn.Module):
         return cls(module)
 
     # ------------------------------------------------------------- the steps
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor):
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None):
+        if targets is None:   # inference (predict, export): the module's own forward
+            return self.module(inputs)
         batch = [inputs, targets]   # what Lightning's default collate hands a step for (input, target) samples
         idx = self._next_batch_idx()
         self._logged = {}
@@ -149,14 +152,15 @@ class LightningAdapter(nn.Module):
             self._log(name, value, batch_size=batch_size, **{k: v for k, v in kwargs.items() if k == "reduce_fx"})
 
     # ------------------------------------------------- seams the trainer asks
-    def own_task(self, example: tuple[Inputs, torch.Tensor] | None) -> "LightningTask":
+    def own_task(self, example: tuple[Inputs, torch.Tensor] | None, data_task: str) -> "LightningTask":
         """The task: the metrics validation_step logs, found by running it once on fake tensors
-        shaped as `example` (two samples of the data): no computation, no randomness drawn."""
+        shaped as `example` (two samples of the data): no computation, no randomness drawn.
+        Predictions are the data's task's transform of the module's forward (softmax for classes)."""
         name = type(self.module).__name__
         if example is None:
             raise ConfigError(f"{name}: a LightningModule's metrics are read off its validation_step, which needs "
                               "the data's samples here")
-        return LightningTask(name, self._probe(example))
+        return LightningTask(name, self._probe(example), data_task)
 
     def optim_settings(self, optim: OptimConfig, epochs: int) -> OptimConfig:
         """`optim` with what configure_optimizers sets (optimizer, LR, decay, schedule): the
@@ -207,8 +211,10 @@ class LightningTask(Task):
     so the means are exact over batches and ranks)."""
     train_metric = ""
 
-    def __init__(self, module_name: str, logged: dict[str, str]):
+    def __init__(self, module_name: str, logged: dict[str, str], data_task: str = "classification"):
+        from scaletrain.tasks import TASKS
         self.name = f"lightning:{module_name}"
+        self.data_task = TASKS.get(data_task)()   # what predictions are made of the module's forward
         self.logged = logged                     # our metric name -> the name validation_step logs
         self.metrics = {m: not LOWER_IS_BETTER.search(m) for m in logged}
         self.default_target = "loss" if "loss" in logged else None
@@ -219,6 +225,9 @@ class LightningTask(Task):
             raise ConfigError(f"{self.name}: a LightningModule is trained here on (input, target) samples; these "
                               "samples are dicts")
         return {"inputs": x, "targets": y}
+
+    def prediction_inputs(self, x: Inputs, y: torch.Tensor) -> Inputs:
+        return x   # the module's forward takes its inputs alone
 
     def loss(self, output, target):
         return output.float() if isinstance(output, torch.Tensor) else output
@@ -239,8 +248,9 @@ class LightningTask(Task):
                 for m, total, weight in zip(self.logged, sums[:k], sums[k:])}
 
     def predictions(self, output):
-        raise ConfigError(f"{self.name}: predicting with a LightningModule is not supported here (its predict_step "
-                          "is not called); load the saved weights into the module and call it")
+        """The module's forward on the inputs, as the data's task reads outputs (class probabilities
+        for classification): what `predict` returns and `export` serves (predict_step is not called)."""
+        return self.data_task.predictions(output)
 
 
 # ------------------------------------------------------- configure_optimizers

@@ -51,6 +51,12 @@ class Task(ABC):
         A model that computes its own loss takes the targets among them (own_loss.py)."""
         return x
 
+    def prediction_inputs(self, x: Inputs, y: torch.Tensor) -> Inputs:
+        """What `forward` receives of a batch when predicting: the training inputs by default; a
+        model whose steps take the targets but predicts from the inputs alone (a LightningModule's
+        forward) overrides it."""
+        return self.model_inputs(x, y)
+
     @abstractmethod
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The mean loss of a batch, computed in float32 whatever the autocast dtype."""
@@ -126,7 +132,7 @@ def build_task(name: str, dataset_task: str, model=None, example=None) -> Task:
         if name != "auto":
             raise ConfigError(f"--task {name}: {type(model).__name__} brings its own loss and metrics; leave --task "
                               "auto")
-        return own_task(example)
+        return own_task(example, dataset_task)
     if ":" in name:
         return user_task(name)
     if name == "auto" and model is not None and computes_own_loss(model):

@@ -198,10 +198,10 @@ class Trainer:
                          first_step=first_step)
 
     # ------------------------------------------------------------------ data
-    def loader(self, split, train: bool):
+    def loader(self, split, train: bool, predict: bool = False):
         """The loader of `split` for this process: its replica's share of each global batch when
         `train`, its evaluation range otherwise (the batch finder and the scaling measurement take
-        real batches from it)."""
+        real batches from it); `predict`: the batches as the task predicts from them."""
         cfg, data, layout = self.config, self.config.data, self.layout
         if train:
             batch, shard = self.batch.per_replica, dict(rank=layout.replica_rank, world_size=layout.replicas)
@@ -224,7 +224,7 @@ class Trainer:
             cls, kwargs = StreamingLoader, {"num_workers": data.num_workers}
         return cls(split, batch, self.device, self.normalizer, shuffle=train, drop_last=train,
                    augment=data.augment if train else (), shift=data.shift, seed=cfg.seed,
-                   model_inputs=self.task.model_inputs, **shard, **kwargs)
+                   model_inputs=self.task.prediction_inputs if predict else self.task.model_inputs, **shard, **kwargs)
 
     # ----------------------------------------------------------------- train
     def fit(self, data, val=None, test=None) -> list[dict]:
@@ -488,7 +488,8 @@ class Trainer:
         self.model.eval()
         pad = self.normalizer.to(self.device)(map_inputs(lambda t: t.to(self.device), split.head(1).x))   # forwards a share without samples still runs
         out = [self.task.predictions(output)
-               for output, _ in self.strategy.evaluate(self.loader(split, train=False), self._eval_forward, pad)]
+               for output, _ in self.strategy.evaluate(self.loader(split, train=False, predict=True), self._eval_forward,
+                                                       pad)]
         mine = torch.cat(out) if out and self.layout.records else None
         if self.strategy.world_size == 1:
             return mine.cpu() if mine is not None else torch.empty(0)
