@@ -167,16 +167,11 @@ def test_the_lightning_step_stays_free_of_host_syncs(tmp_path):
     included), under fp16's loss scaling and clipping too."""
     from torch.utils.data import TensorDataset
     from scaletrain.config import PrecisionConfig
-    from tests.test_trainer import _NoHostSync
+    from tests.test_trainer import steps_without_host_syncs
     cfg = TrainConfig(epochs=1, batch_size=64, precision=PrecisionConfig(policy="fp16-mixed"),
                       optim=OptimConfig(clip_grad_norm=1.0), run_dir=str(tmp_path / "run"))
     with Trainer(lit_classifier.LitClassifier(), cfg) as trainer:
         dataset = trainer.as_dataset(TensorDataset(*lit_classifier.samples(512)))
         trainer.fit(dataset)
         x, y = next(iter(trainer.loader(dataset.train, train=True)))
-        trainer.counters.reset_epoch()
-        trainer.counters.applied_steps.zero_()
-        with _NoHostSync():
-            for _ in range(3):
-                trainer.train_step(x, y)
-        assert int(trainer.counters.applied_steps) + int(trainer.counters.skipped) == 3
+        steps_without_host_syncs(trainer, x, y)

@@ -111,6 +111,18 @@ class _NoHostSync:
             setattr(torch.Tensor, n, fn)
 
 
+def steps_without_host_syncs(trainer, x, y, steps: int = 3) -> None:
+    """Runs `steps` training steps on the batch (x, y) with every host read of a tensor failing,
+    then checks on the device counters that each of them ran (applied or skipped for overflow)."""
+    trainer.counters.reset_epoch()
+    trainer.counters.applied_steps.zero_()
+    with _NoHostSync():
+        for _ in range(steps):
+            trainer.train_step(x, y)
+    assert int(trainer.counters.applied_steps) + int(trainer.counters.skipped) == steps
+    assert int(trainer.counters.slot) == steps
+
+
 @pytest.mark.parametrize("policy", ["fp32", "fp16-mixed"])
 def test_training_step_has_no_host_sync(tmp_path, digits, policy):
     cfg = small_config(tmp_path, epochs=1, precision=PrecisionConfig(policy=policy),
@@ -118,12 +130,8 @@ def test_training_step_has_no_host_sync(tmp_path, digits, policy):
     trainer = fit(cfg, digits)
     loader = trainer.loader(digits.train, train=True)
     x, y = next(iter(loader))
-    trainer.counters.reset_epoch()
-    trainer.counters.applied_steps.zero_()
-    with _NoHostSync():
-        for _ in range(3):
-            trainer.train_step(x, y)
-    assert int(trainer.counters.applied_steps) == 3 and int(trainer.counters.slot) == 3
+    steps_without_host_syncs(trainer, x, y)
+    assert int(trainer.counters.skipped) == 0
 
 
 def test_step_schedule_matches_the_seed_lab():

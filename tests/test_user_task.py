@@ -167,7 +167,7 @@ def test_the_step_stays_free_of_host_syncs(tmp_path, kind, request):
     back, under fp16's loss scaling too. (transformers' GPT-2 itself does, in its forward: its mask
     and packed-sequence checks; the own-loss case runs a model of its convention that does not.)"""
     from scaletrain.config import OptimConfig, PrecisionConfig
-    from tests.test_trainer import _NoHostSync
+    from tests.test_trainer import steps_without_host_syncs
     cfg = _config(tmp_path, epochs=1, batch_size=32, precision=PrecisionConfig(policy="fp16-mixed"),
                   optim=OptimConfig(lr=1e-3, clip_grad_norm=1.0))
     if kind == "user-task":
@@ -180,12 +180,7 @@ def test_the_step_stays_free_of_host_syncs(tmp_path, kind, request):
         trainer.fit(dataset)
         x, y = next(iter(trainer.loader(dataset.train, train=True)))
         assert isinstance(x, dict) or kind == "user-task"
-        trainer.counters.reset_epoch()
-        trainer.counters.applied_steps.zero_()
-        with _NoHostSync():
-            for _ in range(3):
-                trainer.train_step(x, y)
-        assert int(trainer.counters.applied_steps) + int(trainer.counters.skipped) == 3
+        steps_without_host_syncs(trainer, x, y)
 
 
 def test_plan_memory_traces_a_dict_input_model_as_it_trains(hf_gpt):
