@@ -138,6 +138,9 @@ def _bad_inputs(tmp_path):
         (digits + ["--summary-json", str(tmp_path)], "--summary-json " + str(tmp_path) + " is a folder"),
         (digits + ["--summary-json", str(tmp_path / "unknown.toml" / "s.json")], "unknown.toml is a file"),
         (digits + ["--store", str(tmp_path / "unknown.toml" / "runs.db")], "unknown.toml is a file"),
+        # The OS's reason for the path tried (/proc exists: making a folder in it is what fails).
+        (digits + ["--summary-json", "/proc/nope/s.json"],
+         "--summary-json folder /proc/nope cannot be written (creating /proc/nope: No such file or directory)"),
     ]
 
 

@@ -516,3 +516,12 @@ def test_a_signal_while_parameter_servers_start_is_one_line_no_traceback(tmp_pat
         == [out.strip().splitlines()[-1]]
     folder = tmp_path / "a"
     assert not folder.exists() or json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_an_output_path_check_makes_what_it_tries_and_leaves_nothing_behind(tmp_path):
+    """The check makes the first missing folder as the run would (so the OS's own reason is the one
+    reported), then removes it: a checked path that the command then refuses for another reason
+    leaves no empty folder."""
+    from scaletrain.lifecycle.paths import check_writable_dir
+    check_writable_dir(tmp_path / "a" / "b", "--out")
+    assert list(tmp_path.iterdir()) == []

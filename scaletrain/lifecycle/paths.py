@@ -17,29 +17,50 @@ def _existing_ancestor(path: Path) -> Path:
     return Path("/")
 
 
-def _probe(folder: Path) -> str | None:
+def _probe_file(folder: Path) -> str | None:
     """Why `folder` cannot take a new file, or None. Creates and deletes a file: permissions as
     root, read-only mounts and full disks all show up, where os.access would say yes."""
     try:
         fd, name = tempfile.mkstemp(prefix=".scaletrain-probe-", dir=folder)
     except OSError as exc:
-        return exc.strerror or str(exc)
+        return f"creating a file in {folder}: {exc.strerror or exc}"
     os.close(fd)
     os.unlink(name)
     return None
 
 
+def _probe(path: Path, base: Path) -> str | None:
+    """Why `path` (whose nearest existing folder is `base`) cannot be made and written, in the OS's
+    words for what was actually tried: the first missing folder is made (and removed again), as
+    the run would make it, then a file is made in it. (A pseudo file system such as /proc refuses
+    the folder itself: "creating /proc/x: No such file or directory", not a claim about /proc.)"""
+    if base == path:
+        return _probe_file(base)
+    first = base / path.parts[len(base.parts)]
+    try:
+        os.mkdir(first)
+    except FileExistsError:   # made meanwhile by someone else: probe it as it is
+        return _probe_file(first)
+    except OSError as exc:
+        return f"creating {first}: {exc.strerror or exc}"
+    try:
+        return _probe_file(first)
+    finally:
+        os.rmdir(first)
+
+
 def check_writable_dir(path: str | Path, what: str) -> Path:
-    """`path` is a folder or can be made one, and files can be written into it. Creates nothing."""
+    """`path` is a folder or can be made one, and files can be written into it. Leaves nothing
+    behind (a folder made to try it is removed)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{what} {path} is a file, not a folder; pass a folder path")
     base = _existing_ancestor(path)
     if not base.is_dir():
         raise UserError(f"{what} {path} cannot be created: {base} is a file; pass another path")
-    problem = _probe(base)
+    problem = _probe(path, base)
     if problem:
-        raise UserError(f"{what} {path} cannot be written ({base}: {problem}); pass a writable path")
+        raise UserError(f"{what} {path} cannot be written ({problem}); pass a writable path")
     return path
 
 
