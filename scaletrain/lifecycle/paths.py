@@ -46,7 +46,10 @@ def _probe(path: Path, base: Path) -> str | None:
     try:
         return _probe_file(first)
     finally:
-        os.rmdir(first)
+        try:
+            os.rmdir(first)
+        except OSError:   # another process (a run starting beside this one) has filled it meanwhile
+            pass
 
 
 def check_writable_dir(path: str | Path, what: str) -> Path:
