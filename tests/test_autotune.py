@@ -272,3 +272,25 @@ def test_time_to_target_searches_the_batch_size_whatever_knobs_names(tmp_path):
                                     objective=OBJECTIVES[objective])
         tuner = AutoTuner(cfg, settings, Console(quiet=True))
         assert [k.label for k in tuner.knobs] == labels
+
+
+def test_a_hopeless_candidate_is_stopped_at_its_cap(tmp_path):
+    """A candidate that runs longer than --cap-factor times the baseline's whole run is stopped and
+    recorded as such (its run ended, not left running); the search goes on and reports the best.
+    The `threads = 1` candidate's model sleeps a minute in its first step (a model slow on purpose)."""
+    out = tmp_path / "tuned"
+    started = time.perf_counter()
+    done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_hangs_mlp", "--knobs", "threads",
+                "--trials", "2", "--cap-factor", "2", "--out", str(out), "--store", str(tmp_path / "runs.db")],
+               tmp_path, OMP_NUM_THREADS="2")
+    took = time.perf_counter() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    measured, stopped = _rows(out, "measured"), _rows(out, "stopped")
+    assert [r["params"]["threads"] for r in measured] == [2]
+    assert [r["params"]["threads"] for r in stopped] == [1]
+    assert "ran past 2x the baseline's" in stopped[0]["why"]
+    assert took < 60 + 30, took          # the sleeping candidate alone would have taken a minute more
+    assert _result(out)["best"] == {"threads": 2}
+    store = RunStore(str(tmp_path / "runs.db"))
+    assert store.get(stopped[0]["run_id"]).status == "failed"
+    store.close()

@@ -100,6 +100,9 @@ class AutotuneSettings:
     objective: Objective = THROUGHPUT
     lr_rule: str = "sqrt"        # time-to-target: how the LR follows the batch size (none, linear, sqrt)
     budget_s: float | None = None  # wall-clock bound of the whole search: the best so far is reported
+    # A candidate running longer than this many times the baseline's whole run (its process, data,
+    # warm-up and window) is stopped: hopeless, whatever it would measure.
+    cap_factor: float = 10.0
 
     def problems(self) -> list[str]:
         out = []
@@ -113,6 +116,8 @@ class AutotuneSettings:
             out.append(f"--lr-rule must be one of {', '.join(LR_SCALINGS)} (got {self.lr_rule!r})")
         if self.budget_s is not None and not (self.budget_s > 0 and math.isfinite(self.budget_s)):
             out.append(f"--budget-s must be a positive number of seconds (got {self.budget_s})")
+        if not (self.cap_factor > 1 and math.isfinite(self.cap_factor)):
+            out.append(f"--cap-factor must be a number above 1 (got {self.cap_factor})")
         for flag, value in (("--loss-tolerance", self.loss_tolerance), ("--loss-tolerance-16bit", self.loss_tolerance_16bit)):
             if not (value > 0 and math.isfinite(value)):
                 out.append(f"{flag} must be a positive fraction (got {value})")
@@ -175,6 +180,7 @@ class AutoTuner:
         self.started = time.perf_counter()
         self.deadline = self.started + settings.budget_s if settings.budget_s else None
         self.budget_ran_out = False
+        self.baseline_s: float | None = None   # the baseline's whole run, in seconds: what caps the others
         self.group = f"autotune-{settings.study_name}"
         self.me = f"{socket.gethostname()}:{os.getpid()}"
         self.device = resolve_device(base.device)
@@ -388,14 +394,23 @@ class AutoTuner:
         shown = ", ".join(f"{k.label}={params[k.key]}" for k in self.knobs)
         self.console.print(f"trial {trial.number}: {shown} ...", soft_wrap=True)
         pool.start(job)
-        finished = pool.wait_any(until=self.deadline)
-        if finished is None:   # --budget-s ran out with this candidate still running
+        started = time.perf_counter()
+        cap = started + self.s.cap_factor * self.baseline_s if self.baseline_s is not None else None
+        until = min((t for t in (self.deadline, cap) if t is not None), default=None)
+        finished = pool.wait_any(until=until)
+        if finished is None:   # --budget-s ran out, or the candidate outran its cap, while it ran
             pool.terminate()
-            settle(store, Finished(job, None, -15, time.perf_counter() - self.started))
-            self.budget_ran_out = True
-            why = f"the --budget-s of {self.s.budget_s:g} s ran out while it ran"
+            settle(store, Finished(job, None, -15, time.perf_counter() - started))
+            if self.deadline is not None and time.perf_counter() >= self.deadline:
+                self.budget_ran_out = True
+                why = f"the --budget-s of {self.s.budget_s:g} s ran out while it ran"
+            else:
+                why = (f"ran past {self.s.cap_factor:g}x the baseline's {self.baseline_s:.0f} s "
+                       f"(--cap-factor): stopped as hopeless")
             self.console.print(f"  stopped: {why}")
             return Row(params, "stopped", why=why, run_id=run_id, trial=trial.number)
+        if baseline is None and finished.returncode == 0:
+            self.baseline_s = finished.seconds   # the given configuration, measured first
         if finished.returncode == PRUNED_EXIT_CODE:
             self.console.print(f"  pruned: images/sec trails the median after its warm-up ({finished.seconds:.1f} s)")
             return Row(params, "pruned", why="images/sec below the median of earlier candidates", run_id=run_id,
