@@ -294,3 +294,31 @@ def test_a_hopeless_candidate_is_stopped_at_its_cap(tmp_path):
     store = RunStore(str(tmp_path / "runs.db"))
     assert store.get(stopped[0]["run_id"]).status == "failed"
     store.close()
+
+
+def test_precisions_the_device_only_emulates_are_skipped_unless_asked(tmp_path):
+    """On a device without 16-bit units a bf16 candidate is float32 converted in every kernel,
+    slower by construction: discarded with the reason before anything runs, unless
+    --emulated-precisions asks for it."""
+    from rich.console import Console
+
+    from scaletrain.config import DataConfig, ModelConfig, TrainConfig
+    from scaletrain.experiments.autotune.knobs import emulated_precisions
+    from scaletrain.experiments.autotune.search import AutoTuner, AutotuneSettings
+    from scaletrain.precision.hardware import device_facts
+    cfg = TrainConfig(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), batch_size=64, device="cpu")
+    emulated = emulated_precisions("fp32", device_facts(torch_cpu()))
+    for forced in (False, True):
+        settings = AutotuneSettings(out=tmp_path / str(forced), trials=2, only=("precision",), emulated=forced)
+        tuner = AutoTuner(cfg, settings, Console(quiet=True))
+        tried = set(next(k.values for k in tuner.knobs if k.label == "precision")) & set(emulated)
+        if not tried:
+            pytest.skip("this CPU computes every precision searched (bfloat16 instructions): nothing is emulated")
+        kept, discarded = tuner.plan()
+        assert {row.params["precision.policy"] for row in discarded} == (set() if forced else tried)
+        assert {p["precision.policy"] for p in kept} & tried == (tried if forced else set())
+
+
+def torch_cpu():
+    import torch
+    return torch.device("cpu")

@@ -39,6 +39,9 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
     add_number(g, "--cap-factor", float, gt=1, default=10.0,
                help="stop a candidate that runs longer than this many times the baseline's whole run (its start, "
                     "data, warm-up and window), as hopeless (default 10)")
+    g.add_argument("--emulated-precisions", action="store_true",
+                   help="also measure the precisions this device only emulates (no 16-bit units: slower than "
+                        "float32 by construction; skipped with a note by default)")
     g.add_argument("--device-memory", metavar="BYTES", help="the memory a candidate may use, e.g. 16GiB (default: "
                    "the GPU's, or the host memory free now)")
     add_number(g, "--loss-tolerance", float, gt=0, default=None,
@@ -62,7 +65,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     check_writable_file(cfg.tracking.store, "run store (--store)")
     settings = AutotuneSettings(
         out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
-        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s, cap_factor=args.cap_factor, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s, cap_factor=args.cap_factor, emulated=args.emulated_precisions, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
         device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
         loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
         loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)

@@ -103,6 +103,7 @@ class AutotuneSettings:
     # A candidate running longer than this many times the baseline's whole run (its process, data,
     # warm-up and window) is stopped: hopeless, whatever it would measure.
     cap_factor: float = 10.0
+    emulated: bool = False         # also measure precisions this device only emulates (skipped otherwise)
 
     def problems(self) -> list[str]:
         out = []
@@ -240,7 +241,8 @@ class AutoTuner:
         # Each process's share: the GPU is its own; a CPU host's memory is shared by all of them.
         memory = self.memory if self.device.type == "cuda" else self.memory // nproc
         planners: dict[tuple, Planner] = {}
-        emulated = emulated_precisions(self.base.precision.policy, device_facts(self.device))
+        emulated = ({} if self.s.emulated
+                    else emulated_precisions(self.base.precision.policy, device_facts(self.device)))
         kept, discarded = [], []
         for params in self.grid:
             cfg = self.configure(params)
