@@ -15,6 +15,7 @@ CLI = Path(__file__).resolve().parents[1] / "scaletrain" / "cli"
 
 BAD = [
     (["scaling", "--step-time-ms", "-5"], "--step-time-ms must be > 0"),
+    (["autotune", "--cap-factor", "1"], "--cap-factor must be > 1"),
     (["scaling", "--step-time-ms", "inf"], "--step-time-ms must be a finite number"),
     (["scaling", "--overlap", "2"], "--overlap must be >= 0 and <= 1"),
     (["scaling", "--assume-h100-mfu", "0"], "--assume-h100-mfu must be > 0"),
