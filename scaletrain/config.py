@@ -301,6 +301,10 @@ class TrackingConfig:
         return list(dict.fromkeys(names))
 
 
+_FOUND_VALID: dict[str, None] = {}   # repr of each configuration found valid, oldest first
+_REMEMBERED = 64
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "the model"})
@@ -355,7 +359,19 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Checks every field against the values it admits (declared beside it), then the few
-        rules that tie fields together. Raises ConfigError naming the key and what it admits."""
+        rules that tie fields together, then the files it names. Raises ConfigError naming the key
+        and what it admits. Values already found valid in this process are not checked again
+        (the CLI, the run's start, build_training and the Trainer each accept a configuration
+        from their callers); the files are, as they can come and go."""
+        values = repr(self)
+        if values not in _FOUND_VALID:
+            self._check_values()
+            _FOUND_VALID[values] = None
+            while len(_FOUND_VALID) > _REMEMBERED:
+                del _FOUND_VALID[next(iter(_FOUND_VALID))]
+        self._check_files()
+
+    def _check_values(self) -> None:
         for key, check, value in _checked_fields(self):
             problem = check.problem(value)
             if problem:
@@ -366,6 +382,8 @@ class TrainConfig:
         problem = _table_problem(self.distributed, self)
         if problem:
             raise ConfigError(problem)
+
+    def _check_files(self) -> None:
         if self.model.init_from is not None and not Path(self.model.init_from).is_file():
             raise ConfigError(f"--init-from {self.model.init_from}: no such file; pass the model.pt of a run "
                               "(in its run folder)")

@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from scaletrain.config import FLAG_ALIASES, FLAG_NAMES, TrainConfig, field_docs, from_mapping, load_toml
 from scaletrain.lifecycle.resume import merge_mappings
-from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, ConfigError
+from scaletrain.errors import ConfigError
 
 DEFAULT_RECIPE = "mnist1d-cnn"
 TOP_LEVEL_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
@@ -211,13 +211,11 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = config_from_args(args)        # checked before torch is imported: a typo answers at once
     from scaletrain.distributed import dist_env
     from scaletrain.distributed.cluster import cluster_from_env, cluster_problem
-    from scaletrain.distributed.launch import inside_worker, launch_from_config
+    from scaletrain.distributed.launch import inside_worker
     from scaletrain.distributed.strategies.registry import strategy_class
     from scaletrain.experiments.pruning import trial_pruning_from_env
-    from scaletrain.lifecycle import plan_run, resume_config, resume_source
-    from scaletrain.runner import run_training
-    from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
-    from scaletrain.tracking.loggers import check_trackers
+    from scaletrain.lifecycle.start import settle_config
+    from scaletrain.runner import launch_training, run_training
     spec = cluster_from_env()
     if spec is not None and spec.is_evaluator:
         # The cluster's evaluator task evaluates the job's checkpoints beside it (seed 002).
@@ -238,36 +236,14 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         if issubclass(strategy_class(cfg.distributed, cfg.distributed.nproc), Serving):
             raise ConfigError(f"--strategy {cfg.distributed.strategy}: its servers build the optimizer from the "
                               f"config, not from {cfg.model.name}'s configure_optimizers; use ddp, zero1 or fsdp")
-    # A cloud job's folders fill what the config leaves unset, here as in every worker (train.py).
-    folders = job_folders()
-    apply_job_folders(cfg, folders)
-    check_trackers(cfg.tracking.logger_names())
-    env = dist_env()
-    source = resume_source(cfg, env)
-    if source is not None and source.config() is not None:
-        # A resume continues the run with its own saved configuration; flags change only what may
-        # change mid-run (lifecycle/resume.py).
-        cfg = resume_config(source.config(), given_overrides(args), str(source))
-        cfg.run_dir = str(source.path)
-        apply_job_folders(cfg, folders)
-        cfg.validate()
-    if cfg.distributed.nproc > 1 and not inside_worker():
-        from scaletrain.lifecycle import make_checkpointer
-        from scaletrain.training.preflight import preflight
-        plan = plan_run(cfg, env)
-        # Everything the workers would refuse, refused here in one line before any of them starts.
-        layout = preflight(cfg, cfg.distributed.nproc * (spec.world_size if spec else 1),
-                           make_checkpointer(plan, cfg, env))
-        code = launch_from_config(cfg, layout, list(argv), str(plan.folder.path), plan.run_id)
-        if code != 0:
-            from scaletrain.lifecycle.run import record_job_end
-            stopped = code in (INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE)
-            record_job_end(plan, cfg, "interrupted" if stopped else "failed",
-                           None if stopped else f"a worker failed with exit code {code}")
-        return code
+    # A cloud job's folders applied and a resume's saved configuration adopted, here as in every
+    # worker: the launcher refuses in one line what its workers would.
+    request = settle_config(cfg, dist_env(), flags=given_overrides(args))
+    if request.config.distributed.nproc > 1 and not inside_worker():
+        return launch_training(request, argv, hosts=spec.world_size if spec else 1)
     # A trial of `scaletrain tune` reports each epoch's metric to its study, which may prune it.
     pruning = trial_pruning_from_env()
-    run_training(cfg, callbacks=[pruning] if pruning is not None else [])
+    run_training(request, callbacks=[pruning] if pruning is not None else [])
     # Free the trainer's reference cycles (DDP's reducer holds the last collectives' work objects)
     # while the interpreter is fully alive: destroying gloo work during interpreter finalization
     # can abort the process at exit (pytorch/pytorch#179291 describes the mechanism).

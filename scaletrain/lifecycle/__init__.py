@@ -1,6 +1,6 @@
 """A training run's lifecycle: its folder, id, lock, saved config, resume decision and status.
 
-One owner (`Run`, built by `open_run`) for everything a run writes, so a new training never
+One owner (`Run`, started by `start_run`) for everything a run writes, so a new training never
 reuses an old run's id, metrics or checkpoints, two trainings never share a folder, and a resume
 continues exactly the run it names with the configuration that run was started with.
 """
@@ -16,7 +16,9 @@ _EXPORTS = {
     "resume_source": "scaletrain.lifecycle.run",
     "run_name": "scaletrain.lifecycle.run",
     "FolderLock": "scaletrain.lifecycle.lock",
-    "Run": "scaletrain.lifecycle.run",
+    "Run": "scaletrain.lifecycle.start",
+    "RunRequest": "scaletrain.lifecycle.start",
+    "TakenFolder": "scaletrain.lifecycle.run",
     "RunFolder": "scaletrain.lifecycle.folder",
     "RunFolderBusy": "scaletrain.lifecycle.lock",
     "RunPlan": "scaletrain.lifecycle.run",
@@ -24,15 +26,17 @@ _EXPORTS = {
     "check_writable_dir": "scaletrain.lifecycle.paths",
     "check_writable_file": "scaletrain.lifecycle.paths",
     "locked_differences": "scaletrain.lifecycle.resume",
-    "open_run": "scaletrain.lifecycle.run",
     "plan_run": "scaletrain.lifecycle.run",
     "resume_config": "scaletrain.lifecycle.resume",
+    "settle_config": "scaletrain.lifecycle.start",
+    "start_run": "scaletrain.lifecycle.start",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.lifecycle.run import RUNS_ROOT, checkpoint_store, make_checkpointer, resume_source, run_name, Run, RunPlan, open_run, plan_run
+    from scaletrain.lifecycle.run import RUNS_ROOT, checkpoint_store, make_checkpointer, resume_source, run_name, RunPlan, TakenFolder, plan_run
+    from scaletrain.lifecycle.start import Run, RunRequest, settle_config, start_run
     from scaletrain.lifecycle.lock import FolderLock, RunFolderBusy
     from scaletrain.lifecycle.folder import RunFolder
     from scaletrain.lifecycle.paths import check_new_output_dir, check_writable_dir, check_writable_file

@@ -1,5 +1,7 @@
-"""One owner of a run: `plan_run` decides (reading only) which folder a training uses and whether it
-starts, resumes or overwrites a run there; `open_run` takes the folder (lock, id, saved config).
+"""A run's folder: `plan_run` decides (reading only) which folder a training uses and whether it
+starts, resumes or overwrites a run there; `TakenFolder` takes it (lock, id, saved config) and
+records how the run ended. The run itself, which tells its folder, the store and the trackers,
+is `start.py`'s `Run`.
 
 The rules, in order:
 - a torchrun restart continues the folder of the attempt before it (found by its launch identity:
@@ -169,8 +171,8 @@ def plan_run(cfg: TrainConfig, env) -> RunPlan:
                     "or pass another --run-dir")
 
 
-class Run:
-    """A run taken: its folder (locked), id, configuration and checkpoints, and how it ends."""
+class TakenFolder:
+    """A run's folder, taken: locked, with the run's id and configuration, and how the run ended."""
 
     def __init__(self, plan: RunPlan, cfg: TrainConfig, env):
         self.folder, self.mode, self.run_id, self.config = plan.folder, plan.mode, plan.run_id, cfg
@@ -247,7 +249,3 @@ def make_checkpointer(plan: RunPlan, cfg: TrainConfig, env) -> Checkpointer | No
         return None
     return Checkpointer(checkpoint_store(cfg, plan.folder), every=cfg.checkpoint.every, resume=resume,
                         background=cfg.checkpoint.async_save)
-
-
-def open_run(plan: RunPlan, cfg: TrainConfig, env) -> Run:
-    return Run(plan, cfg, env)

@@ -1,0 +1,256 @@
+"""One owner of a run, from its configuration to how it ended.
+
+    settle_config   a cloud job's folders applied, a resumed run's saved configuration adopted, the
+                    model's own optimizer written in, every value checked: once, before any
+                    worker starts (the launcher settles what its workers will settle again)
+    start_run       the chief plans the folder and every rank adopts its plan; the data the run
+                    trains on is read and its target checked (a refusal costs no folder); the
+                    folder is taken, the store record and the trackers opened; the run hands out
+                    its checkpointer and callbacks
+    Run.finish      the summary and the model written, then the store, the trackers and the
+                    folder told, each once
+    Run.fail        every party not yet told hears how the run ended, once
+
+The runner reads start -> build -> fit -> finish; whatever raises in between ends the run
+through `with run:`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from scaletrain.callbacks import (AllocatorRetries, EarlyStopping, MetricsLog, ProgressBar, StopAtTarget, Throughput,
+                                  TotalTime)
+from scaletrain.checkpoint.store import write_atomically
+from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, to_mapping
+from scaletrain.data import load_dataset
+from scaletrain.errors import UserError
+from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
+from scaletrain.lifecycle.resume import resume_config
+from scaletrain.lifecycle.run import (RunPlan, TakenFolder, make_checkpointer, plan_run, resume_source, run_name)
+from scaletrain.lifecycle.folder import RunFolder
+from scaletrain.optim.schedules import replica_lr_scale
+from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
+from scaletrain.tracking.loggers import build_trackers, check_trackers
+from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
+from scaletrain.tracking.tracked_run import TrackedRun, ending_status
+from scaletrain.training.build import task_for
+from scaletrain.training.preflight import settle_model_optimizer
+
+
+@dataclass(slots=True)
+class RunRequest:
+    """A configuration settled for one run (see `settle_config`), and the cloud job's folders in
+    effect (the summary names them; the finished model is delivered to one)."""
+    config: TrainConfig
+    folders: JobFolders
+
+
+def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunRequest:
+    """The configuration a run trains with, checked once. `flags`: what the command line named
+    (the CLI's), for a resume to continue the run with its saved configuration, changing only what
+    may change mid-run (resume.py); the Python API's configuration is taken whole."""
+    folders = apply_job_folders(cfg, job_folders())
+    if flags is not None:
+        source = resume_source(cfg, env)
+        if source is not None and source.config() is not None:
+            cfg = resume_config(source.config(), flags, str(source))
+            cfg.run_dir = str(source.path)
+            folders = apply_job_folders(cfg, job_folders())
+    cfg.validate()
+    check_trackers(cfg.tracking.logger_names())
+    settle_model_optimizer(cfg)   # a LightningModule's own optimizer, in the config the run records
+    return RunRequest(cfg, folders)
+
+
+def agree_on_plan(cfg: TrainConfig, env, strategy) -> tuple[RunPlan, TrainConfig]:
+    """The chief plans the run (folder, mode, id) and every rank adopts its plan and config, so
+    ranks on other hosts, which do not see the run folder, continue the same run."""
+    if strategy.is_chief:
+        try:
+            plan = plan_run(cfg, env)
+            message = {"folder": str(plan.folder.path), "mode": plan.mode, "run_id": plan.run_id,
+                       "config": to_mapping(cfg)}
+        except UserError as exc:
+            strategy.broadcast_object({"error": str(exc)})
+            raise
+        strategy.broadcast_object(message)
+        return plan, cfg
+    message = strategy.broadcast_object(None)
+    if "error" in message:
+        raise UserError(message["error"])
+    return (RunPlan(RunFolder(message["folder"]), message["mode"], message["run_id"]),
+            from_mapping(TrainConfig, message["config"]))
+
+
+def start_run(request: RunRequest, env, strategy, console: Console, extra_callbacks=()) -> "Run":
+    """Every rank's run, started (see the module doc). `extra_callbacks`: a caller's own (a tuner's
+    pruning), last, so an epoch is recorded before one of them stops the run."""
+    wall_start = time.perf_counter()
+    plan, cfg = agree_on_plan(request.config, env, strategy)
+    dataset = load_dataset(cfg.data, seed=cfg.seed)
+    task = task_for(cfg, dataset)
+    metric = task.check_metric(cfg.target_metric) if cfg.target is not None else None
+    return Run(plan, cfg, env, strategy, request.folders, dataset, task, metric, console, list(extra_callbacks),
+               wall_start)
+
+
+class Run:
+    """A started run on one rank. The chief holds the parties that record it (its folder, its store
+    record, the external trackers); every rank holds its configuration, data, task, checkpointer
+    and callbacks. `with run:` ends it through `fail` if anything raises."""
+
+    def __init__(self, plan: RunPlan, cfg: TrainConfig, env, strategy, folders: JobFolders, dataset, task,
+                 metric: str | None, console: Console, extra_callbacks: list, wall_start: float):
+        self.plan, self.config, self.env, self.strategy, self.folders = plan, cfg, env, strategy, folders
+        self.dataset, self.task, self.console, self.wall_start = dataset, task, console, wall_start
+        self.run_id, self.path = plan.run_id, plan.folder.path
+        # A resumed run that had finished: known before training marks it running again.
+        self.previous_status = plan.folder.status if strategy.is_chief and plan.mode == "resume" else None
+        self._parties: dict = {}    # who records the run, each told once how it ended
+        self.tracked: TrackedRun | None = None
+        try:
+            self.callbacks = self._callbacks(metric, extra_callbacks)
+            self.checkpointer = make_checkpointer(plan, cfg, env)
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+
+    @property
+    def is_chief(self) -> bool:
+        return self.strategy.is_chief
+
+    def _callbacks(self, metric: str | None, extra: list) -> list:
+        cfg, console = self.config, self.console
+        # Measuring and stopping callbacks run on every rank (a stop must be taken by all of them,
+        # and the metrics they read are already reduced); recording ones only on the chief.
+        callbacks = [Throughput(console, verbose=False), TotalTime(console, verbose=False)]
+        if metric is not None:
+            callbacks.append(StopAtTarget(cfg.target, cfg.patience, f"val_{metric}", self.task.metrics[metric],
+                                          console=console))
+        if cfg.early_stopping_patience is not None:
+            callbacks.append(EarlyStopping(patience=cfg.early_stopping_patience))
+        if self.is_chief:
+            folder = self._parties["folder"] = TakenFolder(self.plan, cfg, self.env)
+            callbacks.append(folder)
+            if cfg.tracking.record:
+                tracked = self._parties["tracked"] = self.tracked = TrackedRun(
+                    cfg, self.path, self.run_id, run_name(cfg), self.wall_start, self.strategy.device,
+                    resumed=folder.resumed)
+                callbacks += [tracked, tracked.recorder]
+            callbacks.append(MetricsLog(self.path / f"metrics.{cfg.metrics_format}", cfg.metrics_format))
+            if cfg.progress:
+                callbacks.append(ProgressBar(console))
+            callbacks.append(AllocatorRetries(console))   # silent where there is no CUDA allocator
+            if cfg.tracking.logger_names():
+                callbacks.append(self._external_logging(folder.resumed))
+        return callbacks + extra
+
+    def _external_logging(self, resumed: bool) -> ExternalLogging:
+        cfg = self.config
+        info = RunInfo(run_id=self.run_id, name=run_name(cfg), run_dir=self.path, group=cfg.tracking.group,
+                       params=flatten_mapping(to_mapping(cfg)),
+                       tags={"run_id": self.run_id, "precision": cfg.precision.policy, "model": cfg.model.name,
+                             "data": cfg.data.name},
+                       resumed=resumed,
+                       log_dir=Path(self.folders.tensorboard_dir) if self.folders.tensorboard_dir else None)
+        trackers = self._parties["trackers"] = ExternalLogging(build_trackers(cfg.tracking.logger_names()), info)
+        return trackers
+
+    def announce(self, trainer) -> None:
+        """The run's opening lines, and the environment its store record will hold."""
+        cfg, console, strategy = self.config, self.console, self.strategy
+        if self.tracked is not None:
+            self.tracked.describe(trainer.device, device_name(trainer.device), strategy.world_size)
+        dataset = self.dataset
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        console.print(f"scaletrain: {cfg.model.name} ({n_params / 1e6:.2f}M params) on {dataset.name} "
+                      f"({len(dataset.train)} train / {len(dataset.val) if dataset.val is not None else 0} val / "
+                      f"{len(dataset.test)} test, {trainer.task.name}), {cfg.precision.policy} on "
+                      f"{trainer.device}, strategy {strategy.name}, {self.plan.describe()} {self.run_id} in "
+                      f"{self.plan.folder}", soft_wrap=True)
+        console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
+        if strategy.describe():
+            console.print(f"layout: {strategy.describe()}", soft_wrap=True)
+        for advice in trainer.advice:
+            console.print(f"note: {advice}", soft_wrap=True)
+        replicas = strategy.layout.replicas
+        scale = replica_lr_scale(cfg.optim.lr_scaling, replicas)
+        if scale != 1.0:
+            console.print(f"lr: {cfg.optim.lr:g} x {scale:g} ({cfg.optim.lr_scaling} scaling for {replicas} "
+                          f"replicas) = {cfg.optim.lr * scale:g}, reached after "
+                          f"{cfg.optim.lr_scaling_warmup_epochs:g} epoch(s) of warm-up", soft_wrap=True)
+        if self.env.restart_count:
+            console.print(f"torchrun restart {self.env.restart_count}: resuming from the newest complete checkpoint")
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is not None:
+            self.fail(exc)
+        return False
+
+    def finish(self, trainer) -> RunSummary:
+        """The run's summary, its results written (chief) and every party told it finished. A
+        collective where parameters are sharded: every rank calls it."""
+        cfg, console = self.config, self.console
+        summary = build_summary(trainer, cfg, wall_time_s=time.perf_counter() - self.wall_start, run_dir=self.path,
+                                restarts=self.env.restart_count)
+        summary.run_id = self.run_id
+        summary.job_folders = self.folders.describe() or None
+        if self.previous_status == "finished" and trainer.global_step == trainer.resumed_at_step:
+            # Nothing was trained: the finished run's results stay exactly as they were.
+            why = ("it had stopped at its target or by early stopping" if trainer.stop_training
+                   else "raise --epochs to continue it")
+            console.print(f"run {self.run_id} had already finished; nothing left to train ({why})")
+            self._tell_finished(None)
+            return summary
+        # Collective where parameters are sharded: every rank takes part, the chief writes.
+        weights = self.strategy.full_state_dict(trainer.model) if cfg.save_model else None
+        if self.is_chief:
+            self._write_results(summary, weights)
+            deliver_model(self.folders, self.path)
+            self._tell_finished(summary)
+            print_summary(summary, console)
+        return summary
+
+    def _tell_finished(self, summary: RunSummary | None) -> None:
+        """summary None: nothing was trained, the stored summary stays as it was."""
+        if (tracked := self._parties.pop("tracked", None)) is not None:
+            tracked.finish(asdict(summary) if summary is not None else None)
+        if (trackers := self._parties.pop("trackers", None)) is not None:
+            if summary is None:
+                trackers.finish("finished")
+            else:
+                trackers.finish("finished", asdict(summary), [self.path / "config.json", self.path / "summary.json"])
+        if (folder := self._parties.pop("folder", None)) is not None:
+            folder.finish()
+
+    def fail(self, exc: BaseException) -> None:
+        """Tells every party not yet told how the run ended (failed, interrupted, pruned)."""
+        status = ending_status(exc)
+        if (trackers := self._parties.pop("trackers", None)) is not None:
+            trackers.finish(status)
+        if (tracked := self._parties.pop("tracked", None)) is not None:
+            tracked.fail(exc)
+        if (folder := self._parties.pop("folder", None)) is not None:
+            folder.fail(status)
+
+    def _write_results(self, summary: RunSummary, weights) -> None:
+        """The model first (the costly result), then the summaries; each file appears whole or not at all."""
+        cfg, folder = self.config, self.path
+        if cfg.save_model:
+            # The bare module's weights: no DDP `module.` prefix, loads without a process group.
+            tmp = folder / ".model.pt.tmp"
+            torch.save(weights, tmp)
+            tmp.replace(folder / "model.pt")
+        write_atomically(folder / "summary.json", summary.to_json())
+        if cfg.summary_json:
+            Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(Path(cfg.summary_json), summary.to_json())
