@@ -46,8 +46,8 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     # each) is built and checked, and each name checked on its own below.
     values = vars(args)
     named = values.get("distributed.strategy")
-    if named in STRATEGIES and STRATEGIES[named].traffic == "pipeline":
-        return _plan_pipeline(config_from_args(args), args)     # a row per stage of one replica
+    if named in STRATEGIES and STRATEGIES[named].memory_plan == "stage":
+        return _plan_stages(config_from_args(args), args)     # a row per stage of one replica
     strategy_list, precision_list = values.pop("distributed.strategy", "auto"), values.pop("precision.policy", None)
     strategies = _choices(strategy_list, PLAN_STRATEGIES)
     cfg = _config_for_any(args, [name for name in strategies if name in PLAN_STRATEGIES])
@@ -55,7 +55,7 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     for name in strategies:
         if name not in PLAN_STRATEGIES:
             raise ConfigError(f"unknown strategy '{name}' for plan-memory; choose from: {', '.join(PLAN_STRATEGIES)}, "
-                              "or pipeline (alone: a row per stage)")
+                              f"or {', '.join(n for n, c in STRATEGIES.items() if c.memory_plan == 'stage')} (alone: a row per stage)")
     for name in precisions:
         get_policy(name)
     memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory is not None else None
@@ -127,7 +127,7 @@ def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
                       "host column), so the device holds the gathered parameters and the activations", soft_wrap=True)
 
 
-def _plan_pipeline(cfg, args: argparse.Namespace) -> int:
+def _plan_stages(cfg, args: argparse.Namespace) -> int:
     """A row per stage of one replica (memory/pipeline_plan.py)."""
     from scaletrain.data.registry import sample_and_example
     from scaletrain.memory.planner import PlanRequest

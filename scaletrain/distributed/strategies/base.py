@@ -42,10 +42,12 @@ class Strategy(ABC):
     replicated_gradients = True
     # a forward pass runs collectives (parameters gathered), so every rank runs as many forwards.
     forward_communicates = False
-    # Whether `plan-memory` offers it (one device's layout is ddp's with --devices 1), and the ZeRO
-    # stage of its sharding (0: replicated ... 3: parameters, gradients and optimizer state), the
-    # order plan-memory lists them in.
-    plannable = True
+    # How `plan-memory` lays out its memory: "device" (one row per device layout, compared side by
+    # side with the other such strategies; one device's layout is ddp's with --devices 1), "stage"
+    # (a row per pipeline stage of one replica, alone), or None (not planned); and the ZeRO stage
+    # of its sharding (0: replicated ... 3: parameters, gradients and optimizer state), the order
+    # plan-memory lists the device rows in.
+    memory_plan: str | None = "device"
     zero_stage = 0
     # What crosses the links each step, the pattern `scaletrain scaling` models: "all-reduce" of the
     # gradients, "sharded" (reduce-scatter and all-gather), "pipeline" (activations between

@@ -100,7 +100,7 @@ def apply_tensor_parallel(model: nn.Module, mesh, block_classes=()) -> int:
 class ModelParallelStrategy(ProcessGroupStrategy):
     replicated_gradients = False   # stages hold different gradients: fp16 overflow flags are agreed
     forward_communicates = True    # activations flow between stages; tensor-parallel forwards all-reduce
-    plannable = False
+    memory_plan = None
 
     def __init__(self, config, env, layout=None):
         super().__init__(config, env, layout)
@@ -304,6 +304,7 @@ class ModelParallelStrategy(ProcessGroupStrategy):
 class PipelineStrategy(ModelParallelStrategy):
     """--strategy pipeline --stages P [--tensor-parallel T]."""
     traffic = "pipeline"
+    memory_plan = "stage"
 
 
 @register_strategy("tensor")

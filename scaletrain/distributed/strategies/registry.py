@@ -13,8 +13,8 @@ from scaletrain.distributed.strategies.base import STRATEGIES, Strategy
 
 
 def plannable_strategies() -> tuple[str, ...]:
-    """The strategies `plan-memory` can lay out."""
-    return tuple(sorted((name for name, cls in STRATEGIES.items() if cls.plannable),
+    """The strategies `plan-memory` lays out device by device (and compares side by side)."""
+    return tuple(sorted((name for name, cls in STRATEGIES.items() if cls.memory_plan == "device"),
                         key=lambda name: STRATEGIES[name].zero_stage))
 
 

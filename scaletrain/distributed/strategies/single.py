@@ -23,7 +23,7 @@ def resolve_device(name: str) -> torch.device:
 @register_strategy("single")
 class SingleDevice(Strategy):
     traffic = "none"
-    plannable = False   # plan one device as ddp with --devices 1
+    memory_plan = None   # plan one device as ddp with --devices 1
 
     @classmethod
     def layout_problem(cls, layout, config) -> str | None:

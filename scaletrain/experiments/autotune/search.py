@@ -259,7 +259,7 @@ class AutoTuner:
             micro = cfg.batch_size // cfg.optim.grad_accum_steps
             strategy = strategy_class(cfg.distributed, nproc)
             # One process per candidate plans as ddp on one device (plan-memory's rule).
-            plan_as = strategy.name if strategy.plannable else "ddp"
+            plan_as = strategy.name if strategy.memory_plan == "device" else "ddp"
             key = (cfg.precision.policy, cfg.memory.activation_checkpointing)
             if key not in planners:
                 planners[key] = Planner(PlanRequest(

@@ -90,7 +90,7 @@ class ServedOptimizer(torch.optim.Optimizer):
 @register_strategy("ps")
 class ParameterServerStrategy(ProcessGroupStrategy):
     traffic = "parameter-server"
-    plannable = False
+    memory_plan = None
 
     def __init__(self, config, env, layout=None):
         super().__init__(config, env, layout)
