@@ -35,8 +35,39 @@ def test_slurm_host_lists_and_task_counts_expand_as_scontrol_does():
     assert expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
     assert expand_hostlist("rack[1-2]-n[1-2]") == ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
     assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-    with pytest.raises(ValueError, match="not numbers"):
+    with pytest.raises(ValueError, match="not ascending numbers"):
         expand_hostlist("n[a-b]")
+
+
+_STEP = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+_TF_BAD = {
+    "two chiefs": {"cluster": {"chief": ["a:1", "b:2"], "worker": ["c:3"]}, "task": {"type": "chief", "index": 0}},
+    "one address twice": {"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}},
+}
+
+
+@pytest.mark.parametrize("environ, named", [
+    ({**_STEP, "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID='abc' is not a whole number"),
+    ({**_STEP, "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_LOCALID": "7"}, "SLURM_LOCALID 7"),
+    ({**_STEP, "SLURM_STEP_NODELIST": "node[01-"}, "'node[01-' leaves a bracket open"),
+    ({**_STEP, "SLURM_STEP_NODELIST": "n[0-999999999]"}, "more hosts than the step has tasks"),
+    ({"LOCAL_WORLD_SIZE": "abc"}, "LOCAL_WORLD_SIZE='abc'"),
+    ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK 3"),
+    ({"TF_CONFIG": json.dumps(_TF_BAD["two chiefs"])}, "TF_CONFIG lists 2 chief tasks"),
+    ({"TF_CONFIG": json.dumps(_TF_BAD["one address twice"])}, "TF_CONFIG lists address 'a:1' twice"),
+    ({"SM_MODEL_DIR": "/etc/hostname"}, "SM_MODEL_DIR /etc/hostname is a file"),
+    ({"AIP_MODEL_DIR": "/proc/nope/model"}, "AIP_MODEL_DIR /proc/nope/model cannot be written (creating /proc/nope"),
+], ids=["slurm-job-id", "slurm-localid", "unclosed-bracket", "huge-range", "local-world-size", "rank-past-world",
+        "tf-two-chiefs", "tf-address-twice", "model-dir-a-file", "model-dir-unwritable"])
+def test_every_launch_variable_is_read_strictly_before_anything_trains(tmp_path, environ, named):
+    """Each convention's variables as Slurm, torchrun, TensorFlow and the cloud services define
+    them: anything else is one line naming the variable, exit 2, before a run folder exists (a
+    model folder found unwritable only after training is the defect this replaces)."""
+    proc = run(["train", *QUICK, "--run-dir", tmp_path / "run"], tmp_path, timeout=60, **environ)
+    assert proc.returncode == 2, proc.stderr
+    assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_slurm_step_lays_its_tasks_node_by_node():

@@ -101,6 +101,14 @@ def parse_cluster_spec(text: str, source: str = ENV_VAR) -> ClusterSpec:
         addresses.extend(hosts)
     if not addresses:
         raise _fail("lists no tasks in cluster.worker")
+    for role in ("chief", *SIDE_ROLES):     # TensorFlow's rule: at most one of each
+        if len(cluster.get(role, [])) > 1:
+            raise _fail(f"lists {len(cluster[role])} {role} tasks; a cluster has at most one {role}")
+    seen: set[str] = set()
+    for address in addresses + [h for role in SIDE_ROLES for h in cluster.get(role, [])]:
+        if address in seen:
+            raise _fail(f"lists address '{address}' twice; each task listens on its own host:port")
+        seen.add(address)
     for address in addresses:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -159,49 +167,88 @@ def slurm_step(environ=os.environ) -> ClusterSpec | None:
     source = "Slurm's job step (" + ", ".join(SLURM_STEP_VARS) + ")"
     if missing:
         raise ConfigError(f"{source}: {', '.join(missing)} not set; start each task with srun")
+    def number(name: str, default: str | None = None) -> int:
+        text = environ.get(name, default)
+        if not text.isdigit():
+            raise ConfigError(f"{name}={text!r} is not a whole number (Slurm sets it to one); unset it, or start "
+                              "each task with srun")
+        return int(text)
+
+    tasks, rank, local_rank = number("SLURM_STEP_NUM_TASKS"), number("SLURM_PROCID"), number("SLURM_LOCALID", "0")
+    job_id = number("SLURM_JOB_ID", "0")
     try:
-        tasks, rank = int(environ["SLURM_STEP_NUM_TASKS"]), int(environ["SLURM_PROCID"])
-        local_rank = int(environ.get("SLURM_LOCALID", "0"))
-        nodes = expand_hostlist(environ["SLURM_STEP_NODELIST"])
         per_node = expand_tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
+        # No more host names than the step has tasks: a malformed or hostile range such as
+        # node[0-999999999] stops at that count, not after a billion names.
+        nodes = expand_hostlist(environ["SLURM_STEP_NODELIST"], limit=max(tasks, 1))
     except ValueError as exc:
         raise ConfigError(f"{source} cannot be read: {exc}") from None
     if tasks <= 1:
         return None
     if len(per_node) != len(nodes) or sum(per_node) != tasks or not 0 <= rank < tasks:
         raise ConfigError(f"{source} disagree: {tasks} task(s), rank {rank}, nodes {nodes}, tasks per node {per_node}")
-    port = environ.get("MASTER_PORT") or str(15000 + int(environ.get("SLURM_JOB_ID", "0") or 0) % 20000)
+    node_of_rank = [i for i, count in enumerate(per_node) for _ in range(count)]
+    if local_rank >= per_node[node_of_rank[rank]]:
+        raise ConfigError(f"SLURM_LOCALID {local_rank} is not below the {per_node[node_of_rank[rank]]} task(s) of "
+                          f"rank {rank}'s node ({source})")
+    port = environ.get("MASTER_PORT") or str(15000 + job_id % 20000)
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"MASTER_PORT {port!r} is not a port number (1-65535)")
     addresses = tuple(f"{node}:{port}" for node, count in zip(nodes, per_node) for _ in range(count))
-    node_of_rank = [i for i, count in enumerate(per_node) for _ in range(count)]
     return ClusterSpec(addresses=addresses, rank=rank, source=source, local_rank=local_rank,
                        local_world_size=per_node[node_of_rank[rank]])
 
 
-def expand_hostlist(text: str) -> list[str]:
+HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9])?")   # RFC 1123 labels, dotted
+
+
+def expand_hostlist(text: str, limit: int = 65536) -> list[str]:
     """Slurm's compact host list, e.g. "gpu[01-03,07],login" -> gpu01 gpu02 gpu03 gpu07 login
-    (zero padding kept; what `scontrol show hostnames` prints)."""
+    (zero padding kept; what `scontrol show hostnames` prints), read strictly: brackets closed,
+    ranges ascending numbers, names of letters, digits, dots and hyphens, at most `limit` names
+    (the work is bounded by the text and the limit, never by the numbers in a range)."""
     hosts: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
-        hosts.extend(_expand_host(item))
-    if not hosts:
-        raise ValueError(f"host list {text!r} names no host")
+    depth, start = 0, 0
+    items = []
+    for i, char in enumerate(text + ","):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"host list {text!r} nests brackets")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"host list {text!r} closes a bracket it did not open")
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"host list {text!r} leaves a bracket open")
+    for item in items:
+        if not item:
+            raise ValueError(f"host list {text!r} has an empty name")
+        hosts.extend(_expand_host(item, text, limit - len(hosts)))
     return hosts
 
 
-def _expand_host(item: str) -> list[str]:
+def _expand_host(item: str, text: str, room: int) -> list[str]:
     match = re.match(r"([^\[]*)\[([^\]]*)\](.*)$", item)
     if not match:
+        if not HOST_NAME.fullmatch(item):
+            raise ValueError(f"host list {text!r} names {item!r}, not a host name")
+        if room < 1:
+            raise ValueError(f"host list {text!r} names more hosts than the step has tasks")
         return [item]
     prefix, ranges, rest = match.groups()
-    out = []
+    out: list[str] = []
     for part in ranges.split(","):
         low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise ValueError(f"host range [{ranges}] is not numbers")
+        if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
+            raise ValueError(f"host range [{ranges}] is not ascending numbers (e.g. [01-04,07])")
         for number in range(int(low), int(high or low) + 1):
-            out.extend(prefix + str(number).zfill(len(low)) + tail for tail in _expand_host(rest))
+            if len(out) >= room:
+                raise ValueError(f"host list {text!r} names more hosts than the step has tasks")
+            out.extend(_expand_host(prefix + str(number).zfill(len(low)) + rest, text, room - len(out)))
     return out
 
 

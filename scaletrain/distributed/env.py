@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from scaletrain.distributed.cluster import cluster_from_env
+from scaletrain.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,19 +27,44 @@ class DistEnv:
 
 
 
+def env_int(name: str, default: int, low: int = 0, environ=None, set_by: str = "torchrun") -> int:
+    """The whole number in environment variable `name` (`default` when unset), at least `low`:
+    anything else is one line naming the variable, before any work (int() would raise a
+    traceback, or an empty value be read as 0)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(name)
+    if text is None:
+        return default
+    if not text.strip().isdigit() or int(text) < low:
+        raise ConfigError(f"{name}={text!r} is not a whole number >= {low} ({name} is set by {set_by}); "
+                          f"unset it, or set it as {set_by} does")
+    return int(text)
+
+
 def dist_env(environ=None) -> DistEnv:
-    """Reads torchrun's variables; a cluster spec (SCALETRAIN_CLUSTER, TF_CONFIG, a Slurm step) fills
-    them in when torchrun did not."""
+    """Reads torchrun's variables, strictly (each one checked, and their agreement); a cluster spec
+    (SCALETRAIN_CLUSTER, TF_CONFIG, a Slurm step) fills them in when torchrun did not."""
     environ = os.environ if environ is None else environ
     if "RANK" not in environ:
         spec = cluster_from_env(environ)
         if spec is not None and not spec.is_evaluator:   # the evaluator is no rank of the job
             environ.update(spec.torch_env())
+    rank, world = env_int("RANK", 0, environ=environ), env_int("WORLD_SIZE", 1, low=1, environ=environ)
+    local_rank = env_int("LOCAL_RANK", 0, environ=environ)
+    local_world = env_int("LOCAL_WORLD_SIZE", world, low=1, environ=environ)
+    if rank >= world or local_rank >= local_world or local_world > world:
+        raise ConfigError(f"torchrun's variables disagree: RANK {rank}, LOCAL_RANK {local_rank}, LOCAL_WORLD_SIZE "
+                          f"{local_world}, WORLD_SIZE {world} (each rank is below its size, and a host holds at "
+                          "most the whole job); start the job with torchrun, or unset them")
+    if "MASTER_PORT" in environ:
+        env_int("MASTER_PORT", 0, low=1, environ=environ)
+        if int(environ["MASTER_PORT"]) > 65535:
+            raise ConfigError(f"MASTER_PORT={environ['MASTER_PORT']!r} is not a port number (1-65535)")
     return DistEnv(
-        rank=int(environ.get("RANK", 0)),
-        local_rank=int(environ.get("LOCAL_RANK", 0)),
-        world_size=int(environ.get("WORLD_SIZE", 1)),
-        restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        restart_count=env_int("TORCHELASTIC_RESTART_COUNT", 0, environ=environ),
         run_id=environ.get("TORCHELASTIC_RUN_ID"),
         under_elastic="TORCHELASTIC_RUN_ID" in environ,
     )

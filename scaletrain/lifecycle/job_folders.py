@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaletrain.errors import ConfigError
+from scaletrain.lifecycle.paths import check_writable_dir
 
 MODEL_VARS = ("SM_MODEL_DIR", "AIP_MODEL_DIR")
 CHECKPOINT_VAR = "AIP_CHECKPOINT_DIR"
@@ -56,6 +57,7 @@ def _local(var: str, value: str, gcs_mount: str) -> str:
 
 
 def job_folders(environ=os.environ, gcs_mount: str = GCS_MOUNT) -> JobFolders:
+    """The job's folders, each one a run writes checked writable now (one line naming the variable)."""
     found: dict[str, str] = {}
     sources: dict[str, str] = {}
     model_var = next((v for v in MODEL_VARS if environ.get(v)), None)
@@ -64,6 +66,9 @@ def job_folders(environ=os.environ, gcs_mount: str = GCS_MOUNT) -> JobFolders:
     for name, var in (("checkpoint_dir", CHECKPOINT_VAR), ("tensorboard_dir", TENSORBOARD_VAR)):
         if environ.get(var):
             found[name], sources[name] = _local(var, environ[var], gcs_mount), var
+    for name in ("model_dir", "tensorboard_dir"):     # written at the end: found unwritable now, not then
+        if name in found:
+            check_writable_dir(found[name], sources[name])
     channels = sorted(v for v in environ if v.startswith(CHANNEL_PREFIX) and environ[v])
     channel = (f"{CHANNEL_PREFIX}TRAINING" if f"{CHANNEL_PREFIX}TRAINING" in channels
                else channels[0] if len(channels) == 1 else None)

@@ -3,7 +3,6 @@ that imports no torch, so the command line and the config see them without impor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from scaletrain.config import _f, register_table
@@ -17,7 +16,8 @@ class HSDPOptions:
 
     def group(self, world: int) -> int:
         """The shard group's size in a job of `world` processes."""
-        return self.shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        from scaletrain.distributed.env import env_int
+        return self.shard_size or env_int("LOCAL_WORLD_SIZE", world, low=1)
 
 
 register_table("hsdp", HSDPOptions, owners=("hsdp",))
