@@ -581,6 +581,12 @@ def load_toml(path: str | Path) -> dict:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:   # TOML is UTF-8 by definition
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
+                          "UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc}); pass a readable TOML "
+                          "file") from None
 
 
 def write_toml(cfg: TrainConfig, path: str | Path) -> Path:

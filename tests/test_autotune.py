@@ -96,6 +96,18 @@ def test_the_planner_discards_what_will_not_fit_before_anything_runs(tmp_path):
     assert not (out / "trials" / "trial-0001").exists()      # nothing else ran
 
 
+def test_a_model_that_raises_while_traced_loses_that_candidate_not_the_search(tmp_path):
+    out = tmp_path / "tuned"
+    done = run(["autotune", "--model", "faulty_models:picky_mlp", "--model-option", "max_batch=300", "--data", "digits",
+                "--batch-size", "512", "--grad-accum-steps", "4", "--steps", "2", "--window-epochs", "2",
+                "--knobs", "grad_accum_steps", "--trials", "1", "--no-progress",
+                "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    discarded = {r["params"]["optim.grad_accum_steps"]: r["why"] for r in _rows(out, "discarded")}
+    assert discarded[1].startswith("the model raised while the planner traced it (ValueError: batches above 300")
+    assert [r["params"]["optim.grad_accum_steps"] for r in _rows(out, "measured")] == [4]
+
+
 def test_under_nproc_the_strategy_is_searched_and_the_model_rules_discard_before_anything_runs(tmp_path):
     out = tmp_path / "tuned"
     # Sync batch norm: the sharding strategies refuse it (their model rule), ddp and zero1 keep it.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +56,11 @@ def test_init_from_refuses_what_does_not_fit_before_any_worker_starts(trained):
     cwd, model_pt = trained
     (cwd / "damaged.pt").write_bytes(model_pt.read_bytes()[:200])
     (cwd / "list.pt").write_bytes(b"")
+    (cwd / "raw.pkl").write_bytes(pickle.dumps({"body.1.weight": [0.0]}, protocol=4))
     torch.save([torch.zeros(2)], cwd / "list.pt")
     cases = [(["--model-option", "hidden=[32]"], "body.1.weight is (64, 64) there, (32, 64) here"),
-             (["--init-from", str(cwd / "damaged.pt")], "cannot be read as saved weights"),
+             (["--init-from", str(cwd / "damaged.pt")], "is not a whole file of torch.save's (cut short"),
+             (["--init-from", str(cwd / "raw.pkl")], "a raw pickle"),    # one line: not torch's warning first
              (["--init-from", str(cwd / "list.pt")], "holds a list, not a model's state dict"),
              (["--init-from", str(cwd / "none.pt")], "--init-from " + str(cwd / "none.pt") + ": no such file")]
     for extra, words in cases:

@@ -206,6 +206,16 @@ def test_a_shaped_links_result_is_shown_measured_beside_predicted(tmp_path, caps
     (tmp_path / "bad.json").write_text(json.dumps({"points": [{"hosts": 2}]}))
     assert main(["scaling", "--measured", str(tmp_path / "bad.json")]) == 2
     assert "is not a benchmarks/shaped_links.py result" in capsys.readouterr().err
+    # Values no measurement takes: one line naming the point and key, never a division by zero
+    # or "nan" printed as a figure.
+    for bad, words in (({"measured_step_s": 0}, "point 2 has measured_step_s 0, not a number > 0"),
+                       ({"hosts": "two"}, "point 2 has hosts 'two'"),
+                       ({"predicted_step_s": float("nan")}, "point 2 has predicted_step_s nan")):
+        result.update(points=[point, {**point, **bad}])
+        (tmp_path / "bad.json").write_text(json.dumps(result))
+        assert main(["scaling", "--measured", str(tmp_path / "bad.json")]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_tensor_parallel_formula_exactly():

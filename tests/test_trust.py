@@ -108,6 +108,34 @@ def test_resume_auto_without_run_dir_never_continues_a_different_configuration(t
     assert f"resuming run {(first / 'run_id').read_text().strip()}" in same.stdout
 
 
+def test_a_run_writes_only_where_it_owns(tmp_path):
+    """Another run's checkpoint folder (inside its run folder, or a shared folder it claimed) is
+    refused before anything trains: saves never mix, keep-K never deletes the other run's, and
+    its --resume auto never continues from foreign weights. A name never places a study elsewhere."""
+    quick = [*DIGITS_MLP, "--epochs", "1", "--no-record", "--checkpoint-every", "20"]
+    first = run(["train", *quick, "--run-dir", "shc"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.stat().st_mtime_ns for p in _checkpoints(tmp_path / "shc")}
+    into = run(["train", *quick, "--run-dir", "cd2", "--checkpoint-dir", "shc/checkpoints"], cwd=tmp_path)
+    line = _one_error_line(into)
+    assert "--checkpoint-dir shc/checkpoints is inside the folder of run" in line
+    assert {p.name: p.stat().st_mtime_ns for p in _checkpoints(tmp_path / "shc")} == before
+    assert not (tmp_path / "cd2").exists()
+    # A shared folder outside every run: the first run to save there owns it.
+    a = run(["train", *quick, "--run-dir", "a", "--checkpoint-dir", "ck"], cwd=tmp_path)
+    assert a.returncode == 0, a.stderr
+    saved = sorted(p.name for p in (tmp_path / "ck").glob("step-*"))
+    b = run(["train", *quick, "--run-dir", "b", "--checkpoint-dir", "ck", "--resume", "auto"], cwd=tmp_path)
+    assert "holds the checkpoints of run" in _one_error_line(b)
+    assert sorted(p.name for p in (tmp_path / "ck").glob("step-*")) == saved and not (tmp_path / "b").exists()
+    again = run(["train", *quick, "--run-dir", "a", "--checkpoint-dir", "ck", "--resume", "auto", "--epochs", "2"],
+                cwd=tmp_path)
+    assert again.returncode == 0, again.stderr   # its own folder: saves and resumes as before
+    study = run(["autotune", "--study-name", "../../escaped", "--trials", "2"], cwd=tmp_path)
+    assert "--study-name '../../escaped' is not a plain name" in _one_error_line(study)
+    assert not (tmp_path.parent / "escaped").exists() and not (tmp_path / "scaletrain-runs").exists()
+
+
 # -- 2. resume from the run's own config ----------------------------------------------------------
 
 def test_resume_continues_with_the_saved_config_and_refuses_fixed_changes(tmp_path):
@@ -246,6 +274,23 @@ def test_crafted_checkpoint_metadata_is_refused_even_with_a_matching_manifest(ch
     line = _one_error_line(result)
     assert "posix.system" in line and "refused" in line
     assert not marker.exists()
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    (tmp_path / "latin1.toml").write_bytes('epochs = 1\n# réglages\n'.encode("latin-1"))
+    result = run_here(["train", "--config", "latin1.toml"], tmp_path)
+    assert "config file latin1.toml is not UTF-8 text" in _one_error_line(result)
+
+
+def test_a_model_too_big_to_build_is_one_line_before_allocating(tmp_path):
+    """Counted on the meta device against the host's available memory, in the launcher (--nproc)
+    and in the training process alike: no allocator traceback, no run folder."""
+    huge = ["train", "--model", "mlp", "--model-option", "hidden=[400000,400000]", "--data", "digits", "--epochs", "1"]
+    for extra in ([], ["--nproc", "2"]):
+        result = run([*huge, *extra, "--run-dir", "big"], cwd=tmp_path, timeout=120)
+        line = _one_error_line(result)
+        assert "hidden=[400000, 400000] holds 596" in line and "available to build it in" in line, line
+        assert not (tmp_path / "big").exists()
 
 
 # -- 5. outputs checked before training; the model written first ----------------------------------

@@ -95,6 +95,8 @@ class Checkpointer:
         strategy = trainer.strategy
         position = trainer.position()
         path = self.store.path_for(position["global_step"])
+        if strategy.is_chief and self.saves == 0:
+            self.store.claim()
         if strategy.is_chief and path.exists():
             # A half-written leftover of a crash at this step, or the same step saved again (the
             # final state after a save at the epoch's last step): un-commit first, then replace.
@@ -162,6 +164,9 @@ class Checkpointer:
         if self.resume is None:
             return None
         if self.resume == "auto":
+            problem = self.store.owner_problem()
+            if problem:
+                raise UserError(problem)
             return self.store.latest_verified()
         path = Path(self.resume)
         if not CheckpointStore.is_complete(path):

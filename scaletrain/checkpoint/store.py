@@ -3,6 +3,10 @@
     <dir>/step-000000120/   torch.distributed.checkpoint files (every rank writes its part)
     <dir>/step-000000120/COMMITTED   written last by the chief: temp file, fsync, rename, fsync dir
 
+owner.json names the run whose checkpoints the folder holds (written before its first save): a
+run saves and resumes only in a folder that is its own or no run's, so two runs pointed at one
+folder never mix, and keep-K never deletes another run's checkpoints.
+
 COMMITTED holds the loop position and a manifest: every file of the checkpoint with its size and
 SHA-256. A folder without COMMITTED (a crash or a kill mid-write) is never read and is cleaned up
 later; one whose files do not match its manifest (truncated, zeroed, deleted, a garbage marker)
@@ -24,6 +28,7 @@ from scaletrain.errors import UserError
 
 MARKER = "COMMITTED"
 PREFIX = "step-"
+OWNER = "owner.json"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -54,9 +59,42 @@ def _sha256(path: Path) -> str:
 
 
 class CheckpointStore:
-    def __init__(self, root: str | Path, keep: int = 3):
+    def __init__(self, root: str | Path, keep: int = 3, owner: str | None = None):
         self.root = Path(root)
         self.keep = keep
+        self.owner = owner     # the run id this store saves for (None: no owner checks)
+
+    def recorded_owner(self) -> str | None:
+        """The run whose checkpoints the folder holds, as owner.json says (None: no run's yet)."""
+        file = self.root / OWNER
+        if not file.is_file():
+            return None
+        try:
+            found = json.loads(file.read_text()).get("run_id")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise UserError(f"{file} is damaged ({exc}); delete it if this folder's checkpoints are no other "
+                            "run's, or pass another --checkpoint-dir") from None
+        return str(found) if found else None
+
+    def owner_problem(self) -> str | None:
+        """Why this run may not save or resume here (one line, with the fix), or None."""
+        found = self.recorded_owner()
+        if self.owner is None or found is None or found == self.owner:
+            return None
+        return (f"checkpoint folder {self.root} holds the checkpoints of run {found}, not of run {self.owner}: a run "
+                "saves and resumes only its own; pass another --checkpoint-dir (or none: the run folder's "
+                "checkpoints/)")
+
+    def claim(self) -> None:
+        """Marks the folder as this run's before its first save (refused if it is another run's)."""
+        if self.owner is None:
+            return
+        problem = self.owner_problem()
+        if problem:
+            raise UserError(problem)
+        if not (self.root / OWNER).is_file():
+            self.root.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.root / OWNER, json.dumps({"run_id": self.owner}) + "\n")
 
     def path_for(self, step: int) -> Path:
         return self.root / f"{PREFIX}{step:09d}"

@@ -7,6 +7,8 @@ that is not a state dict and a model of another shape give the same one-line err
 
 from __future__ import annotations
 
+import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -21,8 +23,13 @@ def read_weights(path: str | Path, flag: str = "the weights file") -> dict[str, 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{flag} {path}: no such file; pass a model.pt written by a run")
+    if not zipfile.is_zipfile(path):   # torch.save's format; a raw pickle is never handed to an unpickler
+        raise UserError(f"{flag} {path} is not a whole file of torch.save's (cut short, a raw pickle, or another "
+                        "format); nothing in it was run: pass a model.pt written by a run")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():   # torch's warnings about the file's protocol: the error below says it
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:   # the restricted unpickler fails on a damaged file in many ways (KeyError, ...)
         detail = (str(exc).splitlines() or [""])[0][:100]
         raise UserError(f"{flag} {path} cannot be read as saved weights ({type(exc).__name__}: {detail}); "

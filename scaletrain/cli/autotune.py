@@ -57,8 +57,9 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
     from scaletrain.experiments.autotune.search import (LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT, OBJECTIVES,
                                                         AutoTuner, AutotuneSettings)
-    from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
+    from scaletrain.lifecycle.paths import check_folder_name, check_writable_dir, check_writable_file
     from scaletrain.memory.units import parse_bytes
+    check_folder_name(args.study_name, "--study-name")
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "autotune" / args.study_name
     check_writable_dir(out, "--out")

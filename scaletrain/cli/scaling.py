@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from scaletrain.console import make_console
@@ -94,6 +95,8 @@ def _measured_table(path: str, as_json: bool) -> int:
     try:
         result = json.loads(file.read_text())
         points = result["points"]
+        if not isinstance(points, list) or not points:
+            raise TypeError
         for point in points:
             missing = [k for k in MEASURED_KEYS if k not in point]
             if missing:
@@ -101,9 +104,14 @@ def _measured_table(path: str, as_json: bool) -> int:
     except OSError as exc:
         raise ConfigError(f"--measured {path}: cannot be read ({exc.strerror}); pass the file "
                           "benchmarks/shaped_links.py --out wrote") from None
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
         raise ConfigError(f"--measured {path} is not a benchmarks/shaped_links.py result (it needs 'points' "
                           f"with {', '.join(MEASURED_KEYS)})") from None
+    for number, point in enumerate(points, 1):
+        problem = _point_problem(point)
+        if problem:
+            raise ConfigError(f"--measured {path}: point {number} {problem}; pass the file benchmarks/shaped_links.py "
+                              "--out wrote")
     if as_json:
         print(json.dumps(points, indent=2))
         return 0
@@ -127,6 +135,26 @@ def _measured_table(path: str, as_json: bool) -> int:
                           f"{worst['predicted_step_s'] / worst['measured_step_s'] - 1:+.0%} ({worst['strategy']}, "
                           f"{worst['hosts']} hosts, {_link_name(worst)})", soft_wrap=True)
     return 0
+
+
+# Each number of a point and the range a measurement can take: (key, smallest, may equal it).
+POINT_NUMBERS = (("bus_bandwidth_Bps", 0, False), ("hop_latency_s", 0, True), ("measured_step_s", 0, False),
+                 ("predicted_step_s", 0, False), ("hosts", 1, True))
+
+
+def _point_problem(point: dict) -> str | None:
+    """Why a point's values cannot be a measurement (a zero step time would divide by zero, a
+    string or NaN print as a figure), or None."""
+    if not isinstance(point["strategy"], str):
+        return f"has strategy {point['strategy']!r}, not a name"
+    values = [(key, point[key], low, inclusive) for key, low, inclusive in POINT_NUMBERS]
+    if point["rate_mbit"] is not None:
+        values.append(("rate_mbit", point["rate_mbit"], 0, False))
+    for key, value, low, inclusive in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < low or (value == low and not inclusive):
+            return f"has {key} {value!r}, not a number {'>=' if inclusive else '>'} {low}"
+    return None
 
 
 def _models_measured(result: dict, points: list[dict]) -> str:

@@ -40,14 +40,14 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import config_from_args
     from scaletrain.experiments.space import SearchSpace
     from scaletrain.experiments.tune import Tuner, TuneSettings
-    from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
+    from scaletrain.lifecycle.paths import check_folder_name, check_writable_dir, check_writable_file
     from scaletrain.experiments.tune import epoch_metrics, resolve_objective
     from scaletrain.training.preflight import run_task
     space = SearchSpace.load(args.space)
     cfg = config_from_args(args)
     task = run_task(cfg)
     metric, direction = resolve_objective(args.metric, args.direction, task)
-    study_name = args.study_name or Path(args.space).stem
+    study_name = check_folder_name(args.study_name or Path(args.space).stem, "--study-name")
     out = Path(args.out) if args.out else Path(cfg.tracking.store).parent / "studies" / study_name
     storage = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
     # An existing --out is this study's own folder: a rerun continues the study (by design).

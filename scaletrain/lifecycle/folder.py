@@ -111,3 +111,11 @@ class RunFolder:
         """Deletes a folder this process created for a run that never trained."""
         if self.path.is_dir() and all(p.name in RUN_FILES + (LOCK_FILE,) for p in self.path.iterdir()):
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def enclosing_run(path: Path) -> RunFolder | None:
+    """The run folder `path` lies in (or is), by its run.json or run_id file; None: no run's."""
+    for candidate in (path, *path.parents):
+        if (candidate / META).is_file() or (candidate / RUN_ID).is_file():
+            return RunFolder(candidate)
+    return None

@@ -4,6 +4,7 @@ it and the flag, not a traceback after an hour of training."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -85,3 +86,15 @@ def check_writable_file(path: str | Path, what: str) -> Path:
         raise UserError(f"{what} {path} is not writable; pass another path")
     check_writable_dir(path.parent if str(path.parent) else Path("."), what + " folder")
     return path
+
+
+FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_folder_name(name: str, what: str) -> str:
+    """A name that becomes one folder under the folder it belongs to (a study's, under the run
+    store's): letters, digits, '.', '_' and '-', so '..' or a '/' cannot place it anywhere else."""
+    if not FOLDER_NAME.fullmatch(name):
+        raise UserError(f"{what} {name!r} is not a plain name (letters, digits, '.', '_', '-'; at most 100, "
+                        "not starting with '.' or '-'); pass one, or --out for a folder elsewhere")
+    return name

@@ -25,7 +25,7 @@ from pathlib import Path
 from scaletrain.checkpoint import Checkpointer, CheckpointStore
 from scaletrain.config import TrainConfig, from_mapping, to_mapping
 from scaletrain.errors import ConfigError, UserError
-from scaletrain.lifecycle.folder import RunFolder
+from scaletrain.lifecycle.folder import RunFolder, enclosing_run
 from scaletrain.lifecycle.lock import FolderLock
 from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
 from scaletrain.lifecycle.resume import describe_differences, locked_differences
@@ -55,10 +55,26 @@ class RunPlan:
         return {"new": "new run", "resume": "resuming run", "overwrite": "new run (overwriting the folder)"}[self.mode]
 
 
-def checkpoint_store(cfg: TrainConfig, folder: RunFolder) -> CheckpointStore:
-    """Where the run's checkpoints are kept (its folder's checkpoints/, or --checkpoint-dir)."""
+def checkpoint_store(cfg: TrainConfig, folder: RunFolder, run_id: str | None = None) -> CheckpointStore:
+    """Where the run's checkpoints are kept (its folder's checkpoints/, or --checkpoint-dir), as
+    run `run_id`'s (None: only read)."""
     root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else folder.path / "checkpoints"
-    return CheckpointStore(root, keep=cfg.checkpoint.keep)
+    return CheckpointStore(root, keep=cfg.checkpoint.keep, owner=run_id)
+
+
+def _check_owned_outputs(cfg: TrainConfig, plan: RunPlan) -> None:
+    """A run writes only where it owns: no output inside another run's folder, and a checkpoint
+    folder that is its own or no run's (checkpoint/store.py's owner.json)."""
+    own = plan.folder.path.resolve()
+    for path, flag in ((cfg.checkpoint.dir, "--checkpoint-dir"), (cfg.summary_json, "--summary-json")):
+        other = enclosing_run(Path(path).resolve()) if path else None
+        if other is not None and other.path.resolve() != own:
+            raise UserError(f"{flag} {path} is inside the folder of run {other.run_id or '?'} ({other.path}); a run "
+                            f"writes only in its own folder or outside every run's: pass another {flag}")
+    if cfg.checkpoint.dir:
+        problem = checkpoint_store(cfg, plan.folder, plan.run_id).owner_problem()
+        if problem:
+            raise UserError(problem)
 
 
 def _check_resumable(cfg: TrainConfig, folder: RunFolder) -> None:
@@ -142,7 +158,14 @@ def check_outputs(cfg: TrainConfig) -> None:
 
 
 def plan_run(cfg: TrainConfig, env) -> RunPlan:
-    """Decides the run's folder and mode; writes nothing. Raises UserError on a conflict."""
+    """Decides the run's folder and mode, and checks every output it will write; writes nothing.
+    Raises UserError on a conflict."""
+    plan = _decide_folder(cfg, env)
+    _check_owned_outputs(cfg, plan)
+    return plan
+
+
+def _decide_folder(cfg: TrainConfig, env) -> RunPlan:
     check_outputs(cfg)
     if cfg.run_dir:
         check_writable_dir(cfg.run_dir, "--run-dir")
@@ -247,5 +270,5 @@ def make_checkpointer(plan: RunPlan, cfg: TrainConfig, env) -> Checkpointer | No
     resume = cfg.checkpoint.resume or ("auto" if plan.mode == "resume" or env.restart_count > 0 else None)
     if cfg.checkpoint.every <= 0 and resume is None:
         return None
-    return Checkpointer(checkpoint_store(cfg, plan.folder), every=cfg.checkpoint.every, resume=resume,
+    return Checkpointer(checkpoint_store(cfg, plan.folder, plan.run_id), every=cfg.checkpoint.every, resume=resume,
                         background=cfg.checkpoint.async_save)

@@ -19,7 +19,8 @@ from scaletrain.data import Dataset, load_dataset
 from scaletrain.distributed import Strategy
 from scaletrain.models import build_model
 from scaletrain.tasks import Task, build_task
-from scaletrain.training.preflight import run_task
+from scaletrain.errors import ConfigError
+from scaletrain.training.preflight import meta_model, model_memory_problem, run_task
 from scaletrain.training.trainer import Trainer
 
 
@@ -63,6 +64,19 @@ def task_for(cfg: TrainConfig, dataset: Dataset) -> Task:
     return run_task(cfg, (dataset.input_shape, outputs, dataset.task, dataset.example))
 
 
+def _check_model_fits_host(cfg: TrainConfig, sample: tuple) -> None:
+    """A model too big to build at all is one line, found on the meta device before allocating.
+    A model that cannot be built there (its constructor reads a tensor's values) is built for
+    real and raises its own error."""
+    try:
+        model = meta_model(cfg, sample)
+    except Exception:
+        return
+    problem = model_memory_problem(cfg, model)
+    if problem:
+        raise ConfigError(problem)
+
+
 def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
               task: Task | None = None, callbacks=(), checkpointer=None) -> TrainingParts:
     """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
@@ -73,8 +87,10 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     given = task
     task = task or build_task(cfg.task, dataset.task)
     # The same initial weights for every precision, fusing choice, strategy and rank.
+    outputs = task.output_size(dataset)
+    _check_model_fits_host(cfg, (dataset.input_shape, outputs))
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model.name, dataset.input_shape, task.output_size(dataset), **cfg.model.options)
+    model = build_model(cfg.model.name, dataset.input_shape, outputs, **cfg.model.options)
     # A model with its own loss trains on it; one that brings its task (a LightningModule) on that.
     task = given or build_task(cfg.task, dataset.task, model, dataset.example)
     if cfg.model.init_from is not None:   # before the strategy wraps or shards it: every rank reads the whole file

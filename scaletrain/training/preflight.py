@@ -72,8 +72,37 @@ def layer_costs_of(cfg: TrainConfig, micro_batch: int) -> list:
                             cfg.memory.activation_checkpointing, tuple(cfg.memory.block_classes))
 
 
+def host_memory_available() -> int | None:
+    """Bytes the host can still give a process (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def model_memory_problem(cfg: TrainConfig, model: torch.nn.Module) -> str | None:
+    """Why the whole model (`model` on the meta device) cannot even be built in this host's
+    memory, where every process builds it before any strategy shards it (one line), or None."""
+    from scaletrain.memory.units import format_bytes
+    size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    available = host_memory_available()
+    if available is None or size <= available:
+        return None
+    options = f" with --model-option {', '.join(f'{k}={v}' for k, v in cfg.model.options.items())}" \
+        if cfg.model.options else ""
+    return (f"--model {cfg.model.name}{options} holds {format_bytes(size)} of parameters and buffers, more than the "
+            f"{format_bytes(available)} this host has available to build it in; pass smaller model options")
+
+
 def model_problem(cfg: TrainConfig, model: torch.nn.Module, layout: Layout) -> str | None:
     """Why `model` cannot be trained as `cfg` and `layout` ask (one line, with the fix), or None."""
+    problem = model_memory_problem(cfg, model)
+    if problem:
+        return problem
     block_classes = tuple(cfg.memory.block_classes)
     if cfg.memory.activation_checkpointing:
         try:

@@ -140,3 +140,16 @@ def single_thread_hangs_mlp(shape, classes, **options):
 
     model.register_forward_pre_hook(hook)
     return model
+
+
+def picky_mlp(shape, classes, max_batch=128, **options):
+    """An MLP whose training forward refuses batches above `max_batch` (a user's model with a
+    limit of its own): it raises while the planner traces such a candidate on fake tensors."""
+    model = MLP(shape, classes, **options)
+
+    def hook(module, args):
+        if module.training and args[0].shape[0] > max_batch:
+            raise ValueError(f"batches above {max_batch} are not supported")
+
+    model.register_forward_pre_hook(hook)
+    return model

@@ -261,16 +261,23 @@ class AutoTuner:
             # One process per candidate plans as ddp on one device (plan-memory's rule).
             plan_as = strategy.name if strategy.memory_plan == "device" else "ddp"
             key = (cfg.precision.policy, cfg.memory.activation_checkpointing)
-            if key not in planners:
-                planners[key] = Planner(PlanRequest(
-                    model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=self.shape,
-                    num_classes=self.outputs, task=self.task, batch_size=micro, precision=cfg.precision.policy,
-                    devices=nproc, activation_checkpointing=cfg.memory.activation_checkpointing,
-                    block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
-                    device_memory=memory, distributed=cfg.distributed, example=self.example,
-                    task_choice=cfg.task))
-            plan = planners[key].plan(plan_as, nproc, micro)
-            if plan.fits:
+            try:
+                if key not in planners:
+                    planners[key] = Planner(PlanRequest(
+                        model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=self.shape,
+                        num_classes=self.outputs, task=self.task, batch_size=micro, precision=cfg.precision.policy,
+                        devices=nproc, activation_checkpointing=cfg.memory.activation_checkpointing,
+                        block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
+                        distributed=cfg.distributed, example=self.example, task_choice=cfg.task))
+                # Whether this batch fits, not the largest that would: no search over batch sizes.
+                plan = planners[key].plan(plan_as, nproc, micro)
+                fits = plan.total_bytes <= memory * (1 - planners[key].req.headroom)
+            except Exception as exc:   # the user's model raised while traced: this candidate, not the search
+                detail = (str(exc).splitlines() or [""])[0][:120]
+                discarded.append(Row(params, "discarded", why=f"the model raised while the planner traced it "
+                                                              f"({type(exc).__name__}: {detail})"))
+                continue
+            if fits:
                 kept.append(params)
             else:
                 discarded.append(Row(params, "discarded", why=f"planner: needs {format_bytes(plan.total_bytes)} of "
