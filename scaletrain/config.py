@@ -212,6 +212,8 @@ class DistributedConfig:
     bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0, resumable=True)
     init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)", gt=0,
                                resumable=True)
+    rendezvous_timeout_s: float = _f(300.0, "how long a process waits for every other process of the job to join "
+                                            "(then one line names the missing ranks)", gt=0, resumable=True)
     step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast", gt=0,
                                resumable=True)
     # The strategies' own tables ([distributed.ps], [distributed.pipeline], ...), by name: each is

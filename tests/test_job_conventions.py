@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,7 +19,7 @@ from scaletrain.distributed.cluster import (cluster_from_env, cluster_problem, e
                                             expand_tasks_per_node, slurm_step)
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
-from tests.processes import DIGITS_MLP, cli_env, free_port, run, run_here
+from tests.processes import DIGITS_MLP, cli_env, free_port, run, run_here, start
 
 QUICK = [*DIGITS_MLP, "--epochs", "1", "--batch-size", "64"]
 
@@ -67,6 +69,38 @@ def test_every_launch_variable_is_read_strictly_before_anything_trains(tmp_path,
     assert proc.returncode == 2, proc.stderr
     assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("index, sig, code", [(1, signal.SIGTERM, 143), (0, signal.SIGINT, 130)],
+                         ids=["worker-waits-for-chief-sigterm", "chief-waits-for-worker-sigint"])
+def test_a_rendezvous_without_its_peer_is_stopped_by_a_signal_and_times_out_naming_it(tmp_path, index, sig, code):
+    """TF_CONFIG names two tasks and only one is started: waiting for the other, it ends within
+    seconds of SIGTERM or Ctrl-C (torch's own rendezvous blocked in C++ and ignored both for
+    minutes), and after --rendezvous-timeout-s says which task never came. Real processes."""
+    ports = [free_port(), free_port()]
+    spec = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+    args = ["train", *QUICK, "--strategy", "ddp", "--run-dir", str(tmp_path / "run")]
+    log = tmp_path / "log"
+    proc = start(args, tmp_path, log, TF_CONFIG=spec)
+    try:
+        time.sleep(8)                      # past start-up: waiting for the peer
+        assert proc.poll() is None, log.read_text()
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        assert proc.wait(timeout=15) == code, log.read_text()
+        assert time.monotonic() - sent < 5
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = log.read_text().strip().splitlines()
+    assert lines == [f"scaletrain: {'terminated' if sig == signal.SIGTERM else 'interrupted'}"], lines
+    timed = run([*args, "--rendezvous-timeout-s", "2"], tmp_path, timeout=60, TF_CONFIG=spec)
+    assert timed.returncode == 2 and "Traceback" not in timed.stderr, timed.stderr
+    missing = 1 - index
+    assert f"rank(s) {missing} (TF_CONFIG's task at 127.0.0.1:{ports[missing]})" in timed.stderr \
+        if index == 0 else f"rank 0 (TF_CONFIG's task at 127.0.0.1:{ports[0]})" in timed.stderr, timed.stderr
     assert not (tmp_path / "run").exists()
 
 

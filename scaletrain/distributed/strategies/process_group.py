@@ -37,6 +37,61 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+POLL_S = 0.2   # how often a waiting process looks again: a signal is handled within this
+
+
+def rendezvous(rank: int, world: int, attempt: int, wait_s: float, timeout: datetime.timedelta) -> dist.Store:
+    """The job's store at MASTER_ADDR:MASTER_PORT (rank 0 serves it), once every rank has joined.
+
+    torch's own env:// rendezvous waits inside C++ (a store connect, then gloo's connections to
+    every peer): a process whose peer never comes ignores SIGTERM and Ctrl-C until its timeout,
+    and then says nothing of who is missing. Here each wait is a Python loop of short tries, so a
+    signal ends it within POLL_S, and after `wait_s` one line names the ranks that never joined."""
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    deadline = time.monotonic() + wait_s
+    if rank == 0:
+        store = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False,
+                              multi_tenant=True)
+    else:
+        while not _accepts(addr, port):
+            if time.monotonic() > deadline:
+                raise ConfigError(f"rank {rank} waited {wait_s:g} s for rank 0 {_where(0, f'{addr}:{port}')} to open "
+                                  "the job's rendezvous; start that process (or raise --rendezvous-timeout-s)")
+            time.sleep(POLL_S)
+        store = dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
+    prefix = f"scaletrain/rendezvous/{attempt}/"
+    store.set(f"{prefix}{rank}", "joined")
+    keys = [f"{prefix}{r}" for r in range(world)]
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            named = ", ".join(f"{r} {_where(r)}".strip() for r in missing)
+            raise ConfigError(f"rank {rank} waited {wait_s:g} s at {addr}:{port} for rank(s) {named} to join the job; "
+                              "start every process of the job (or raise --rendezvous-timeout-s)")
+        time.sleep(POLL_S)
+    return store
+
+
+def _accepts(addr: str, port: int) -> bool:
+    try:
+        with socket.create_connection((addr, port), timeout=POLL_S):
+            return True
+    except OSError:
+        return False
+
+
+def _where(rank: int, fallback: str = "") -> str:
+    """A rank as its cluster spec names it (TF_CONFIG's task and address), where one does."""
+    from scaletrain.distributed.cluster import cluster_from_env
+    try:
+        spec = cluster_from_env()
+    except ConfigError:
+        spec = None
+    if spec is None or rank >= spec.world_size:
+        return f"({fallback})" if fallback else ""
+    return f"({spec.source}'s task at {spec.addresses[rank]})"
+
+
 class ProcessGroupStrategy(Strategy):
     """Base of ddp, zero1, zero2 and fsdp: one process per device, joined in one process group."""
     # Capturing collectives in a CUDA graph needs a static communication layout and is not
@@ -81,7 +136,10 @@ class ProcessGroupStrategy(Strategy):
                 dist.init_process_group(backend, store=store, rank=self.env.rank, world_size=self.env.world_size,
                                         timeout=timeout, device_id=device_id)
             else:
-                dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+                store = rendezvous(self.env.rank, self.env.world_size, self.env.restart_count,
+                                   self.config.rendezvous_timeout_s, timeout)
+                dist.init_process_group(backend, store=store, rank=self.env.rank, world_size=self.env.world_size,
+                                        timeout=timeout, device_id=device_id)
             self.owns_group = True
         return self.device
 
