@@ -95,6 +95,8 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
     args = get_args_parser().parse_args(torchrun_arguments(nproc, max_restarts, worker_argv, command))
     # The agent logs each failed and stopped worker; the job's failure is reported below, once.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # ... and its own "Received 15 death signal, shutting down workers": the job's one line says so.
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
     try:
         run(args)
     except ChildFailedError as exc:
