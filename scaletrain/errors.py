@@ -13,6 +13,23 @@ class DataError(UserError):
     """A data file that is missing, truncated, malformed or inconsistent."""
 
 
+class WriteFailed(Exception):
+    """A file the run had to write could not be written: a full disk, a quota, an I/O error. Not
+    bad input, and not a bug: the CLI prints one line naming the path and the OS's reason (exit
+    WRITE_FAILED_EXIT_CODE), the run is recorded failed, its temporary files are removed, and its
+    newest committed checkpoint stays resumable once space is freed."""
+
+
+WRITE_FAILED_EXIT_CODE = 1
+
+
+def write_failed(path, exc: BaseException, what: str = "") -> WriteFailed:
+    """The one line for `exc` (an OSError, or a library's wrapper around one) met writing `path`."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).splitlines() or [""])[0][:160]
+    return WriteFailed(f"{what or 'the run'} could not write {path} ({reason}); free space there (or fix the "
+                       "device) and continue with --resume auto")
+
+
 class NonFiniteLossError(Exception):
     """The loss became inf/NaN in a precision mode that has no loss scaling to absorb it: the
     training diverged. Not bad input (the config was valid), so it has its own exit code; the CLI

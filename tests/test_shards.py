@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -150,6 +151,21 @@ def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
             pass
     result = train(str(folder))
     assert result.returncode == 2 and "train-0002.tar" in result.stderr and "Traceback" not in result.stderr
+    # Where steps ran before the bad shard came (shards are read in a shuffled order) the folder
+    # stays and says the run failed; where every shard is bad no step runs, and no folder is left
+    # from a run that never trained.
+    assert not (tmp_path / "r").exists() or \
+        json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "failed"
+    first = tmp_path / "first-bad"
+    shutil.copytree(folder, first)
+    for other in first.glob("train-*.tar"):
+        damaged = bytearray(other.read_bytes())
+        damaged[700] ^= 0xFF
+        other.write_bytes(bytes(damaged))
+    result = run(["train", "--model", "mlp", "--data", "shards", "--data-dir", str(first), "--no-progress",
+                  "--epochs", "1", "--batch-size", "16", "--run-dir", str(tmp_path / "r0")], tmp_path)
+    assert result.returncode == 2 and "does not match its SHA-256" in result.stderr, result.stderr
+    assert not (tmp_path / "r0").exists()
     # A damaged member header: the shard is named, nothing is guessed.
     data[700] ^= 0xFF
     data[1024 + 257] = ord("X")

@@ -221,6 +221,59 @@ def test_no_usable_checkpoint_is_one_line_and_exit_2(checkpointed_run, tmp_path,
     assert "torch/distributed/run.py" not in resumed.stderr   # torchrun never started
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: a real full disk (mounting needs root, as on this project's machines)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.decode().strip()}): the full-disk test needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_fails_the_run_in_one_line_and_the_last_checkpoint_resumes(tmp_path, small_disk):
+    """Out of space mid-run: one line naming the path and the OS's reason, run.json says failed,
+    no temporary file or partial checkpoint is left, the newest committed checkpoint verifies,
+    and once space is freed --resume auto finishes the run from it."""
+    from scaletrain.checkpoint.store import CheckpointStore
+    quick = [*DIGITS_MLP, "--no-record", "--checkpoint-every", "10", "--run-dir", str(small_disk / "run")]
+    first = run(["train", *quick, "--epochs", "1"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    folder = small_disk / "run"
+    newest = _checkpoints(folder)[-1]
+    stat = os.statvfs(small_disk)
+    filler = small_disk / "filler"      # leaves 16 KiB: the run's small files fit, a checkpoint does not
+    filler.write_bytes(bytes(max(0, stat.f_bavail * stat.f_frsize - 16 * 1024)))
+    full = run(["train", *quick, "--epochs", "3", "--resume", "auto"], cwd=tmp_path)
+    line = _one_error_line(full, code=1)
+    assert re.search(r"could not write \S+ \(No space left on device\)", line), line
+    assert json.loads((folder / "run.json").read_text())["status"] == "failed"
+    leftovers = [p.name for p in folder.rglob("*") if ".tmp" in p.name or ".space-probe" in p.name]
+    assert leftovers == [] and _checkpoints(folder)[-1] == newest
+    assert all(CheckpointStore.is_complete(p) for p in _checkpoints(folder))
+    assert CheckpointStore.problem(newest) is None
+    filler.unlink()                     # space freed: the run goes on from its newest checkpoint
+    again = run(["train", *quick, "--epochs", "3", "--resume", "auto"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((folder / "run.json").read_text())["status"] == "finished"
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path):
+    """The training began (callbacks told, data read) and its first step raised: a true record
+    in the store, no run folder from a run that never trained. One step later the folder stays."""
+    for at_call, kept in ((2, False), (3, True)):
+        folder = tmp_path / f"at{at_call}"
+        result = run(["train", "--model", "faulty_models:raising_mlp", "--model-option", "rank=0",
+                      "--model-option", f"at_call={at_call}", "--data", "digits", "--epochs", "1", "--no-progress",
+                      "--run-dir", str(folder)], cwd=tmp_path)
+        assert result.returncode == 1 and "injected failure" in result.stderr, result.stderr
+        assert folder.exists() == kept
+        if kept:
+            assert json.loads((folder / "run.json").read_text())["status"] == "failed"
+
+
 # -- 4. files from elsewhere never run code -------------------------------------------------------
 
 class _Payload:

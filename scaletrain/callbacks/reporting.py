@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from scaletrain.console import make_console
+from scaletrain.errors import write_failed
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -74,14 +75,17 @@ class MetricsLog:
 
     def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
         record = {k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool, list)) or v is None}
-        with self.path.open("a", newline="") as fh:
-            if self.format == "jsonl":
-                fh.write(json.dumps(record) + "\n")
-                return
-            if self.columns is None:
-                self.columns = list(record)
-                csv.DictWriter(fh, self.columns).writeheader()
-            csv.DictWriter(fh, self.columns, extrasaction="ignore").writerow(record)
+        try:
+            with self.path.open("a", newline="") as fh:
+                if self.format == "jsonl":
+                    fh.write(json.dumps(record) + "\n")
+                    return
+                if self.columns is None:
+                    self.columns = list(record)
+                    csv.DictWriter(fh, self.columns).writeheader()
+                csv.DictWriter(fh, self.columns, extrasaction="ignore").writerow(record)
+        except OSError as exc:
+            raise write_failed(self.path, exc) from None
 
 
 class AllocatorRetries:

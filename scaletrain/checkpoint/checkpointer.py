@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from scaletrain.checkpoint.store import CheckpointStore
-from scaletrain.errors import ConfigError, UserError
+from scaletrain.errors import ConfigError, Terminated, UserError
 
 
 def _quiet_single_process() -> None:
@@ -60,6 +60,12 @@ class CheckpointJoining(Protocol):
 
     def state_to_save(self, state: dict) -> dict:
         """What this process writes of the trainer's state (training/state.py)."""
+
+
+def _is_stop(exc: BaseException) -> bool:
+    """A signal or an exit, which a save passes on as it is; anything else failed the write (DCP's
+    CheckpointException is a BaseException too)."""
+    return isinstance(exc, (KeyboardInterrupt, SystemExit, Terminated))
 
 
 class PendingSave:
@@ -112,11 +118,16 @@ class Checkpointer:
             self._start_background_save(state, path, position, strategy)
         else:
             _quiet_single_process()
-            # Returns once every rank's part and the metadata are written.
-            dcp.save(state, checkpoint_id=str(path), process_group=group)
-            if strategy.is_chief:
-                self.store.commit(path, position)
-                self.store.prune()
+            try:
+                # Returns once every rank's part and the metadata are written.
+                dcp.save(state, checkpoint_id=str(path), process_group=group)
+                if strategy.is_chief:
+                    self.store.commit(path, position)
+                    self.store.prune()
+            except BaseException as exc:
+                if _is_stop(exc):
+                    raise
+                raise self.store.failed_save(path, exc) from None
         self.last_saved_position = (position["epoch"], position["epoch_step"])
         self.saves += 1
         return path
@@ -157,6 +168,8 @@ class Checkpointer:
             return
         pending.finished.wait()
         if pending.failure is not None:
+            if not _is_stop(pending.failure):
+                raise self.store.failed_save(pending.path, pending.failure) from None
             raise pending.failure
 
     def find(self) -> Path | None:

@@ -24,7 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scaletrain.errors import UserError
+from scaletrain.errors import UserError, WriteFailed, write_failed
 
 MARKER = "COMMITTED"
 PREFIX = "step-"
@@ -40,13 +40,18 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Readers see either no file or the whole file, even across a power cut."""
+    """Readers see either no file or the whole file, even across a power cut. A write that fails
+    (a full disk) leaves the old file as it was and no temporary file, and raises WriteFailed."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(path, exc) from None
     _fsync_dir(path.parent)
 
 
@@ -63,6 +68,26 @@ class CheckpointStore:
         self.root = Path(root)
         self.keep = keep
         self.owner = owner     # the run id this store saves for (None: no owner checks)
+
+    def failed_save(self, path: Path, exc: BaseException) -> WriteFailed:
+        """After a save to `path` failed: its partial folder is removed (never read anyway, and
+        on a full disk it holds the space the run's status still needs), and the failure is one
+        line with the OS's reason. DCP wraps the OS's error in its own (a full disk reads
+        "unexpected pos 704 vs 598"), so the reason is asked of the folder again: a MiB written
+        and removed there."""
+        if not self.is_complete(path):
+            shutil.rmtree(path, ignore_errors=True)
+        probe = self.root / f".space-probe-{os.getpid()}"
+        try:
+            with probe.open("wb") as fh:
+                fh.write(bytes(1 << 20))
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as probed:
+            exc = probed
+        finally:
+            probe.unlink(missing_ok=True)
+        return write_failed(path, exc, "the checkpoint")
 
     def recorded_owner(self) -> str | None:
         """The run whose checkpoints the folder holds, as owner.json says (None: no run's yet)."""

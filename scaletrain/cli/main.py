@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from scaletrain.distributed.env import hand_to_launcher, under_launcher
 from scaletrain.errors import (DIVERGED_EXIT_CODE, INTERRUPTED_EXIT_CODE, PRUNED_EXIT_CODE, TERMINATED_EXIT_CODE,
-                               NonFiniteLossError, RunPruned, Terminated, UserError)
+                               WRITE_FAILED_EXIT_CODE, NonFiniteLossError, RunPruned, Terminated, UserError,
+                               WriteFailed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +189,8 @@ def _main(argv: list[str], named: str) -> int:
         return _end(f"scaletrain: error: {exc}", 2)
     except NonFiniteLossError as exc:
         return _end(f"scaletrain: training diverged: {exc}", DIVERGED_EXIT_CODE)
+    except WriteFailed as exc:
+        return _end(f"scaletrain: error: {exc}", WRITE_FAILED_EXIT_CODE)
     except RunPruned as exc:
         return _end(f"scaletrain: {exc}", PRUNED_EXIT_CODE)
     except KeyboardInterrupt:

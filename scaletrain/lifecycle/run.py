@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scaletrain.checkpoint import Checkpointer, CheckpointStore
 from scaletrain.config import TrainConfig, from_mapping, to_mapping
-from scaletrain.errors import ConfigError, UserError
+from scaletrain.errors import ConfigError, UserError, WriteFailed
 from scaletrain.lifecycle.folder import RunFolder, enclosing_run
 from scaletrain.lifecycle.lock import FolderLock
 from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
@@ -216,6 +216,7 @@ class TakenFolder:
                 self.folder.remove_if_unused()
             raise
         self.began = False     # training began in this process (a resume: its checkpoint loaded)
+        self.stepped = False   # ... and ran a step
 
     @property
     def resumed(self) -> bool:
@@ -228,19 +229,24 @@ class TakenFolder:
             self.folder.start(self.run_id, to_mapping(self.config), self.launch)
         self.began = True
 
+    def on_train_batch_end(self, trainer, step: int, logs) -> None:
+        self.stepped = True
+
     def finish(self) -> None:
         self.folder.set_status("finished")
         self.lock.release()
 
     def fail(self, status: str) -> None:
-        """Records how the run ended. A run that never began in a folder this process made leaves
-        nothing behind (a configuration error costs no empty folder); a resume that never began
-        leaves the run as it was."""
+        """Records how the run ended. A new run that ran no step in a folder this process made
+        leaves nothing behind (a configuration error, or a bad sample met while streaming the first
+        batch, costs no folder); a resume that never began leaves the run as it was."""
         try:
-            if not self.began and self.created:
+            if self.created and not self.stepped and not self.resumed:
                 self.folder.remove_if_unused()
             elif self.began:
                 self.folder.set_status(status)
+        except WriteFailed:    # a disk still full: run.json keeps "running"; the error being handled says why
+            pass
         finally:
             self.lock.release()
 
