@@ -25,9 +25,11 @@ WRITE_FAILED_EXIT_CODE = 1
 
 def write_failed(path, exc: BaseException, what: str = "") -> WriteFailed:
     """The one line for `exc` (an OSError, or a library's wrapper around one) met writing `path`."""
+    import errno
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).splitlines() or [""])[0][:160]
-    return WriteFailed(f"{what or 'the run'} could not write {path} ({reason}); free space there (or fix the "
-                       "device) and continue with --resume auto")
+    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return WriteFailed(f"{what or 'the run'} could not write {path} ({reason}); "
+                       f"{'free space there' if full else 'fix that'} and continue with --resume auto")
 
 
 class NonFiniteLossError(Exception):

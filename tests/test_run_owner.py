@@ -11,6 +11,7 @@ import pytest
 import scaletrain.config as config_module
 from scaletrain.cli.main import main
 from scaletrain.config import TrainConfig
+from scaletrain.errors import WriteFailed
 from scaletrain.lifecycle.run import TakenFolder
 from scaletrain.tracking import RunStore
 from scaletrain.tracking.tracked_run import TrackedRun
@@ -95,7 +96,7 @@ def test_a_run_whose_results_cannot_be_written_is_failed_not_finished(tmp_path, 
         def on_train_begin(self, trainer):
             (tmp_path / "out" / "summary.json").mkdir(parents=True)
 
-    with pytest.raises(OSError):
+    with pytest.raises(WriteFailed, match="summary.json \\(Is a directory\\)"):
         run_training(cfg, callbacks=[TakeTheSummaryPath()])
     assert told == {"TrackedRun.fail": 1, "TakenFolder.fail": 1}
     meta = json.loads((tmp_path / "run" / "run.json").read_text())

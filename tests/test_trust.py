@@ -131,6 +131,13 @@ def test_a_run_writes_only_where_it_owns(tmp_path):
     again = run(["train", *quick, "--run-dir", "a", "--checkpoint-dir", "ck", "--resume", "auto", "--epochs", "2"],
                 cwd=tmp_path)
     assert again.returncode == 0, again.stderr   # its own folder: saves and resumes as before
+    nested = run(["train", *quick, "--run-dir", "shc/inner"], cwd=tmp_path)
+    assert "--run-dir shc/inner is inside the folder of run" in _one_error_line(nested)
+    delivered = run(["train", *quick, "--run-dir", "cd3"], cwd=tmp_path, SM_MODEL_DIR="shc")
+    assert "SM_MODEL_DIR shc is in the folder of run" in _one_error_line(delivered)
+    summary = (tmp_path / "shc" / "summary.json").read_bytes()
+    over = run_here(["runs", "report", "-o", "shc/summary.json"], tmp_path)
+    assert "is a file of run" in _one_error_line(over) and (tmp_path / "shc" / "summary.json").read_bytes() == summary
     study = run(["autotune", "--study-name", "../../escaped", "--trials", "2"], cwd=tmp_path)
     assert "--study-name '../../escaped' is not a plain name" in _one_error_line(study)
     assert not (tmp_path.parent / "escaped").exists() and not (tmp_path / "scaletrain-runs").exists()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaletrain.errors import ConfigError
+from scaletrain.lifecycle.folder import enclosing_run
 from scaletrain.lifecycle.paths import check_writable_dir
 
 MODEL_VARS = ("SM_MODEL_DIR", "AIP_MODEL_DIR")
@@ -69,6 +70,10 @@ def job_folders(environ=os.environ, gcs_mount: str = GCS_MOUNT) -> JobFolders:
     for name in ("model_dir", "tensorboard_dir"):     # written at the end: found unwritable now, not then
         if name in found:
             check_writable_dir(found[name], sources[name])
+    if "model_dir" in found and (owner := enclosing_run(Path(found["model_dir"]).resolve())) is not None:
+        raise ConfigError(f"{sources['model_dir']} {found['model_dir']} is in the folder of run {owner.run_id or '?'} "
+                          f"({owner.path}): the finished model's files would be written over that run's; set "
+                          f"{sources['model_dir']} to a folder of its own")
     channels = sorted(v for v in environ if v.startswith(CHANNEL_PREFIX) and environ[v])
     channel = (f"{CHANNEL_PREFIX}TRAINING" if f"{CHANNEL_PREFIX}TRAINING" in channels
                else channels[0] if len(channels) == 1 else None)

@@ -78,10 +78,15 @@ def check_new_output_dir(path: str | Path, what: str, holds: str) -> Path:
 
 
 def check_writable_file(path: str | Path, what: str) -> Path:
-    """`path` can be (over)written as a file: not a folder, its folder exists or can be made."""
+    """`path` can be (over)written as a file: not a folder, not a file a run owns, its folder
+    exists or can be made."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; pass a file path (e.g. {path / 'out'})")
+    owner = run_owning(path)
+    if owner is not None:
+        raise UserError(f"{what} {path} is a file of run {owner.run_id or '?'} ({owner.path}); a command never "
+                        "writes over a run's own files: pass another path")
     if path.exists() and not os.access(path, os.W_OK):
         raise UserError(f"{what} {path} is not writable; pass another path")
     check_writable_dir(path.parent if str(path.parent) else Path("."), what + " folder")
@@ -98,3 +103,15 @@ def check_folder_name(name: str, what: str) -> str:
         raise UserError(f"{what} {name!r} is not a plain name (letters, digits, '.', '_', '-'; at most 100, "
                         "not starting with '.' or '-'); pass one, or --out for a folder elsewhere")
     return name
+
+
+def run_owning(path: Path):
+    """The run folder whose own file `path` is (its run.json, model.pt, summary.json, ..., or
+    anything under its checkpoints/), or None."""
+    from scaletrain.lifecycle.folder import RUN_FILES, enclosing_run
+    resolved = path.resolve()
+    folder = enclosing_run(resolved.parent)
+    if folder is None:
+        return None
+    inside = resolved.relative_to(folder.path).parts
+    return folder if inside and inside[0] in RUN_FILES else None

@@ -66,6 +66,10 @@ def _check_owned_outputs(cfg: TrainConfig, plan: RunPlan) -> None:
     """A run writes only where it owns: no output inside another run's folder, and a checkpoint
     folder that is its own or no run's (checkpoint/store.py's owner.json)."""
     own = plan.folder.path.resolve()
+    host = enclosing_run(own.parent)
+    if host is not None:
+        raise UserError(f"--run-dir {plan.folder.path} is inside the folder of run {host.run_id or '?'} ({host.path}); "
+                        "a run's folder holds only that run: pass a --run-dir outside it")
     for path, flag in ((cfg.checkpoint.dir, "--checkpoint-dir"), (cfg.summary_json, "--summary-json")):
         other = enclosing_run(Path(path).resolve()) if path else None
         if other is not None and other.path.resolve() != own:

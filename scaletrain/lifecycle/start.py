@@ -29,7 +29,7 @@ from scaletrain.callbacks import (AllocatorRetries, EarlyStopping, MetricsLog, P
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, to_mapping
 from scaletrain.data import load_dataset
-from scaletrain.errors import UserError
+from scaletrain.errors import UserError, write_failed
 from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
 from scaletrain.lifecycle.resume import resume_config
 from scaletrain.lifecycle.run import (RunPlan, TakenFolder, make_checkpointer, plan_run, resume_source, run_name)
@@ -248,8 +248,12 @@ class Run:
         if cfg.save_model:
             # The bare module's weights: no DDP `module.` prefix, loads without a process group.
             tmp = folder / ".model.pt.tmp"
-            torch.save(weights, tmp)
-            tmp.replace(folder / "model.pt")
+            try:
+                torch.save(weights, tmp)
+                tmp.replace(folder / "model.pt")
+            except (OSError, RuntimeError) as exc:   # torch.save's writer reports a full disk as a RuntimeError
+                tmp.unlink(missing_ok=True)
+                raise write_failed(folder / "model.pt", exc, "the finished model") from None
         write_atomically(folder / "summary.json", summary.to_json())
         if cfg.summary_json:
             Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
