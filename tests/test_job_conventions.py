@@ -104,6 +104,37 @@ def test_a_rendezvous_without_its_peer_is_stopped_by_a_signal_and_times_out_nami
     assert not (tmp_path / "run").exists()
 
 
+def test_a_signal_ends_a_rank_stuck_in_a_collective_with_a_hung_peer(tmp_path):
+    """Rank 1 hangs in its fifth forward (alive, sockets open); rank 0 waits inside DDP's
+    all-reduce, in C++, where Python's handler cannot run: SIGTERM still ends it within seconds
+    (lifecycle/stops.py), in one line, its run recorded as interrupted. Without the stop watch it
+    stayed up until the collective timed out (measured: alive 10 s after SIGTERM)."""
+    ports = [free_port(), free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    args = ["train", "--model", "faulty_models:hanging_mlp", "--data", "digits", "--epochs", "5", "--no-progress",
+            "--no-record", "--strategy", "ddp", "--run-dir", str(tmp_path / "run")]
+    procs = [start(args, tmp_path, tmp_path / f"log{i}",
+                   TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+             for i in (0, 1)]
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / "run.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(4)                      # rank 1 is past its fifth forward: rank 0 waits on it
+        assert procs[0].poll() is None, (tmp_path / "log0").read_text()
+        sent = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(timeout=20) == 143, (tmp_path / "log0").read_text()
+        assert time.monotonic() - sent < 8
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    log = (tmp_path / "log0").read_text()
+    assert log.strip().splitlines()[-1] == "scaletrain: terminated" and "Traceback" not in log, log
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+
+
 def test_a_slurm_step_lays_its_tasks_node_by_node():
     spec = slurm_step(_step(3, tasks=4, nodes="n[1-2]", per_node="2(x2)", SLURM_LOCALID="1"))
     assert spec.addresses == ("n1:19242",) * 2 + ("n2:19242",) * 2

@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 
 from scaletrain.distributed.env import hand_to_launcher, under_launcher
+from scaletrain.lifecycle import stops
 from scaletrain.errors import (DIVERGED_EXIT_CODE, INTERRUPTED_EXIT_CODE, PRUNED_EXIT_CODE, TERMINATED_EXIT_CODE,
                                WRITE_FAILED_EXIT_CODE, NonFiniteLossError, RunPruned, Terminated, UserError,
                                WriteFailed)
@@ -139,13 +140,10 @@ def _end(line: str, code: int) -> int:
     return code
 
 
-_STOPS_RECEIVED: list[int] = []
-
-
-def _on_stop_signal(signum, frame) -> None:
-    """SIGINT and SIGTERM: remembered (see _stopping), then raised as KeyboardInterrupt/Terminated."""
-    _STOPS_RECEIVED.append(signum)
-    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+# SIGINT and SIGTERM: remembered (see _stopping), then raised as KeyboardInterrupt/Terminated;
+# a run's stop watch ends a process whose main thread is stuck in C++ (lifecycle/stops.py).
+_STOPS_RECEIVED = stops.RECEIVED
+_on_stop_signal = stops.on_stop_signal
 
 
 def _handlers_ran() -> None:

@@ -32,7 +32,9 @@ from scaletrain.data import load_dataset
 from scaletrain.errors import UserError, write_failed
 from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
 from scaletrain.lifecycle.resume import resume_config
-from scaletrain.lifecycle.run import (RunPlan, TakenFolder, make_checkpointer, plan_run, resume_source, run_name)
+from scaletrain.lifecycle.run import (RunPlan, TakenFolder, make_checkpointer, plan_run, record_job_end, resume_source,
+                                      run_name)
+from scaletrain.lifecycle.stops import StopWatch
 from scaletrain.lifecycle.folder import RunFolder
 from scaletrain.optim.schedules import replica_lr_scale
 from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
@@ -120,6 +122,9 @@ class Run:
         except BaseException as exc:
             self.fail(exc)
             raise
+        # A signal while the main thread is stuck in C++ (a collective with a hung peer) still
+        # ends the run as interrupted (stops.py); disarmed when the `with` block ends.
+        self.stop_watch = StopWatch.arm(self._last_words)
 
     @property
     def is_chief(self) -> bool:
@@ -192,9 +197,21 @@ class Run:
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:
-        if exc is not None:
-            self.fail(exc)
+        try:
+            if exc is not None:
+                self.fail(exc)
+        finally:
+            if self.stop_watch is not None:
+                self.stop_watch.disarm()
         return False
+
+    def _last_words(self) -> None:
+        """Run by the stop watch's thread when the main thread cannot run `fail`: the folder and
+        the store (a connection of its own) told the run was interrupted."""
+        if (folder := self._parties.pop("folder", None)) is not None:
+            folder.fail("interrupted")
+        if self.is_chief:
+            record_job_end(self.plan, self.config, "interrupted")
 
     def finish(self, trainer) -> RunSummary:
         """The run's summary, its results written (chief) and every party told it finished. A

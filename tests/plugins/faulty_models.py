@@ -153,3 +153,4 @@ def picky_mlp(shape, classes, max_batch=128, **options):
 
     model.register_forward_pre_hook(hook)
     return model
+

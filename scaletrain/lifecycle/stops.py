@@ -1,0 +1,82 @@
+"""SIGTERM and Ctrl-C end a command at any moment, even one blocked inside C++.
+
+Python runs a signal's handler only when the main thread next executes Python code. A process
+blocked in a collective whose peer hangs (gloo waits up to `--step-timeout-s`, `--init-timeout-s`
+before the first step) or in a store connect would ignore both until then, and its launcher or
+scheduler would have to SIGKILL it, leaving its run "running". So, while a run trains, a watcher
+thread learns of each signal at the C level (`signal.set_wakeup_fd`); where the handler has not run
+within STUCK_S (the main thread is stuck in C++), it records the run as interrupted through the
+run's last words, prints the command's one line and ends the process with 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable
+
+from scaletrain.errors import Terminated
+
+STUCK_S = 3.0          # a handler that has not run by then never will, until the C++ call returns
+RECEIVED: list[int] = []   # the stop signals whose Python handler ran, in order
+
+
+def on_stop_signal(signum, frame) -> None:
+    """SIGINT and SIGTERM: remembered, then raised as KeyboardInterrupt/Terminated."""
+    RECEIVED.append(signum)
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+class StopWatch:
+    """Armed for the life of a run in a CLI process (where `on_stop_signal` is the handler)."""
+
+    def __init__(self, last_words: Callable[[], None]):
+        self.last_words = last_words
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
+        self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+        self.armed = True
+        threading.Thread(target=self._watch, name="scaletrain-stop-watch", daemon=True).start()
+
+    @classmethod
+    def arm(cls, last_words: Callable[[], None]) -> "StopWatch | None":
+        """A watcher, where this is the main thread of a process whose stop handler is ours."""
+        if threading.current_thread() is not threading.main_thread() \
+                or signal.getsignal(signal.SIGTERM) is not on_stop_signal:
+            return None
+        return cls(last_words)
+
+    def disarm(self) -> None:
+        if self.armed:
+            self.armed = False
+            signal.set_wakeup_fd(self.previous_fd)
+            os.close(self.write_fd)   # the watcher's read ends
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self.read_fd, 1)
+            except OSError:
+                return
+            if not data:
+                os.close(self.read_fd)
+                return
+            signum = data[0]
+            if signum not in (signal.SIGTERM, signal.SIGINT):
+                continue
+            handled = len(RECEIVED)
+            deadline = time.monotonic() + STUCK_S
+            while time.monotonic() < deadline and len(RECEIVED) == handled and self.armed:
+                time.sleep(0.05)
+            if len(RECEIVED) > handled or not self.armed:
+                continue          # the main thread took it: its own clean-up runs
+            try:
+                self.last_words()
+            except BaseException:   # the process ends regardless; its record is best effort
+                pass
+            word = "interrupted" if signum == signal.SIGINT else "terminated"
+            print(f"scaletrain: {word}", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
