@@ -87,15 +87,14 @@ def host_memory_available() -> int | None:
 def model_memory_problem(cfg: TrainConfig, model: torch.nn.Module) -> str | None:
     """Why the whole model (`model` on the meta device) cannot even be built in this host's
     memory, where every process builds it before any strategy shards it (one line), or None."""
-    from scaletrain.memory.units import format_bytes
     size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     available = host_memory_available()
     if available is None or size <= available:
         return None
     options = f" with --model-option {', '.join(f'{k}={v}' for k, v in cfg.model.options.items())}" \
         if cfg.model.options else ""
-    return (f"--model {cfg.model.name}{options} holds {format_bytes(size)} of parameters and buffers, more than the "
-            f"{format_bytes(available)} this host has available to build it in; pass smaller model options")
+    return (f"--model {cfg.model.name}{options} holds {size / 2**30:.2f} GiB of parameters and buffers, more than "
+            f"the {available / 2**30:.2f} GiB this host has available to build it in; pass smaller model options")
 
 
 def model_problem(cfg: TrainConfig, model: torch.nn.Module, layout: Layout) -> str | None:
