@@ -66,7 +66,7 @@ SHORTER = {
     "scaling": ["--measure-steps", "2"],
     "sweep": ["--epochs", "1", "--repeats", "1"],
     "tune": ["--trials", "2", "--epochs", "1"],
-    "autotune": ["--trials", "2", "--steps", "3", "--window-epochs", "2"],
+    "autotune": ["--trials", "2", "--steps", "3", "--window-epochs", "2", "--confirm-rounds", "1"],
 }
 # A WideResNet line (by name, or the recipe that names one) at width 1 (see the docstring).
 NARROWER = (re.compile(r"--model wrn-|--recipe fashion-wrn"), ["--model-option", "width=1"])

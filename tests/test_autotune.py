@@ -15,9 +15,10 @@ from tests.processes import run, run_here, start
 
 pytest.importorskip("optuna")
 
-# The MLP on digits, measured for 4 steps x 2 epochs (a warm-up and one measured) per candidate.
+# The MLP on digits, measured for 4 steps x 2 epochs (a warm-up and one measured) per candidate;
+# the search's own figures decide (the interleaved confirmation has tests of its own).
 SMALL = ["--model", "mlp", "--model-option", "hidden=[64]", "--data", "digits", "--batch-size", "64",
-         "--steps", "4", "--window-epochs", "2", "--no-progress"]
+         "--steps", "4", "--window-epochs", "2", "--no-progress", "--confirm-rounds", "0"]
 
 
 def _result(out):
@@ -111,7 +112,7 @@ def test_a_model_that_raises_while_traced_loses_that_candidate_not_the_search(tm
 def test_under_nproc_the_strategy_is_searched_and_the_model_rules_discard_before_anything_runs(tmp_path):
     out = tmp_path / "tuned"
     # Sync batch norm: the sharding strategies refuse it (their model rule), ddp and zero1 keep it.
-    done = run(["autotune", "--model", "cnn1d", "--data", "mnist1d", "--batch-size", "64", "--steps", "4",
+    done = run(["autotune", "--confirm-rounds", "0", "--model", "cnn1d", "--data", "mnist1d", "--batch-size", "64", "--steps", "4",
                 "--window-epochs", "2", "--no-progress", "--nproc", "2", "--sync-batchnorm", "--knobs", "strategy",
                 "--trials", "2", "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -206,7 +207,7 @@ def test_bad_autotune_flags_are_one_line_before_anything_runs(tmp_path, flags, m
 
 def test_time_to_target_searches_the_batch_size_with_its_learning_rate_rule(tmp_path):
     out = tmp_path / "tuned"
-    done = run(["autotune", "--objective", "time-to-target", "--model", "mlp", "--model-option", "hidden=[64]",
+    done = run(["autotune", "--confirm-rounds", "0", "--objective", "time-to-target", "--model", "mlp", "--model-option", "hidden=[64]",
                 "--data", "digits", "--target-accuracy", "0.9", "--epochs", "20", "--lr", "0.003",
                 "--batch-size", "64", "--knobs", "batch_size", "--trials", "3", "--no-progress", "--out", str(out),
                 "--store", str(tmp_path / "runs.db")], tmp_path)
@@ -335,3 +336,34 @@ def test_precisions_the_device_only_emulates_are_skipped_unless_asked(tmp_path):
 def torch_cpu():
     import torch
     return torch.device("cpu")
+
+
+def test_interleaved_rounds_rotate_the_order_and_a_finalist_wins_only_every_round():
+    from scaletrain.experiments.autotune.confirm import confirm, interleave
+    assert interleave(["A", "B", "C"], 4) == [["A", "B", "C"], ["B", "C", "A"], ["C", "A", "B"], ["A", "B", "C"]]
+    speeds = {("A", 0): 100, ("B", 0): 150, ("C", 0): 120, ("A", 1): 100, ("B", 1): 140, ("C", 1): 90,
+              ("A", 2): 100, ("B", 2): 130, ("C", 2): 110}
+    found = confirm("A", ["B", "C"], 3, lambda key, r: speeds[key, r], lambda v, b: v / b)
+    assert found["B"].ratios == [1.5, 1.4, 1.3] and found["B"].wins and found["B"].median == 1.4
+    assert found["C"].ratios == [1.2, 0.9, 1.1] and not found["C"].wins      # lost one round: a tie
+    assert found["C"].describe() == "1.10x (0.90-1.20, 3 rounds)"
+
+
+def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):
+    """Every second training process runs on a loaded machine (faulty_models.loaded_mlp): the
+    search measured the given configuration loaded and the candidate not, and saw the candidate
+    several times faster. Interleaved, the candidate loses a round: a tie, the given configuration
+    stays the winner, and the table says so."""
+    out = tmp_path / "tuned"
+    done = run(["autotune", *SMALL[:-2], "--model", "faulty_models:loaded_mlp", "--model-option",
+                f"counter={tmp_path / 'load'}", "--knobs", "threads", "--trials", "2", "--confirm-rounds", "3",
+                "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = _result(out)
+    given, = [r for r in result["rows"] if r["params"] == result["baseline"]]
+    finalist, = [r for r in result["rows"] if r["confirmed"]]
+    assert finalist["value"] > 1.5 * given["value"]          # what the search alone would have crowned
+    assert len(finalist["confirmed"]) == 3 and min(finalist["confirmed"]) < 1 < max(finalist["confirmed"])
+    assert finalist["wins"] is False and result["best"] == result["baseline"]
+    assert "tie" in done.stdout and "confirming: the given configuration and 1 finalist(s), 3 interleaved rounds" \
+        in done.stdout

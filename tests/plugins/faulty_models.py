@@ -154,3 +154,33 @@ def picky_mlp(shape, classes, max_batch=128, **options):
     model.register_forward_pre_hook(hook)
     return model
 
+
+
+def loaded_mlp(shape, classes, counter="", delay_s=0.02, **options):
+    """An MLP on a machine whose load comes and goes: every second process that trains it (counted
+    in the file `counter`) is slowed down, each training forward sleeping `delay_s`. Runs measured
+    one after another then rank by when they ran, not by what they are."""
+    import fcntl
+    import torch
+    state = {"slow": None}
+
+    def hook(module, args):
+        if not module.training or state["slow"] is not None:
+            if state["slow"]:
+                time.sleep(delay_s)
+            return
+        x = args[0]
+        if x.device.type == "meta" or type(x).__name__ == "FakeTensor" or not isinstance(x, torch.Tensor):
+            return     # a planner's trace, not a training
+        with open(counter, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            count = len(fh.read()) + 1
+            fh.write("x")
+        state["slow"] = count % 2 == 1
+        if state["slow"]:
+            time.sleep(delay_s)
+
+    model = MLP(shape, classes, **options)
+    model.register_forward_pre_hook(hook)
+    return model

@@ -10,7 +10,10 @@
    A candidate whose images/sec trails the median of earlier ones after its warm-up is pruned.
 3. Every finished candidate's per-epoch training loss is compared with the baseline's; one that
    departs beyond the tolerance (looser where the precision changes the arithmetic) is refused.
-4. The fastest accepted candidate is written as a TOML `train --config` runs as is.
+4. The given configuration and the best few are measured again, interleaved round by round
+   (confirm.py), so that a change in the machine's load cannot pick the winner: a finalist wins
+   only if it beat the given configuration in every round; otherwise it is a tie and the given
+   configuration stays. The winner is written as a TOML `train --config` runs as is.
 
 Each trial is a run in the store (group `autotune-<name>`), and the study lives in SQLite under
 --out: killed and rerun, the search goes on where it stopped (a trial the kill interrupted is
@@ -24,6 +27,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import time
 import warnings
 from collections import Counter
@@ -39,6 +43,7 @@ from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.data import sample_shape
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
+from scaletrain.experiments.autotune.confirm import Confirmation, confirm
 from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, emulated_precisions, first_candidates,
                                                   model_facts, system_knobs)
 from scaletrain.experiments.jobs import settle, training_job
@@ -104,6 +109,10 @@ class AutotuneSettings:
     # warm-up and window) is stopped: hopeless, whatever it would measure.
     cap_factor: float = 10.0
     emulated: bool = False         # also measure precisions this device only emulates (skipped otherwise)
+    # The finalists (the best few and the given configuration) measured again, interleaved, this
+    # many rounds before the winner is named (confirm.py); 0: the search's own figures decide.
+    confirm_rounds: int = 3
+    finalists: int = 2
 
     def problems(self) -> list[str]:
         out = []
@@ -119,6 +128,10 @@ class AutotuneSettings:
             out.append(f"--budget-s must be a positive number of seconds (got {self.budget_s})")
         if not (self.cap_factor > 1 and math.isfinite(self.cap_factor)):
             out.append(f"--cap-factor must be a number above 1 (got {self.cap_factor})")
+        if self.confirm_rounds < 0:
+            out.append(f"--confirm-rounds must be 0 or more (got {self.confirm_rounds})")
+        if self.finalists < 1:
+            out.append(f"--finalists must be at least 1 (got {self.finalists})")
         for flag, value in (("--loss-tolerance", self.loss_tolerance), ("--loss-tolerance-16bit", self.loss_tolerance_16bit)):
             if not (value > 0 and math.isfinite(value)):
                 out.append(f"{flag} must be a positive fraction (got {value})")
@@ -139,6 +152,10 @@ class Row:
     why: str = ""
     run_id: str | None = None
     trial: int | None = None
+    # A finalist's interleaved rounds against the given configuration (confirm.py): the paired
+    # advantage's median and range, and whether it won every round (else a tie).
+    confirmed: list[float] = field(default_factory=list)
+    wins: bool | None = None
 
 
 def _key(params: dict) -> str:
@@ -381,6 +398,8 @@ class AutoTuner:
                     study.tell(trial, state=state.PRUNED)
                 else:
                     study.tell(trial, state=state.FAIL)
+            if self.s.confirm_rounds and not self.budget_ran_out:
+                self._confirm(rows, pool, store)
         finally:
             pool.terminate()
             store.close()
@@ -451,6 +470,45 @@ class AutoTuner:
                            f"{row.warmup_s:.1f} s{note}{' -- ' + row.why if row.why else ''}", soft_wrap=True)
         return row
 
+    def _confirm(self, rows: dict[str, Row], pool: SlotPool, store: RunStore) -> None:
+        """The given configuration and the best `finalists` measured again, interleaved
+        (confirm.py); each finalist's row gets its paired advantage and whether it won."""
+        given = _key(self.grid[0])
+        if given not in rows or rows[given].outcome != "measured":
+            return
+        better = self.s.objective.direction == "maximize"
+        ranked = sorted((r for k, r in rows.items() if k != given and r.outcome == "measured" and r.value),
+                        key=lambda r: r.value, reverse=better)[:self.s.finalists]
+        if not ranked:
+            return
+        by_key = {_key(r.params): r for r in ranked} | {given: rows[given]}
+        self.console.print(f"confirming: the given configuration and {len(ranked)} finalist(s), "
+                           f"{self.s.confirm_rounds} interleaved rounds", soft_wrap=True)
+
+        def measure(key: str, number: int) -> float | None:
+            cfg = measuring_config(self.configure(by_key[key].params), self.s, self.train_samples)
+            job = training_job(cfg, f"confirm-{number}-{list(by_key).index(key)}", self.s.out / "trials", self.group)
+            pool.start(job)
+            started = time.perf_counter()
+            cap = started + self.s.cap_factor * self.baseline_s if self.baseline_s is not None else None
+            finished = pool.wait_any(until=min((t for t in (self.deadline, cap) if t is not None), default=None))
+            if finished is None:
+                pool.terminate()
+                settle(store, Finished(job, None, -15, time.perf_counter() - started))
+                return None
+            record = settle(store, finished)
+            return self.s.objective.value(record) if record.status == "finished" else None
+
+        found = confirm(given, [k for k in by_key if k != given], self.s.confirm_rounds, measure,
+                        (lambda v, b: v / b) if better else (lambda v, b: b / v), self.deadline)
+        for key, confirmation in found.items():
+            row = by_key[key]
+            row.confirmed, row.wins = confirmation.ratios, confirmation.wins
+            if confirmation.ratios:
+                self.console.print(f"  {', '.join(f'{k.label}={row.params[k.key]}' for k in self.knobs)}: "
+                                   f"{confirmation.describe()} against the given configuration"
+                                   f"{'' if confirmation.wins else ': a tie'}", soft_wrap=True)
+
     def tolerance(self, params: dict) -> float:
         numerics = any(k.numerics and params[k.key] != k.values[0] for k in self.knobs)
         return self.s.loss_tolerance_16bit if numerics else self.s.loss_tolerance
@@ -466,15 +524,31 @@ class AutoTuner:
     # -- results ----------------------------------------------------------------------------------
 
     def best(self, rows: list[Row]) -> Row | None:
+        """Where the finalists were confirmed: the one with the best median advantage among those
+        that won every interleaved round, else (all ties) the given configuration. Otherwise the
+        best figure of the search."""
         measured = [r for r in rows if r.outcome == "measured" and r.value is not None]
+        confirmed = [r for r in measured if r.confirmed]
+        if confirmed:
+            winners = [r for r in confirmed if r.wins]
+            if winners:
+                return max(winners, key=lambda r: statistics.median(r.confirmed))
+            given = next((r for r in measured if r.params == self.grid[0]), None)
+            if given is not None:
+                return given
         pick = max if self.s.objective.direction == "maximize" else min
         return pick(measured, key=lambda r: r.value) if measured else None
 
-    def speed_up(self, row: Row, baseline: Row | None) -> float | None:
-        """How many times better than the given configuration on the objective."""
+    def speed_up(self, row: Row, baseline: Row | None) -> str:
+        """How many times better than the given configuration on the objective: the confirmed
+        rounds' median and range where there are some, else the search's one figure."""
+        if row.confirmed:
+            found = Confirmation("", row.confirmed)
+            return found.describe() + ("" if found.wins else " tie")
         if row.value is None or baseline is None or baseline.outcome != "measured" or not baseline.value:
-            return None
-        return row.value / baseline.value if self.s.objective.direction == "maximize" else baseline.value / row.value
+            return "-"
+        ratio = row.value / baseline.value if self.s.objective.direction == "maximize" else baseline.value / row.value
+        return f"{ratio:.2f}x"
 
     def best_config(self, best: Row) -> TrainConfig:
         cfg = self.configure(best.params)
@@ -508,7 +582,7 @@ class AutoTuner:
             table.add_row("-" if r.trial is None else str(r.trial), *[str(r.params[k.key]) for k in self.knobs],
                           *([("-" if r.value is None else f"{r.value:.2f} s")] if timed else []),
                           "-" if r.images_per_sec is None else f"{r.images_per_sec:,.0f}",
-                          "-" if speed_up is None else f"{speed_up:.2f}x",
+                          speed_up,
                           "-" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes),
                           "-" if r.warmup_s is None else f"{r.warmup_s:.1f} s",
                           "-" if r.departure is None else f"{r.departure:.2%}",

@@ -1,0 +1,70 @@
+"""The finalists measured again, interleaved, so that the machine's load cannot pick the winner.
+
+The search measures its candidates one after another: on a machine whose load changes (a shared
+CPU, a laptop's clock) a ratio between two of them measures *when* each ran as much as what it is.
+Here the given configuration and the best few are re-run round after round, each in its own
+process (A B C, B C A, C A B, ...: `../shared/MEASURE.md`), and a finalist's advantage is the
+paired ratio against the given configuration of the same round, reported as its median and its
+range over the rounds. A finalist wins only if it beat the given configuration in every round;
+otherwise the advantage is inside the spread, it is a tie, and the simpler configuration (the
+given one) stays.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(slots=True)
+class Confirmation:
+    """One finalist's interleaved rounds against the given configuration."""
+    key: str
+    ratios: list[float] = field(default_factory=list)   # per round: its advantage (>1: better than given)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def low(self) -> float:
+        return min(self.ratios)
+
+    @property
+    def high(self) -> float:
+        return max(self.ratios)
+
+    @property
+    def wins(self) -> bool:
+        """It beat the given configuration in every round: an advantage outside the spread."""
+        return bool(self.ratios) and self.low > 1.0
+
+    def describe(self) -> str:
+        return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f}, {len(self.ratios)} rounds)"
+
+
+def interleave(keys: list[str], rounds: int) -> list[list[str]]:
+    """Each round's order: every key once, the first position rotating round by round, so no
+    candidate always runs first (or right after the same neighbour)."""
+    return [keys[r % len(keys):] + keys[:r % len(keys)] for r in range(rounds)]
+
+
+def confirm(given: str, finalists: list[str], rounds: int, measure: Callable[[str, int], float | None],
+            advantage: Callable[[float, float], float], deadline: float | None = None) -> dict[str, Confirmation]:
+    """Runs `given` and `finalists` `rounds` times, interleaved; `measure(key, round)` returns the
+    objective's value (None: that run failed, the round is dropped for the pair). `advantage(value,
+    given_value)` is how many times better `value` is. Stops between runs at `deadline`."""
+    found = {key: Confirmation(key) for key in finalists}
+    for number, order in enumerate(interleave([given, *finalists], rounds)):
+        values: dict[str, float | None] = {}
+        for key in order:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return found
+            values[key] = measure(key, number)
+        base = values.get(given)
+        for key in finalists:
+            if base and values.get(key):
+                found[key].ratios.append(advantage(values[key], base))
+    return found
