@@ -385,7 +385,11 @@ def test_model_is_written_before_the_summaries(tmp_path):
 def test_checkpoint_saves_do_not_inflate_throughput(tmp_path):
     """The epoch clock once restarted after each save, so images/sec counted only the steps after
     the last one (255k vs 88k on digits). Slow saves make the difference unmissable."""
-    slow = ["--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.01", "--data", "digits",
+    # A wide MLP (1.1M parameters, ~13 MB a save with its optimizer state): saves that cost more
+    # than the training they sit in, on a fast CPU too (with hidden=[64] an AVX-512 machine wrote
+    # its 17 saves in half the training time, too little for the bounds below to tell apart).
+    slow = ["--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.01", "--model-option",
+            "hidden=[1024, 1024]", "--data", "digits",
             "--no-progress", "--epochs", "3", "--no-record", "--lr", "0.003", "--target-accuracy", "0.999"]
     plain = run(["train", *slow, "--run-dir", "plain", "--summary-json", "plain.json"], cwd=tmp_path)
     # Synchronous saves: the whole write is left out of the clock. (A background save's writer thread
