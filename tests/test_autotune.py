@@ -227,6 +227,27 @@ def test_time_to_target_searches_the_batch_size_with_its_learning_rate_rule(tmp_
     store.close()
 
 
+def test_time_to_target_is_confirmed_over_seeds_with_the_test_metric(tmp_path):
+    """Under time to target the confirmation's rounds are seeds: the given configuration and the
+    finalist trained whole, interleaved, seed by seed; each finalist carries its median test-metric
+    difference, and a winner must keep the test metric (the refusal itself: the test above)."""
+    out = tmp_path / "tuned"
+    done = run(["autotune", "--objective", "time-to-target", "--model", "mlp", "--model-option", "hidden=[64]",
+                "--data", "digits", "--target-accuracy", "0.9", "--epochs", "20", "--lr", "0.003", "--seed", "7",
+                "--batch-size", "64", "--knobs", "batch_size", "--trials", "2", "--confirm-rounds", "2",
+                "--finalists", "1", "--no-progress", "--out", str(out), "--store", str(tmp_path / "runs.db")],
+               tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 interleaved rounds (seeds 7..8)" in done.stdout
+    from scaletrain.config import load_toml
+    seeds = sorted(load_toml(c)["seed"] for c in (out / "trials").glob("confirm-*/config.toml"))
+    assert seeds == [7, 7, 8, 8]                 # the given configuration and the finalist, each seed
+    finalist, = [r for r in _rows(out) if r["confirmed"]]
+    assert len(finalist["confirmed"]) == 2 and finalist["test_delta"] is not None
+    best = _result(out)["best"]
+    assert best == (finalist["params"] if finalist["wins"] else _result(out)["baseline"])
+
+
 def test_a_search_measures_the_baseline_and_each_precision_alone_first():
     """Precision is the lever the seeds name first ("up to 3x"): a small budget must see each value
     of it before the sampler chooses (a 4-trial search of char-gpt's 12 candidates missed
@@ -339,14 +360,19 @@ def torch_cpu():
 
 
 def test_interleaved_rounds_rotate_the_order_and_a_finalist_wins_only_every_round():
-    from scaletrain.experiments.autotune.confirm import confirm, interleave
+    from scaletrain.experiments.autotune.confirm import Measured, confirm, interleave
     assert interleave(["A", "B", "C"], 4) == [["A", "B", "C"], ["B", "C", "A"], ["C", "A", "B"], ["A", "B", "C"]]
     speeds = {("A", 0): 100, ("B", 0): 150, ("C", 0): 120, ("A", 1): 100, ("B", 1): 140, ("C", 1): 90,
               ("A", 2): 100, ("B", 2): 130, ("C", 2): 110}
-    found = confirm("A", ["B", "C"], 3, lambda key, r: speeds[key, r], lambda v, b: v / b)
+    found = confirm("A", ["B", "C"], 3, lambda key, r: Measured(speeds[key, r]), lambda v, b: v / b)
     assert found["B"].ratios == [1.5, 1.4, 1.3] and found["B"].wins and found["B"].median == 1.4
     assert found["C"].ratios == [1.2, 0.9, 1.1] and not found["C"].wins      # lost one round: a tie
     assert found["C"].describe() == "1.10x (0.90-1.20, 3 rounds)"
+    # Time to target: faster every seed, but its test accuracy a point lower: refused.
+    tests = {"A": 0.95, "B": 0.94, "C": 0.95}
+    found = confirm("A", ["B"], 3, lambda key, r: Measured(speeds[key, r], tests[key]), lambda v, b: v / b,
+                    test_tolerance=0.005)
+    assert found["B"].low > 1 and found["B"].loses_test and not found["B"].wins
 
 
 def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):

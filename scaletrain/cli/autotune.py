@@ -44,6 +44,9 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
                     "again this many rounds, interleaved; a finalist wins only if it beat the given configuration "
                     "in every round, else it is a tie and the given configuration stays (0: the search's own "
                     "figures decide)")
+    add_number(g, "--test-tolerance", float, ge=0, default=0.005,
+               help="time-to-target: the confirmation's rounds are seeds, and a finalist whose median final test "
+                    "metric is below the given configuration's by more than this is refused (default 0.005)")
     add_number(g, "--finalists", int, ge=1, default=2, help="candidates confirmed beside the given configuration "
                                                             "(default 2)")
     g.add_argument("--emulated-precisions", action="store_true",
@@ -73,7 +76,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     check_writable_file(cfg.tracking.store, "run store (--store)")
     settings = AutotuneSettings(
         out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
-        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s, cap_factor=args.cap_factor, emulated=args.emulated_precisions, confirm_rounds=args.confirm_rounds, finalists=args.finalists, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s, cap_factor=args.cap_factor, emulated=args.emulated_precisions, confirm_rounds=args.confirm_rounds, finalists=args.finalists, test_tolerance=args.test_tolerance, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
         device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
         loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
         loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)

@@ -19,10 +19,26 @@ from typing import Callable
 
 
 @dataclass(slots=True)
+class Measured:
+    """One confirmation run: the objective's value, and (time to target) the final test metric,
+    signed so that higher is better."""
+    value: float
+    test: float | None = None
+
+
+@dataclass(slots=True)
 class Confirmation:
     """One finalist's interleaved rounds against the given configuration."""
     key: str
     ratios: list[float] = field(default_factory=list)   # per round: its advantage (>1: better than given)
+    test_deltas: list[float] = field(default_factory=list)   # per round: its test metric minus the given's
+    test_tolerance: float | None = None     # how much test metric a winner may lose (None: not checked)
+
+    @property
+    def loses_test(self) -> bool:
+        """Its median test metric is below the given configuration's by more than the tolerance."""
+        return (self.test_tolerance is not None and bool(self.test_deltas)
+                and statistics.median(self.test_deltas) < -self.test_tolerance)
 
     @property
     def median(self) -> float:
@@ -38,8 +54,9 @@ class Confirmation:
 
     @property
     def wins(self) -> bool:
-        """It beat the given configuration in every round: an advantage outside the spread."""
-        return bool(self.ratios) and self.low > 1.0
+        """It beat the given configuration in every round (an advantage outside the spread) and
+        kept its test metric."""
+        return bool(self.ratios) and self.low > 1.0 and not self.loses_test
 
     def describe(self) -> str:
         return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f}, {len(self.ratios)} rounds)"
@@ -51,20 +68,25 @@ def interleave(keys: list[str], rounds: int) -> list[list[str]]:
     return [keys[r % len(keys):] + keys[:r % len(keys)] for r in range(rounds)]
 
 
-def confirm(given: str, finalists: list[str], rounds: int, measure: Callable[[str, int], float | None],
-            advantage: Callable[[float, float], float], deadline: float | None = None) -> dict[str, Confirmation]:
+def confirm(given: str, finalists: list[str], rounds: int, measure: Callable[[str, int], Measured | None],
+            advantage: Callable[[float, float], float], deadline: float | None = None,
+            test_tolerance: float | None = None) -> dict[str, Confirmation]:
     """Runs `given` and `finalists` `rounds` times, interleaved; `measure(key, round)` returns the
-    objective's value (None: that run failed, the round is dropped for the pair). `advantage(value,
+    run's figures (None: it failed, the round is dropped for the pair). `advantage(value,
     given_value)` is how many times better `value` is. Stops between runs at `deadline`."""
-    found = {key: Confirmation(key) for key in finalists}
+    found = {key: Confirmation(key, test_tolerance=test_tolerance) for key in finalists}
     for number, order in enumerate(interleave([given, *finalists], rounds)):
-        values: dict[str, float | None] = {}
+        runs: dict[str, Measured | None] = {}
         for key in order:
             if deadline is not None and time.perf_counter() >= deadline:
                 return found
-            values[key] = measure(key, number)
-        base = values.get(given)
+            runs[key] = measure(key, number)
+        base = runs.get(given)
         for key in finalists:
-            if base and values.get(key):
-                found[key].ratios.append(advantage(values[key], base))
+            mine = runs.get(key)
+            if base is None or mine is None or not base.value or not mine.value:
+                continue
+            found[key].ratios.append(advantage(mine.value, base.value))
+            if mine.test is not None and base.test is not None:
+                found[key].test_deltas.append(mine.test - base.test)
     return found

@@ -43,7 +43,7 @@ from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.data import sample_shape
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
-from scaletrain.experiments.autotune.confirm import Confirmation, confirm
+from scaletrain.experiments.autotune.confirm import Confirmation, Measured, confirm
 from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, emulated_precisions, first_candidates,
                                                   model_facts, system_knobs)
 from scaletrain.experiments.jobs import settle, training_job
@@ -55,7 +55,7 @@ from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes
 from scaletrain.precision.hardware import device_facts
 from scaletrain.tracking.store import RunStore
-from scaletrain.training.preflight import check_job, meta_model
+from scaletrain.training.preflight import check_job, meta_model, run_task
 
 PARAMS_ATTR, OUTCOME_ATTR = "params", "outcome"
 # The per-epoch mean training loss of a candidate may differ from the baseline's by this fraction
@@ -113,6 +113,10 @@ class AutotuneSettings:
     # many rounds before the winner is named (confirm.py); 0: the search's own figures decide.
     confirm_rounds: int = 3
     finalists: int = 2
+    # Time to target: the confirmation's rounds are seeds (seed, seed + 1, ...), and a finalist
+    # whose median final test metric is below the given configuration's by more than this is
+    # refused, however fast it got there.
+    test_tolerance: float = 0.005
 
     def problems(self) -> list[str]:
         out = []
@@ -130,6 +134,8 @@ class AutotuneSettings:
             out.append(f"--cap-factor must be a number above 1 (got {self.cap_factor})")
         if self.confirm_rounds < 0:
             out.append(f"--confirm-rounds must be 0 or more (got {self.confirm_rounds})")
+        if not (self.test_tolerance >= 0 and math.isfinite(self.test_tolerance)):
+            out.append(f"--test-tolerance must be 0 or a positive number (got {self.test_tolerance})")
         if self.finalists < 1:
             out.append(f"--finalists must be at least 1 (got {self.finalists})")
         for flag, value in (("--loss-tolerance", self.loss_tolerance), ("--loss-tolerance-16bit", self.loss_tolerance_16bit)):
@@ -156,6 +162,7 @@ class Row:
     # advantage's median and range, and whether it won every round (else a tie).
     confirmed: list[float] = field(default_factory=list)
     wins: bool | None = None
+    test_delta: float | None = None   # time to target: its median final test metric minus the given's
 
 
 def _key(params: dict) -> str:
@@ -482,11 +489,19 @@ class AutoTuner:
         if not ranked:
             return
         by_key = {_key(r.params): r for r in ranked} | {given: rows[given]}
+        seeded = self.s.objective is TIME_TO_TARGET
         self.console.print(f"confirming: the given configuration and {len(ranked)} finalist(s), "
-                           f"{self.s.confirm_rounds} interleaved rounds", soft_wrap=True)
+                           f"{self.s.confirm_rounds} interleaved rounds"
+                           f"{f' (seeds {self.base.seed}..{self.base.seed + self.s.confirm_rounds - 1})' if seeded else ''}",
+                           soft_wrap=True)
+        metric = self.base.target_metric
+        higher = run_task(self.base, (self.shape, self.outputs, self.task, self.example)).metrics.get(metric, True) \
+            if seeded else True
 
-        def measure(key: str, number: int) -> float | None:
+        def measure(key: str, number: int) -> Measured | None:
             cfg = measuring_config(self.configure(by_key[key].params), self.s, self.train_samples)
+            if seeded:     # the whole training proved over seeds, not over one seed's luck
+                cfg.seed = self.base.seed + number
             job = training_job(cfg, f"confirm-{number}-{list(by_key).index(key)}", self.s.out / "trials", self.group)
             pool.start(job)
             started = time.perf_counter()
@@ -497,17 +512,30 @@ class AutoTuner:
                 settle(store, Finished(job, None, -15, time.perf_counter() - started))
                 return None
             record = settle(store, finished)
-            return self.s.objective.value(record) if record.status == "finished" else None
+            value = self.s.objective.value(record) if record.status == "finished" else None
+            if value is None:
+                return None
+            test = (record.summary_value("test_metrics") or {}).get(metric) if seeded else None
+            return Measured(value, None if test is None else (test if higher else -test))
 
         found = confirm(given, [k for k in by_key if k != given], self.s.confirm_rounds, measure,
-                        (lambda v, b: v / b) if better else (lambda v, b: b / v), self.deadline)
+                        (lambda v, b: v / b) if better else (lambda v, b: b / v), self.deadline,
+                        test_tolerance=self.s.test_tolerance if seeded else None)
         for key, confirmation in found.items():
             row = by_key[key]
             row.confirmed, row.wins = confirmation.ratios, confirmation.wins
+            if confirmation.test_deltas:
+                row.test_delta = statistics.median(confirmation.test_deltas) * (1 if higher else -1)
+            if confirmation.loses_test:
+                row.outcome = "refused"
+                row.why = (f"test {metric} {row.test_delta:+.4f} against the given configuration (median over "
+                           f"{len(confirmation.test_deltas)} seeds; --test-tolerance {self.s.test_tolerance:g})")
             if confirmation.ratios:
+                verdict = "" if confirmation.wins else (": refused, " + row.why if confirmation.loses_test
+                                                        else ": a tie")
                 self.console.print(f"  {', '.join(f'{k.label}={row.params[k.key]}' for k in self.knobs)}: "
-                                   f"{confirmation.describe()} against the given configuration"
-                                   f"{'' if confirmation.wins else ': a tie'}", soft_wrap=True)
+                                   f"{confirmation.describe()} against the given configuration{verdict}",
+                                   soft_wrap=True)
 
     def tolerance(self, params: dict) -> float:
         numerics = any(k.numerics and params[k.key] != k.values[0] for k in self.knobs)
@@ -528,9 +556,8 @@ class AutoTuner:
         that won every interleaved round, else (all ties) the given configuration. Otherwise the
         best figure of the search."""
         measured = [r for r in rows if r.outcome == "measured" and r.value is not None]
-        confirmed = [r for r in measured if r.confirmed]
-        if confirmed:
-            winners = [r for r in confirmed if r.wins]
+        if any(r.confirmed for r in rows):    # a finalist refused by its test metric counts as confirmed
+            winners = [r for r in measured if r.confirmed and r.wins]
             if winners:
                 return max(winners, key=lambda r: statistics.median(r.confirmed))
             given = next((r for r in measured if r.params == self.grid[0]), None)
