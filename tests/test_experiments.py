@@ -72,13 +72,21 @@ def test_multi_trains_side_by_side_and_ensemble_averages_them(tmp_path):
     assert all("1 threads" in r.environment["device"] for r in records)
     ids = [r.id for r in records]
     result = json.loads(run(["ensemble", *ids, "--json"], tmp_path).stdout)
-    by_run = {m["run"]: m["accuracy"] for m in result["members"]}
+    assert result["task"] == "classification" and result["processes"] == 1
+    by_run = {m["run"]: m["metrics"]["accuracy"] for m in result["members"]}
     for record in records:  # the saved weights, evaluated again, give the run's own test accuracy
         assert by_run[record.id] == pytest.approx(record.summary["test_accuracy"], abs=1e-6)
-    assert result["ensemble_accuracy"] >= min(by_run.values()) - 0.02
+    assert result["ensemble"]["accuracy"] >= min(by_run.values()) - 0.02
+    # One member per process, gathered by the chief: the serial result.
+    side_by_side = json.loads(run(["ensemble", *ids, "--json", "--nproc", "2"], tmp_path).stdout)
+    assert side_by_side["processes"] == 2
+    assert side_by_side["members"] == result["members"] and side_by_side["ensemble"] == pytest.approx(
+        result["ensemble"], abs=1e-6)
     # An ensemble of one model with itself is that model.
     twice = json.loads(run(["ensemble", ids[0], ids[0], "--json"], tmp_path).stdout)
-    assert twice["ensemble_accuracy"] == pytest.approx(by_run[ids[0]], abs=1e-6)
+    assert twice["ensemble"]["accuracy"] == pytest.approx(by_run[ids[0]], abs=1e-6)
+    out = run(["ensemble", *ids, "--nproc", "3"], tmp_path)   # refused before any worker starts
+    assert out.returncode == 2 and "--nproc 3 for 2 members" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_multi_says_why_a_training_failed(tmp_path):

@@ -75,6 +75,38 @@ def test_sweep_and_multi_show_the_tasks_metric(tmp_path, task):
     assert multi_run["task"] == name
 
 
+def test_ensemble_combines_the_tasks_predictions_one_member_per_process(tmp_path, task):
+    name, flags, metric = task
+    for seed in (1, 2):
+        _ok(run(["train", *flags, *QUICK, "--seed", str(seed), "--group", "members"], tmp_path))
+    records = _records(tmp_path)
+    ids = [r.id for r in records]
+    serial = json.loads(_ok(run(["ensemble", *ids, "--json"], tmp_path)))
+    assert serial["task"] == name and serial["metric"] == metric
+    for record, member in zip(records, serial["members"]):   # each member scores as its run did
+        assert member["metrics"] == pytest.approx(record.summary["test_metrics"], rel=1e-5)
+    combined = serial["ensemble"][metric]
+    # Averaging helps on these two (r2 up; perplexity below the worse member's).
+    members = [m["metrics"][metric] for m in serial["members"]]
+    assert (combined > min(members)) if name == "regression" else (combined < max(members))
+    side_by_side = json.loads(_ok(run(["ensemble", *ids, "--json", "--nproc", "2"], tmp_path)))
+    assert side_by_side["processes"] == 2 and side_by_side["members"] == serial["members"]
+    assert side_by_side["ensemble"] == pytest.approx(serial["ensemble"], rel=1e-6)
+    table = _ok(run(["ensemble", *ids], tmp_path))
+    assert {"regression": "averaged outputs", "language-model": "averaged token distributions"}[name] in table
+
+
+def test_an_ensemble_of_two_tasks_is_refused_in_one_line(tmp_path):
+    for flags, _ in TASKS.values():
+        _ok(run(["train", *flags, "--epochs", "1", "--no-progress", "--group", "g"], tmp_path))
+    ids = [r.id for r in _records(tmp_path)]
+    for extra in ([], ["--nproc", "2"]):
+        out = run(["ensemble", *ids, *extra], tmp_path)
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        [line] = out.stderr.strip().splitlines()
+        assert "learned different tasks" in line and "regression" in line and "language-model" in line
+
+
 def test_tune_optimises_the_tasks_own_target(tmp_path, task):
     name, flags, metric = task
     (tmp_path / "space.toml").write_text(SPACE)

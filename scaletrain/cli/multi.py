@@ -25,6 +25,8 @@ def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="runs with saved models (model.pt)")
     parser.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default {DEFAULT_STORE})")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    add_number(parser, "--nproc", int, ge=1, default=1,
+               help="processes, each predicting its share of the members on its own device (default 1)")
     parser.add_argument("--data-dir", help="where the data set's files are now (default: as the runs recorded)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -46,24 +48,45 @@ def run_multi(args: argparse.Namespace, argv: list[str]) -> int:
     return 0 if all(r.status == "finished" for r in records) else 1
 
 
+# What the combined predictions are, by the data's task.
+COMBINED = {"classification": "averaged probabilities", "language-model": "averaged token distributions",
+            "regression": "averaged outputs"}
+
+
 def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.table import Table
 
     from scaletrain.cli.console import wide_console
-    from scaletrain.experiments.ensemble import evaluate_ensemble
+    from scaletrain.distributed.launch import inside_worker, launch
+    from scaletrain.errors import UserError
+    from scaletrain.experiments.ensemble import check_members, evaluate_ensemble
     from scaletrain.tracking.store import RunStore
     with RunStore(args.store, create=False) as store:
         records = [store.get(i) for i in args.run_ids]
-    members, ensemble = evaluate_ensemble(records, args.device, args.data_dir)
-    if args.json:
-        print(json.dumps({"members": [{"run": m.run_id, "model": m.model, "accuracy": m.accuracy} for m in members],
-                          "ensemble_accuracy": ensemble}, indent=2))
+    if args.nproc > 1 and not inside_worker():
+        check_members(records, args.data_dir)   # before any worker starts
+        if args.nproc > len(records):
+            raise UserError(f"--nproc {args.nproc} for {len(records)} members: at most one process per member "
+                            f"(--nproc {len(records)})")
+        return launch(args.nproc, 0, args.device, list(argv), command="ensemble")
+    result = evaluate_ensemble(records, args.device, args.data_dir)
+    if not result.chief:
         return 0
-    table = Table(title=f"Ensemble of {len(members)} models on the test split")
+    if args.json:
+        print(json.dumps({"task": result.task, "metric": result.metric, "processes": result.processes,
+                          "members": [{"run": m.run_id, "model": m.model, "metrics": m.metrics}
+                                      for m in result.members],
+                          "ensemble": result.ensemble}, indent=2))
+        return 0
+    names = list(result.ensemble)
+    table = Table(title=f"Ensemble of {len(result.members)} {result.task} models on the test split "
+                        f"({result.processes} process(es))")
     table.add_column("model")
-    table.add_column("test accuracy", justify="right")
-    for m in members:
-        table.add_row(f"{m.run_id} ({m.model})", f"{m.accuracy:.4f}")
-    table.add_row(Text("averaged probabilities", style="bold"), Text(f"{ensemble:.4f}", style="bold"))
+    for name in names:
+        table.add_column(f"test {name}", justify="right")
+    for m in result.members:
+        table.add_row(f"{m.run_id} ({m.model})", *(f"{m.metrics[n]:.4f}" for n in names))
+    table.add_row(Text(COMBINED.get(result.task, "averaged predictions"), style="bold"),
+                  *(Text(f"{result.ensemble[n]:.4f}", style="bold") for n in names))
     wide_console().print(table)
     return 0

@@ -1,60 +1,175 @@
-"""`scaletrain ensemble RUN_ID ...`: the averaged class probabilities of saved models (seed 002's
-models trained side by side), evaluated on their data set's test split."""
+"""`scaletrain ensemble RUN_ID ...`: saved models' predictions combined (seed 002's models trained
+side by side, one per device), scored on their data set's test split.
+
+The members' predictions are averaged in the data's terms: class probabilities for a classifier,
+token distributions for a language model, output values for a regression. The average is scored
+by the data's task (`Task.output_of_predictions`), the same metrics each member's own run reported.
+
+With several processes (`--nproc N`, or a job started by torchrun) each process predicts its own
+members (member i on process i mod N, on its own device) and the chief gathers every member's
+predictions once and combines them in member order: the same sums, in the same order, as one
+process predicting them all.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from scaletrain.checkpoint.weights import load_weights
+import torch
+
 from scaletrain.data import load_dataset
+from scaletrain.data.registry import sample_shape
 from scaletrain.errors import UserError
 from scaletrain.inference.saved import saved_model_path, saved_run_config
+from scaletrain.tasks import TASKS
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
 
 # Data settings that must agree for the runs' test splits to be the same samples.
-SAME_DATA_KEYS = ("name", "num_samples", "shape", "num_classes")
+SAME_DATA_KEYS = ("name", "num_samples", "shape", "num_classes", "data_dir", "val_fraction")
 
 
 @dataclass(slots=True)
 class MemberResult:
     run_id: str
     model: str
-    accuracy: float
+    metrics: dict[str, float]
 
 
-def check_members(records: list[RunRecord]) -> None:
+@dataclass(slots=True)
+class EnsembleResult:
+    task: str                   # the data's task: what the predictions are and how they are scored
+    metric: str                 # the task's headline metric
+    members: list[MemberResult]
+    ensemble: dict[str, float]  # the combined predictions' metrics
+    processes: int              # how many processes predicted the members
+    chief: bool = True          # this process holds the result (the others of a job hold none)
+
+
+def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
+    """The members' common task, after checking they can be combined: each saved a model, all
+    learned one task on the same data. Reads no data where the data sets state their samples."""
     if len(records) < 2:
         raise UserError("an ensemble needs at least two runs")
-    first = records[0]
+    first, tasks = records[0], {}
     for record in records:
         saved_model_path(record)
+        tasks[record.id] = sample_shape(saved_run_config(record, "cpu", data_dir).data)[2]
+    if len(set(tasks.values())) > 1:
+        named = ", ".join(f"{run} {task}" for run, task in tasks.items())
+        raise UserError(f"the runs learned different tasks ({named}); an ensemble combines predictions of one kind: "
+                        "pass runs of one task")
+    for record in records:
         for key in SAME_DATA_KEYS:
             a, b = first.config.get("data", {}).get(key), record.config.get("data", {}).get(key)
             if a != b:
                 raise UserError(f"runs {first.id} and {record.id} were trained on different data (data.{key}: {a!r} vs "
-                                f"{b!r}); an ensemble averages predictions on one test split")
+                                f"{b!r}); an ensemble combines predictions on one test split")
+    return tasks[first.id]
 
 
-def evaluate_ensemble(records: list[RunRecord], device: str = "auto",
-                      data_dir: str | None = None) -> tuple[list[MemberResult], float]:
-    check_members(records)
-    first_cfg = saved_run_config(records[0], device, data_dir)
-    dataset = load_dataset(first_cfg.data, seed=first_cfg.seed)
-    labels = dataset.test.y.long()
-    members, total = [], None
-    for record in records:
-        cfg = saved_run_config(record, device, data_dir)
-        with build_training(cfg, dataset=dataset) as built:
+def evaluate_ensemble(records: list[RunRecord], device: str = "auto", data_dir: str | None = None) -> EnsembleResult:
+    """Every member's metrics and the combined predictions', on the test split. In a job of several
+    processes (torchrun's variables set) the members are shared out one per process; only the
+    chief's result holds them (`chief`)."""
+    from scaletrain.distributed.env import dist_env
+    task_name = check_members(records, data_dir)
+    world = dist_env().world_size
+    if world > len(records):
+        raise UserError(f"{world} processes for {len(records)} members: start at most one process per member "
+                        f"(--nproc {len(records)})")
+    first = saved_run_config(records[0], device, data_dir)
+    dataset = load_dataset(first.data, seed=first.seed)   # the members' one data set (check_members)
+    if world == 1:
+        predictions = [_predict_member(r, device, data_dir, dataset) for r in records]
+        return _combine(records, predictions, task_name, dataset, 1)
+    return _evaluate_in_job(records, device, data_dir, task_name, dataset, world)
+
+
+def _predict_member(record: RunRecord, device: str, data_dir: str | None, dataset) -> torch.Tensor:
+    """The member's predictions on the test split (float32, on the host)."""
+    from scaletrain.checkpoint.weights import load_weights
+    from scaletrain.distributed import build_strategy
+    from scaletrain.distributed.env import DistEnv
+    cfg = saved_run_config(record, device, data_dir)
+    # One device of this process, whatever job it is part of: a member is one whole model.
+    strategy = build_strategy(cfg.distributed, DistEnv())
+    strategy.setup(device)
+    try:
+        with build_training(cfg, dataset=dataset, strategy=strategy) as built:
             trainer = built.trainer
-            if trainer.task.name != "classification":
-                raise UserError(f"run {record.id} trained a {trainer.task.name} model; an ensemble averages "
-                                "class probabilities, so every member must be a classifier")
             load_weights(trainer.model, saved_model_path(record), f"run {record.id}'s model")
-            trainer.evaluate(dataset)  # sets the input normalisation from the training split, as in training
-            probabilities = trainer.predict(dataset.test.x)
-        accuracy = (probabilities.argmax(-1) == labels).float().mean().item()
-        members.append(MemberResult(record.id, cfg.model.name, accuracy))
-        total = probabilities if total is None else total + probabilities
-    ensemble = (total.argmax(-1) == labels).float().mean().item()
-    return members, ensemble
+            trainer.adopt(dataset)   # the input normalisation from the training split, as in training
+            return trainer.predict(dataset.test)
+    finally:
+        strategy.teardown()
+
+
+def _combine(records: list[RunRecord], predictions: list[torch.Tensor], task_name: str, dataset,
+             processes: int) -> EnsembleResult:
+    """The members' and the mean prediction's metrics; `predictions` in member order."""
+    split = dataset.test
+    targets = split.y if hasattr(split, "y") else split.head(len(split)).y
+    scoring = TASKS.get(task_name)()
+    for record, p in zip(records, predictions):
+        _check_shape(record, p, tuple(predictions[0].shape), records[0].id)
+    members = [MemberResult(r.id, r.config.get("model", {}).get("name", "?"), _score(scoring, p, targets))
+               for r, p in zip(records, predictions)]
+    total = predictions[0].double().clone()
+    for p in predictions[1:]:
+        total += p.double()
+    mean = (total / len(predictions)).float()
+    return EnsembleResult(task_name, scoring.default_target or next(iter(scoring.metrics)), members,
+                          _score(scoring, mean, targets), processes)
+
+
+def _score(task, predictions: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    sums = task.eval_sums(task.output_of_predictions(predictions), targets)
+    return {name: float(value) for name, value in task.eval_metrics(sums.tolist()).items()}
+
+
+def _check_shape(record: RunRecord, predictions: torch.Tensor, shape: tuple[int, ...], other: str) -> None:
+    if tuple(predictions.shape) != shape:
+        raise UserError(f"run {record.id}'s predictions are shaped {tuple(predictions.shape)}, run {other}'s "
+                        f"{shape}; an ensemble combines predictions of one shape")
+
+
+def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None, task_name: str, dataset,
+                     world: int) -> EnsembleResult:
+    """This process's members (i mod world == rank) on its own device; every member's predictions
+    gathered once by the chief, which combines them in member order."""
+    import torch.distributed as dist
+
+    from scaletrain.config import DistributedConfig
+    from scaletrain.distributed import build_strategy
+    from scaletrain.distributed.env import dist_env
+    env = dist_env()
+    group = build_strategy(DistributedConfig(strategy="ddp", nproc=world), env)
+    here = group.setup(device)
+    try:
+        mine = [_predict_member(r, str(here), data_dir, dataset) for r in records[env.rank::world]]
+        slots = math.ceil(len(records) / world)
+        # Every process sends the same shape: its members' predictions, padded to `slots`.
+        shape = _shape_of_predictions(mine, group)
+        sent = torch.zeros((slots, *shape), dtype=torch.float32)
+        for i, (record, p) in enumerate(zip(records[env.rank::world], mine)):
+            _check_shape(record, p, shape, "another")
+            sent[i] = p
+        sent = sent.to(here)
+        received = [torch.empty_like(sent) for _ in range(world)] if env.is_chief else None
+        dist.gather(sent, received, dst=0)
+        if not env.is_chief:
+            return EnsembleResult(task_name, "", [], {}, world, chief=False)
+        # Member i was rank (i mod world)'s (i // world)-th.
+        predictions = [received[i % world][i // world].cpu() for i in range(len(records))]
+        return _combine(records, predictions, task_name, dataset, world)
+    finally:
+        group.teardown()
+
+
+def _shape_of_predictions(mine: list[torch.Tensor], group) -> tuple[int, ...]:
+    """The predictions' shape agreed by every process (each holds at least one member): the largest
+    of each dimension; a member shaped otherwise is refused by the process predicting it."""
+    dims = torch.tensor([len(mine[0].shape), *mine[0].shape, *([0] * 8)][:9], dtype=torch.int64)
+    return tuple(int(d) for d in group.all_reduce_max_(dims.to(group.device)).cpu()[1:1 + int(dims[0])])

@@ -84,6 +84,12 @@ class Task(ABC):
         """What `Trainer.predict` returns for a batch's outputs: class probabilities by default."""
         return torch.softmax(output.float(), dim=-1)
 
+    def output_of_predictions(self, predictions: torch.Tensor) -> torch.Tensor:
+        """An output that `eval_sums` scores as `predictions` (what `predictions` returned, or a
+        mean of several models' predictions: an ensemble's): log-probabilities by default, whose
+        softmax they are. A task whose predictions are its outputs returns them."""
+        return torch.log(predictions.float().clamp_min(torch.finfo(torch.float32).tiny))
+
     def output_size(self, dataset) -> int:
         """The model's output width for this data set: one per real-valued target, else the classes
         (the vocabulary for token ids)."""
