@@ -202,12 +202,22 @@ class DistributedConfig:
                        "`scaletrain list` shows: ddp, zero1, fsdp, pipeline (--stages), tensor (--tensor-parallel), "
                        "ps (parameter servers, --num-ps), ...", choices=STRATEGIES, resumable=True)
     nproc: int = _f(1, "start this many local worker processes through torchrun's elastic agent", ge=1, resumable=True)
+    devices: list[int] = _f([], "the devices the processes use, one each (seed 002's MirroredStrategy(devices=...)): "
+                                "GPU indices, process i on GPU devices[i]; on a CPU host core numbers, process i "
+                                "pinned to that core with one thread. Default: GPUs 0..N-1, the cores shared",
+                            ge=0, resumable=True)
     max_restarts: int = _f(0, "with --nproc: restart the worker group this many times after a failure", ge=0,
                            resumable=True)
     backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo",
                   choices=("auto", "nccl", "gloo"), resumable=True)
-    grad_compression: str = _f("none", "all-reduce gradients in 16 bits: none, bf16 or fp16 (a DDP comm hook)",
-                           choices=("none", "bf16", "fp16"))
+    grad_compression: str = _f("none", "how gradients cross the links: none (plain all-reduce), bf16 or fp16 (16 bits on "
+                                       "the wire: half the bytes), or powersgd (a low-rank approximation, DDP only: "
+                                       "see --powersgd-rank; `scaletrain scaling` prices each)",
+                               choices=("none", "bf16", "fp16", "powersgd"))
+    powersgd_rank: int = _f(1, "with --grad-compression powersgd: the rank of each gradient matrix's approximation "
+                               "(higher: closer to the exact all-reduce, more bytes)", ge=1)
+    powersgd_warmup: int = _f(10, "with --grad-compression powersgd: optimizer steps with the plain all-reduce before "
+                                  "compression starts (at least 2: DDP's first steps rebuild its buckets)", ge=2)
     sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm on CUDA, an all-reduce batch norm on CPU)")
     bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0, resumable=True)
     init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)", gt=0,
@@ -381,6 +391,16 @@ class TrainConfig:
         if self.target is not None and self.target_metric in ("accuracy", "r2") and not self.target <= 1:
             raise ConfigError(f"config key 'target' must be at most 1 for {self.target_metric} (got {self.target!r}); "
                               "give a fraction, e.g. 0.95")
+        d = self.distributed
+        if len(set(d.devices)) < len(d.devices):
+            raise ConfigError(f"--devices {','.join(map(str, d.devices))} names a device twice; one process per device")
+        if d.devices and d.nproc > 1 and len(d.devices) != d.nproc:
+            raise ConfigError(f"--devices {','.join(map(str, d.devices))} names {len(d.devices)} device(s) for "
+                              f"--nproc {d.nproc}; name one device per process")
+        defaults = {f.name: f.default for f in dataclasses.fields(d)}
+        if d.grad_compression != "powersgd" and any(getattr(d, k) != defaults[k] for k in ("powersgd_rank",
+                                                                                             "powersgd_warmup")):
+            raise ConfigError("--powersgd-rank and --powersgd-warmup need --grad-compression powersgd")
         problem = _table_problem(self.distributed, self)
         if problem:
             raise ConfigError(problem)

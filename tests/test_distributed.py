@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -123,6 +124,40 @@ def _run_with_checkpoints(tmp_path, name, extra=(), nproc=2):
             "--augment", "shift", "--shift", "1", "--checkpoint-every", "7", "--keep-checkpoints", "2",
             "--nproc", str(nproc), "--run-dir", str(tmp_path / name), *extra]
     return args
+
+
+def test_devices_pin_each_process_to_its_core(tmp_path):
+    """--devices on a CPU host: process i runs on core devices[i] alone, with one thread."""
+    out, cores = tmp_path / "placed", sorted(os.sched_getaffinity(0))
+    first, second = cores[1], cores[0]   # in the opposite order to the default's
+    result = run(["train", "--model", "faulty_models:placement_mlp", "--model-option", f"out={out}", "--data", "digits",
+                  "--no-progress", "--epochs", "1", "--nproc", "2", "--devices", f"{first},{second}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    placed = [json.loads((tmp_path / f"placed.{rank}").read_text()) for rank in (0, 1)]
+    assert placed == [{"cores": [first], "threads": 1}, {"cores": [second], "threads": 1}]
+    for flags, message in ((["--devices", f"{first},{cores[-1] + 5}"], f"may use cores {cores[0]}-"),
+                           (["--devices", "0,1"], "names 2 device(s) for --nproc 3"),
+                           (["--devices", "1,1"], "names a device twice")):
+        nproc = ["--nproc", "3"] if "--nproc 3" in message else ["--nproc", "2"]
+        refused = run(["train", *DIGITS_MLP, "--epochs", "1", *nproc, *flags], tmp_path)
+        assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_powersgd_is_the_plain_all_reduce_in_its_warm_up_then_departs_boundedly(tmp_path):
+    common = ["train", *DIGITS_MLP, "--epochs", "3", "--nproc", "2"]
+    runs = {"plain": [], "warming": ["--grad-compression", "powersgd", "--powersgd-warmup", "1000"],
+            "rank1": ["--grad-compression", "powersgd", "--powersgd-rank", "1", "--powersgd-warmup", "2"]}
+    for name, flags in runs.items():
+        result = run(common + flags + ["--run-dir", str(tmp_path / name)], tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+    plain, warming, rank1 = (metrics(tmp_path / name) for name in runs)
+    # Within its warm-up the hook all-reduces whole buckets: the plain run's numbers.
+    for a, b in zip(plain, warming):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+    # Compressed to rank 1 from the third step, it changes the numbers and still learns.
+    assert rank1[-1]["train_loss"] != pytest.approx(plain[-1]["train_loss"], rel=1e-3)
+    assert rank1[-1]["train_loss"] < rank1[0]["train_loss"]
+    assert rank1[-1]["val_accuracy"] == pytest.approx(plain[-1]["val_accuracy"], abs=0.1)
 
 
 @pytest.mark.parametrize("saving", ["--async-save", "--no-async-save"])

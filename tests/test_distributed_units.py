@@ -193,3 +193,32 @@ def test_a_process_killed_outright_is_the_jobs_failure_though_a_peer_stamped_an_
     later.write_text(json.dumps({"message": "ValueError: bad", "timestamp": x, "time_ns": x * 10**9 + 999_000_000}))
     assert _first_failure({0: worker, 1: stopped, 3: ProcessFailure(3, 14, 1, str(later))})[0] == 0
     assert _first_failure({1: stopped})[0] == 1
+
+
+
+def test_powersgd_wire_elements_are_what_torchs_hook_sends():
+    """The count the scaling predictor prices, against the hook's own statistics for one step."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from scaletrain.distributed.comm_hooks import powersgd_wire_elements
+    from scaletrain.distributed.strategies.process_group import _free_port, destroy_process_group
+    store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 2))
+        shapes = [tuple(p.shape) for p in model.parameters()]
+        ddp = DistributedDataParallel(model)
+        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        for step in range(3):
+            if step == 2:   # the first compressed step: count only its numbers
+                state.total_numel_before_compression = state.total_numel_after_compression = 0
+            ddp(torch.randn(5, 64)).sum().backward()
+        assert state.total_numel_before_compression == sum(p.numel() for p in model.parameters())
+        assert powersgd_wire_elements(shapes, rank=2) == state.total_numel_after_compression
+        assert state.total_numel_after_compression < state.total_numel_before_compression / 2
+    finally:
+        destroy_process_group()

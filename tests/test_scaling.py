@@ -104,6 +104,22 @@ def test_hosts_use_the_slower_network_and_bf16_halves_the_bytes():
     assert device_counts(64) == [1, 2, 4, 8, 16, 32, 64]
 
 
+def test_powersgd_sends_the_low_rank_factors_in_three_all_reduces_per_bucket():
+    # A 4096 x 4096 layer and its bias, float32: rank 4 sends 4 x (4096 + 4096) numbers and the bias whole.
+    shapes = ((4096, 4096), (4096,))
+    grad = 4 * (4096 * 4096 + 4096)
+    plain = _inputs(grad_bytes=grad)
+    low = _inputs(grad_bytes=grad, compression="powersgd", powersgd_rank=4, tensor_shapes=shapes)
+    assert low.wire_bytes == pytest.approx(4 * (4 * 8192 + 4096))
+    p, q = predict(plain, 4), predict(low, 4)
+    assert q.bandwidth_s == pytest.approx(p.bandwidth_s * low.wire_bytes / grad)
+    assert q.latency_s == pytest.approx(3 * p.latency_s)
+    text = " ".join(explain(low, [predict(low, n) for n in device_counts(8)]))
+    assert "with powersgd compression (rank 4, three all-reduces per bucket" in text
+    with pytest.raises(ValueError, match="shapes"):
+        _inputs(compression="powersgd").wire_bytes
+
+
 def test_explains_why_two_devices_can_be_slower_than_one():
     inp = _inputs(step_time_s=0.002, intra=get_interconnect("pcie4"))  # tiny compute, big gradients
     points = [predict(inp, n) for n in device_counts(8)]

@@ -37,7 +37,8 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = config_from_args(args)
     limit = parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit is not None else None
     if cfg.distributed.nproc > 1 and not inside_worker():
-        return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="find-batch-size")
+        return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="find-batch-size",
+                      devices=cfg.distributed.devices)
     from scaletrain.distributed import dist_env
     from scaletrain.memory.batch_finder import find_batch_size
     from scaletrain.training import build_training

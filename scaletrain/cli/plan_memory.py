@@ -20,7 +20,7 @@ from scaletrain.cli.flags import add_number
 
 def add_plan_memory_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
-    add_train_arguments(parser)
+    add_train_arguments(parser, exclude=("distributed.devices",))   # here --devices is a count to plan for
     g = parser.add_argument_group("memory plan")
     add_number(g, "--devices", int, ge=1, default=1, help="devices the global batch is split over")
     g.add_argument("--device-memory", default=None, metavar="SIZE",

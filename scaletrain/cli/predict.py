@@ -49,7 +49,8 @@ def run_predict(args: argparse.Namespace, argv: list[str]) -> int:
         check_samples(samples, input_shape(cfg), record.id)
     if cfg.distributed.nproc > 1 and not inside_worker():
         preflight(cfg, cfg.distributed.nproc)      # the layout and the weights, before any worker starts
-        return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="predict")
+        return launch(cfg.distributed.nproc, 0, cfg.device, list(argv), command="predict",
+                      devices=cfg.distributed.devices)
     result = predict_run(cfg, record.id, samples=samples, split=args.split, batch_size=args.forward_batch)
     if result.chief:
         import numpy as np

@@ -17,6 +17,7 @@ class DistEnv:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1      # processes of the job on this host
     restart_count: int = 0
     run_id: str | None = None      # torchrun's rendezvous id: the same across restarts
     under_elastic: bool = False    # started by torchrun's elastic agent
@@ -64,6 +65,7 @@ def dist_env(environ=None) -> DistEnv:
         rank=rank,
         local_rank=local_rank,
         world_size=world,
+        local_world_size=local_world,
         restart_count=env_int("TORCHELASTIC_RESTART_COUNT", 0, environ=environ),
         run_id=environ.get("TORCHELASTIC_RUN_ID"),
         under_elastic="TORCHELASTIC_RUN_ID" in environ,

@@ -65,19 +65,22 @@ def launch_from_config(cfg, layout, argv: list[str], run_dir: str, run_id: str) 
         print("scaletrain: note: --max-restarts without --checkpoint-every: a restarted group starts over",
               file=sys.stderr)
     worker_argv = argv + ["--run-dir", run_dir, "--run-id", run_id]
-    return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv, role=layout.role)
+    return launch(cfg.distributed.nproc, cfg.distributed.max_restarts, cfg.device, worker_argv, role=layout.role,
+                  devices=cfg.distributed.devices)
 
 
 def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], command: str = "train",
-           role=lambda rank: f"worker rank {rank}") -> int:
+           role=lambda rank: f"worker rank {rank}", devices: list[int] | tuple[int, ...] = ()) -> int:
     """Runs the elastic agent in this process, each worker running `scaletrain COMMAND
-    WORKER_ARGV`; returns the job's exit code."""
+    WORKER_ARGV` (on its one of `devices`, --devices, where given); returns the job's exit code."""
+    from scaletrain.distributed.devices import check_host_devices
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if wants_cuda and torch.cuda.device_count() < nproc:
+    check_host_devices(list(devices), "cuda" if wants_cuda else "cpu")
+    if wants_cuda and not devices and torch.cuda.device_count() < nproc:
         raise ConfigError(f"--nproc {nproc} needs {nproc} GPUs on this host, it has {torch.cuda.device_count()}; "
                           f"use --nproc {max(torch.cuda.device_count(), 1)} or --device cpu")
     # torchrun shares its rendezvous TCPStore with the workers by default, and after a restart the
@@ -91,7 +94,8 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
     # committed atomically, so a kill never damages the newest complete one.
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "10")
     # The host's cores shared among its workers (torchrun would give each one thread, and say so).
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # Pinned to a core each (--devices on a CPU host), a worker runs one thread.
+    os.environ.setdefault("OMP_NUM_THREADS", "1" if devices else str(max(1, (os.cpu_count() or 1) // nproc)))
     args = get_args_parser().parse_args(torchrun_arguments(nproc, max_restarts, worker_argv, command))
     # The agent logs each failed and stopped worker; the job's failure is reported below, once.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)

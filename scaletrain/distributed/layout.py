@@ -50,6 +50,13 @@ class Layout:
         if layout.workers % layout.span:
             raise ConfigError(f"{layout.workers} processes do not divide into replicas of {d.stages} stage(s) x "
                               f"{d.tensor} tensor-parallel process(es); start a multiple of {layout.span}")
+        if world == 1 and len(config.devices) > 1:
+            raise ConfigError(f"--devices {','.join(map(str, config.devices))} names {len(config.devices)} devices for "
+                              f"one process; start one process per device (--nproc {len(config.devices)})")
+        if config.grad_compression not in strategy_cls.grad_compressions:
+            raise ConfigError(f"--grad-compression {config.grad_compression} does not apply to --strategy "
+                              f"{layout.strategy} (it takes {', '.join(strategy_cls.grad_compressions)}); use "
+                              "--strategy ddp, or leave --grad-compression none")
         problem = strategy_cls.layout_problem(layout, config)
         if problem:
             raise ConfigError(problem)

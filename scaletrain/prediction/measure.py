@@ -56,6 +56,8 @@ class StepMeasurement:
     boundary_bytes: int = 0
     # Each trainable tensor's bytes: how a parameter server would shard them.
     tensor_bytes: tuple[int, ...] = ()
+    # ... and shape: what PowerSGD's low-rank factors of each would send.
+    tensor_shapes: tuple[tuple[int, ...], ...] = ()
     # What --strategy tensor would all-reduce per step (tensor_parallel_traffic); 0 for a model
     # whose blocks state no TP_PLAN.
     tp_allreduces: int = 0
@@ -213,7 +215,8 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
         if time_steps:
             trainer.fit(dataset)
     # Under autocast the weights, hence the gradients DDP reduces, stay float32; bf16-true halves them.
-    tensor_bytes = tuple(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    tensor_bytes = tuple(p.numel() * p.element_size() for p in trainable)
     grad_bytes = sum(tensor_bytes)
     flops = step_flops_per_sample(trainer, dataset)
     from scaletrain.summary import device_name
@@ -225,7 +228,8 @@ def measure_single_device(cfg: TrainConfig, steps: int = 20, time_steps: bool = 
                            grad_bytes=grad_bytes, params=sum(p.numel() for p in trainer.model.parameters()),
                            device=device_name(trainer.device), flops_per_sample=flops,
                            sample_shape=tuple(dataset.input_shape), boundary_bytes=boundary_bytes(trainer, dataset),
-                           tensor_bytes=tensor_bytes, tp_allreduces=tp_allreduces, tp_allreduce_bytes=tp_bytes,
+                           tensor_bytes=tensor_bytes, tensor_shapes=tuple(tuple(p.shape) for p in trainable),
+                           tp_allreduces=tp_allreduces, tp_allreduce_bytes=tp_bytes,
                            tp_split_share=tp_share, tp_overhead_s=tp_overhead,
                            blocks=count_blocks(trainer.model, cfg.memory.block_classes))
 

@@ -96,6 +96,7 @@ class DataParallel(Predictor):
                                intra=get_interconnect(req.intra), network=get_interconnect(req.network),
                                devices_per_host=req.devices_per_host, overlap=req.overlap,
                                compression=cfg.distributed.grad_compression,
+                               powersgd_rank=cfg.distributed.powersgd_rank, tensor_shapes=m.tensor_shapes,
                                bucket_bytes=int(cfg.distributed.bucket_cap_mb * 2**20), tensor_bytes=m.tensor_bytes,
                                shard_copy_s_per_byte=copies, **traffic)
         points = [predict(inputs, n) for n in device_counts(req.max_devices)]

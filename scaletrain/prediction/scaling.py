@@ -9,9 +9,11 @@ times the samples per step):
     t_allreduce(N) = 2(N-1)/N * S/B  +  buckets * 2(N-1) * alpha      (ring all-reduce)
     speedup(N) = N * t_compute / t_step(N),   efficiency = speedup / N
 
-S is the gradient bytes (halved by bf16/fp16 compression), B the effective bus bandwidth of the
-slowest link in the ring (the host's interconnect up to `devices_per_host` devices, the network
-between hosts beyond), alpha the per-hop latency, paid per DDP bucket.
+S is the gradient bytes (halved by bf16/fp16 compression; under PowerSGD the rank-r factors of
+each matrix, r(n + m) numbers for n x m, and the other tensors whole), B the effective bus
+bandwidth of the slowest link in the ring (the host's interconnect up to `devices_per_host`
+devices, the network between hosts beyond), alpha the per-hop latency, paid per DDP bucket
+(three times under PowerSGD: the uncompressed tensors, then P, then Q, each waiting for the last).
 
 What hides: DDP all-reduces bucket by bucket while the backward pass still runs (the backward
 taken as 2/3 of the step: it costs about twice the forward). Given each tensor's bytes, the
@@ -64,7 +66,8 @@ class ScalingInputs:
     network: Interconnect
     devices_per_host: int = 8
     overlap: float = 0.8
-    compression: str = "none"   # none, bf16, fp16
+    compression: str = "none"   # none, bf16, fp16, powersgd
+    powersgd_rank: int = 1
     bucket_bytes: int = 25 * 2**20
     # The strategy's collectives per step, (kind, count, can overlap compute): DDP's one all-reduce;
     # ZeRO-1's broadcast after the step cannot overlap. `algorithm`: the library's factor per kind
@@ -78,6 +81,7 @@ class ScalingInputs:
     # the backward (what hides is what the model's layer order lets hide); without, up to `overlap`
     # of the communication hides behind the backward.
     tensor_bytes: tuple = ()
+    tensor_shapes: tuple = ()   # each trainable tensor's shape, in the same order (for PowerSGD)
     # The communication runs on the cores that compute (gloo over TCP with no core to spare, as
     # when several hosts share one machine): nothing hides, whatever the schedule allows.
     shared_cores: bool = False
@@ -89,7 +93,20 @@ class ScalingInputs:
 
     @property
     def wire_bytes(self) -> float:
-        return self.grad_bytes / 2 if self.compression in ("bf16", "fp16") else float(self.grad_bytes)
+        if self.compression in ("bf16", "fp16"):
+            return self.grad_bytes / 2
+        if self.compression == "powersgd":
+            from scaletrain.distributed.comm_hooks import powersgd_wire_elements
+            if not self.tensor_shapes:
+                raise ValueError("PowerSGD's bytes need the gradients' shapes (tensor_shapes)")
+            elements = sum(math.prod(shape) for shape in self.tensor_shapes)
+            return self.grad_bytes * powersgd_wire_elements(self.tensor_shapes, self.powersgd_rank) / elements
+        return float(self.grad_bytes)
+
+    @property
+    def allreduces_per_bucket(self) -> int:
+        """Collectives one after another per bucket (each pays the ring's hop latency)."""
+        return 3 if self.compression == "powersgd" else 1
 
     def volume(self, overlaps: bool, devices: int | None = None) -> float:
         """What the collectives that do (or do not) overlap compute move, in units of S (N-1)/N,
@@ -159,12 +176,13 @@ def predict(inputs: ScalingInputs, devices: int) -> ScalingPoint:
     volume = overlappable_volume + inputs.volume(overlaps=False, devices=n)
     scheduled = bool(inputs.tensor_bytes) and inputs.overlap_window == BACKWARD_SHARE
     buckets = (ddp_buckets(inputs.tensor_bytes, inputs.bucket_bytes) if scheduled
-               else [inputs.grad_bytes] * max(1, math.ceil(inputs.wire_bytes / inputs.bucket_bytes)))
+               # DDP fills its buckets with the gradients as they are; a compression hook shrinks each.
+               else [inputs.grad_bytes] * max(1, math.ceil(inputs.grad_bytes / inputs.bucket_bytes)))
     if n == 1:  # nothing to all-reduce
         bandwidth = latency = 0.0
     else:
         bandwidth = volume * (n - 1) / n * inputs.wire_bytes / link.bus_bandwidth
-        latency = len(buckets) * volume * (n - 1) * link.hop_latency      # one hop per S/N moved
+        latency = len(buckets) * inputs.allreduces_per_bucket * volume * (n - 1) * link.hop_latency  # a hop per S/N
     allreduce = bandwidth + latency
     overlappable = allreduce * overlappable_volume / volume
     if inputs.shared_cores:
@@ -184,6 +202,10 @@ def predict(inputs: ScalingInputs, devices: int) -> ScalingPoint:
                         bandwidth_s=bandwidth, latency_s=latency, exposed_comm_s=exposed, step_time_s=step,
                         images_per_sec=n * inputs.per_device_batch / step, speedup=speedup, efficiency=speedup / n,
                         copy_s=copies)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 0.1 * 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def _exposed_after_backward(buckets: list[int], comm_s: float, backward_s: float) -> float:
@@ -224,8 +246,11 @@ def explain(inputs: ScalingInputs, points: list[ScalingPoint]) -> list[str]:
     backward = BACKWARD_SHARE * t
     lines = [f"compute: {t * 1e3:.2f} ms per step on one device (backward ~{backward * 1e3:.2f} ms); "
              f"gradients: {inputs.grad_bytes / 2**20:.1f} MiB per step"
-             + (f", {inputs.wire_bytes / 2**20:.1f} MiB on the wire with {inputs.compression} compression"
-                if inputs.compression != "none" else "")]
+             + (f", {_mib(inputs.wire_bytes)} on the wire with {inputs.compression} compression"
+                if inputs.compression != "none" else "")
+             + (f" (rank {inputs.powersgd_rank}, three all-reduces per bucket, after the plain all-reduce's "
+                "warm-up steps; its orthogonalisation's compute is not priced)"
+                if inputs.compression == "powersgd" else "")]
     two = next((p for p in points if p.devices == 2), None)
     if two is not None and two.speedup < 1:
         lines.append(

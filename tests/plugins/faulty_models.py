@@ -184,3 +184,17 @@ def loaded_mlp(shape, classes, counter="", delay_s=0.02, **options):
     model = MLP(shape, classes, **options)
     model.register_forward_pre_hook(hook)
     return model
+
+
+def placement_mlp(shape, classes, out="", **options):
+    """An MLP that writes, at its first training forward, where its process runs: rank, the cores
+    it may use and its thread count (`out`.<rank>, JSON)."""
+    import json
+    import torch
+
+    def record(call):
+        if call == 1:
+            with open(f"{out}.{_rank()}", "w") as fh:
+                json.dump({"cores": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}, fh)
+
+    return _Wrapped(MLP(shape, classes, **options), record)

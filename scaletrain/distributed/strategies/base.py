@@ -58,6 +58,8 @@ class Strategy(ABC):
     # "step" (prediction/scaling.py prices each kind).
     collectives = (("all_reduce", 1, True),)
     hides_behind = "backward"
+    # The --grad-compression values its gradient exchange applies (Layout.build refuses the others).
+    grad_compressions: tuple[str, ...] = ("none",)
 
     def __init__(self, config, env: DistEnv, layout: Layout | None = None):
         self.config = config     # the DistributedConfig

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import contextlib
 
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from scaletrain.distributed.comm_hooks import compression_hook
+from scaletrain.distributed.comm_hooks import COMPRESSIONS, register_compression
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
 from scaletrain.distributed.sync_batchnorm import convert_to_global_batchnorm
@@ -19,6 +18,7 @@ from scaletrain.distributed.sync_batchnorm import convert_to_global_batchnorm
 
 @register_strategy("ddp")
 class DDPStrategy(ProcessGroupStrategy):
+    grad_compressions = COMPRESSIONS
 
     def __init__(self, config, env, layout=None):
         super().__init__(config, env, layout)
@@ -32,9 +32,7 @@ class DDPStrategy(ProcessGroupStrategy):
         self.ddp = DistributedDataParallel(
             model, device_ids=[self.device] if self.device.type == "cuda" else None,
             bucket_cap_mb=self.config.bucket_cap_mb, gradient_as_bucket_view=True)
-        hook = compression_hook(self.config.grad_compression, self.device)
-        if hook is not None:
-            self.ddp.register_comm_hook(dist.group.WORLD, hook)
+        register_compression(self.ddp, self.config, self.device)
         # compile(DDP(model)), not DDP(compile(model)): Dynamo's DDPOptimizer then splits the graph
         # at bucket boundaries, so each bucket's all-reduce still overlaps the rest of the backward.
         return compile_fn(self.ddp), compile_fn(model)

@@ -36,6 +36,8 @@ from scaletrain.precision import get_policy
 
 @register_strategy("fsdp")
 class FSDPStrategy(ProcessGroupStrategy):
+    # Its reduce-scatter in 16 bits (the MixedPrecisionPolicy's reduce_dtype); no comm hook.
+    grad_compressions = ("none", "bf16", "fp16")
     traffic = "sharded"
     replicated_gradients = False
     forward_communicates = True

@@ -11,6 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from scaletrain.distributed.devices import bind
 from scaletrain.distributed.strategies.base import Strategy
 from scaletrain.distributed.strategies.single import resolve_device
 from scaletrain.errors import ConfigError
@@ -107,14 +108,12 @@ class ProcessGroupStrategy(Strategy):
         if device_request == "auto":
             device_request = "cuda" if torch.cuda.is_available() else "cpu"
         base = resolve_device(device_request)
-        if base.type == "cuda":
-            if self.env.local_rank >= torch.cuda.device_count():
-                raise ConfigError(f"local rank {self.env.local_rank} has no GPU: this host has "
-                                  f"{torch.cuda.device_count()}; start at most that many processes per host")
-            self.device = torch.device("cuda", self.env.local_rank)
+        if base.type == "cuda" and not self.config.devices and self.env.local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {self.env.local_rank} has no GPU: this host has "
+                              f"{torch.cuda.device_count()}; start at most that many processes per host")
+        self.device = bind(base, self.config.devices, self.env.local_rank, self.env.local_world_size)
+        if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        else:
-            self.device = base
         backend = self.config.backend if self.config.backend != "auto" else (
             "nccl" if self.device.type == "cuda" else "gloo")
         if not dist.is_initialized():

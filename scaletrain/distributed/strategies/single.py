@@ -24,6 +24,8 @@ def resolve_device(name: str) -> torch.device:
 class SingleDevice(Strategy):
     traffic = "none"
     memory_plan = None   # plan one device as ddp with --devices 1
+    # Nothing crosses a link: a configuration made for several processes runs here unchanged.
+    grad_compressions = ("none", "bf16", "fp16", "powersgd")
 
     @classmethod
     def layout_problem(cls, layout, config) -> str | None:
@@ -32,7 +34,9 @@ class SingleDevice(Strategy):
         return None
 
     def setup(self, device_request: str) -> torch.device:
-        self.device = resolve_device(device_request)
+        from scaletrain.distributed.devices import bind
+        base = resolve_device(device_request)
+        self.device = bind(base, self.config.devices, 0, 1) if self.config.devices else base
         return self.device
 
     def wrap(self, model, compile_fn, block_classes=(), policy=None):
