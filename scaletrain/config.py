@@ -148,6 +148,10 @@ class DataConfig:
     val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1, resumable=True)
     num_workers: int = _f(0, "DataLoader worker processes for the streaming path and for shards", ge=0, resumable=True)
     prefetch: int = _f(2, "shards: batches each worker reads ahead, and batches copied ahead to the device", ge=1, resumable=True)
+    fetch_timeout_s: float = _f(120.0, "shards at a URL: how long a lost connection is retried (from the byte it "
+                                       "stopped at) before the run stops", gt=0, resumable=True)
+    shard_cache_mb: float = _f(2048.0, "shards at a URL: MiB of verified shards kept in the local cache (the least "
+                                       "recently read dropped first; 0: none)", ge=0, resumable=True)
     shuffle_buffer: int = _f(1000, "shards: samples held in each worker's shuffle buffer (1: shard order only)", ge=1)
 
 

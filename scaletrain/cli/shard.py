@@ -4,6 +4,8 @@ for `--data shards` (data/shards)."""
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 from pathlib import Path
 
 from rich.table import Table
@@ -18,7 +20,8 @@ def add_shard_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
     add_train_arguments(parser)
     g = parser.add_argument_group("shards")
-    g.add_argument("--out", required=True, metavar="DIR", help="a new folder for the shards and their manifest")
+    g.add_argument("--out", required=True, metavar="DIR", help="a new folder for the shards and their manifest, or a "
+                   "URL of a scheme fsspec writes (s3://, gs://, ...: each shard uploaded as it is finished)")
     add_number(g, "--samples-per-shard", int, ge=1, default=1000, metavar="N",
                    help="most samples in one shard (a split's shards are balanced to within one sample)")
 
@@ -30,10 +33,20 @@ def run_shard(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = config_from_args(args)
     if cfg.data.name == "shards":
         raise ConfigError("--data shards is already sharded; name the data set to convert (e.g. --data mnist1d)")
-    out = check_new_output_dir(args.out, "--out", "files")
     write_shards = shards_package().write_shards   # checks the optional package before loading any data
+    from scaletrain.data.shards.remote import destination, is_url
+    if is_url(args.out):
+        out, publish = args.out, destination(args.out)
+        folder = Path(tempfile.mkdtemp(prefix="scaletrain-shards-"))   # one shard at a time on its way up
+    else:
+        out, publish = check_new_output_dir(args.out, "--out", "files"), None
+        folder = Path(out)
     dataset = load_dataset(cfg.data, seed=cfg.seed)
-    manifest = write_shards(dataset, Path(out), args.samples_per_shard)
+    try:
+        manifest = write_shards(dataset, folder, args.samples_per_shard, publish)
+    finally:
+        if publish is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     table = Table(title=f"{dataset.name} -> {out}")
     for column in ("split", "shards", "samples", "MB"):
         table.add_column(column, justify="right" if column != "split" else "left")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -21,6 +21,7 @@ from scaletrain.data.dataset import ArraySplit
 from scaletrain.data.inputs import Inputs, map_inputs, tensors
 from scaletrain.data.sharding import rank_positions
 from scaletrain.data.user import SeededSamples, StreamBatches, StreamSplit, TorchSplit, collate_pairs
+from scaletrain.errors import UserError
 
 
 @dataclass(slots=True)
@@ -224,7 +225,7 @@ class StreamingLoader(HostToDevice):
     def __iter__(self):
         if self.stream is not None:
             self.stream.epoch, self.stream.batches = self.epoch, self._stream_batches()
-        batches = iter(self.loader)
+        batches = from_workers(iter(self.loader))
         first = next(batches, None)
         if first is None:
             return
@@ -235,6 +236,26 @@ class StreamingLoader(HostToDevice):
             yield self._ready(*current, index)
             index += 1
         yield self._ready(*ahead, index)
+
+
+def from_workers(batches: Iterator) -> Iterator:
+    """A DataLoader's batches, with a user error met in one of its worker processes (a damaged
+    shard, a user's __getitem__) raised as itself: torch re-raises it wrapped in its worker's
+    traceback ("Caught DataError in DataLoader worker process 1. Original Traceback ..."), which
+    would reach the user as a traceback instead of the one line."""
+    try:
+        yield from batches
+    except UserError as exc:
+        raise type(exc)(original_message(exc)) from None
+
+
+def original_message(exc: BaseException) -> str:
+    text = str(exc)
+    if not (text.startswith("Caught ") and "Original Traceback" in text):
+        return text
+    prefix = f"{type(exc).__module__}.{type(exc).__qualname__}: "
+    lines = [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+    return lines[-1] if lines else text
 
 
 def choose_placement(requested: str, split_bytes: int, device: torch.device) -> str:

@@ -16,12 +16,17 @@ def shards_package():
     return shards
 
 
+def _fetch(cfg):
+    from scaletrain.data.shards.remote import Fetch
+    return Fetch(timeout_s=cfg.fetch_timeout_s, cache_mb=cfg.shard_cache_mb)
+
+
 def _sample(cfg):
-    manifest = shards_package().manifest_for(cfg.data_dir)
+    manifest = shards_package().manifest_for(cfg.data_dir, _fetch(cfg))
     outputs = manifest.num_classes if manifest.task != "regression" else (manifest.y_shape or [1])[0]
     return tuple(manifest.sample_shape), outputs, manifest.task
 
 
 @register_dataset("shards", sample=_sample, splits_itself=True)
 def _shards(cfg, seed: int):
-    return shards_package().load_shards(cfg.data_dir, cfg.train_subset)
+    return shards_package().load_shards(cfg.data_dir, cfg.train_subset, _fetch(cfg))

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from scaletrain.config import TASKS
+from scaletrain.data.shards.remote import Fetch, is_url, join, read_text
 from scaletrain.errors import DataError
 
 MANIFEST = "manifest.json"
@@ -100,7 +101,7 @@ class ShardFile:
 
 @dataclass(slots=True)
 class Manifest:
-    folder: Path
+    folder: Path | str           # a local folder, or a URL (remote.py)
     dataset: str
     task: str
     num_classes: int
@@ -112,12 +113,22 @@ class Manifest:
     mean: list[float] | None = None
     std: list[float] | None = None
     shards: list[ShardFile] = field(default_factory=list)
+    fetch: Fetch = field(default_factory=Fetch)   # how shards at a URL are fetched (not in the file)
 
     def split(self, name: str) -> list[ShardFile]:
         return [s for s in self.shards if s.split == name]
 
-    def path(self, shard: ShardFile) -> Path:
-        return self.folder / shard.name
+    @property
+    def remote(self) -> bool:
+        return is_url(self.folder)
+
+    def path(self, shard: ShardFile) -> Path | str:
+        return join(self.folder, shard.name) if self.remote else self.folder / shard.name
+
+    @property
+    def file(self) -> Path | str:
+        """Where the manifest itself is."""
+        return join(self.folder, MANIFEST) if self.remote else self.folder / MANIFEST
 
     def statistics(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.mean is None:
@@ -129,24 +140,33 @@ class Manifest:
     def to_json(self) -> str:
         body = asdict(self)
         body.pop("folder")
+        body.pop("fetch")
         return json.dumps({"format": FORMAT, **body}, indent=1)
 
     @classmethod
-    def read(cls, folder: str | Path) -> "Manifest":
-        folder = Path(folder)
-        file = folder / MANIFEST
-        if not file.is_file():
-            raise DataError(f"{folder} holds no {MANIFEST}; write shards with `scaletrain shard --data NAME --out "
-                            f"{folder}` (a folder whose writing was cut off has none either)")
+    def read(cls, folder: str | Path, fetch: Fetch | None = None) -> "Manifest":
+        """The manifest of a shard folder, local or at a URL (`fetch`: how to fetch from one)."""
+        fetch = fetch or Fetch()
+        if is_url(folder):
+            folder = str(folder).rstrip("/")
+            file = join(folder, MANIFEST)
+            text = read_text(file, fetch, f"pass the URL of a folder `scaletrain shard` wrote (it holds {MANIFEST})")
+        else:
+            folder = Path(folder)
+            file = folder / MANIFEST
+            if not file.is_file():
+                raise DataError(f"{folder} holds no {MANIFEST}; write shards with `scaletrain shard --data NAME --out "
+                                f"{folder}` (a folder whose writing was cut off has none either)")
+            text = None
         try:
-            body = json.loads(file.read_text())
+            body = json.loads(text if text is not None else file.read_text())
             if not isinstance(body, dict) or body.pop("format", None) != FORMAT:
                 raise ValueError(f"not a {FORMAT} manifest")
             problem = schema_problem(body)
             if problem:
                 raise ValueError(problem)
             shards = [ShardFile(**s) for s in body.pop("shards")]
-            manifest = cls(folder=folder, shards=shards, **body)
+            manifest = cls(folder=folder, shards=shards, fetch=fetch, **body)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise DataError(f"{file} is not a valid shard manifest ({exc}); rewrite the shards with "
                             "`scaletrain shard`") from None
@@ -156,7 +176,11 @@ class Manifest:
 
     def check_files(self, shards: list[ShardFile]) -> None:
         """Every shard is there and has its recorded size: a missing or truncated shard is named
-        before any training starts (its checksum is verified as it is read)."""
+        before any training starts (its checksum is verified as it is read). At a URL, each
+        shard's size is checked when it is opened (remote.py): asking the server for every one
+        first would cost a round trip per shard."""
+        if self.remote:
+            return
         for shard in shards:
             path = self.path(shard)
             if not path.is_file():

@@ -24,6 +24,7 @@ import torch
 
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.data.shards.manifest import Manifest, ShardFile
+from scaletrain.data.shards.remote import open_remote
 from scaletrain.errors import DataError
 
 RawSample = tuple[bytes, bytes]   # (x.npy, y.npy)
@@ -32,8 +33,15 @@ _REGULAR = (b"0", b"\0")
 
 
 def _fail(manifest: Manifest, shard: ShardFile, problem: str) -> DataError:
-    return DataError(f"shard {manifest.path(shard)} {problem}; restore it or rewrite the shards with "
-                     "`scaletrain shard`")
+    where = "serve the shards `scaletrain shard` wrote" if manifest.remote else "restore it"
+    return DataError(f"shard {manifest.path(shard)} {problem}; {where} or rewrite the shards with `scaletrain shard`")
+
+
+def _open(manifest: Manifest, shard: ShardFile):
+    """(a binary file to read the shard from, its local cache entry if that is what it is)."""
+    if manifest.remote:
+        return open_remote(manifest.path(shard), shard.bytes, shard.sha256, manifest.fetch)
+    return open(manifest.path(shard), "rb", buffering=1 << 20), None
 
 
 def _members(file, digest) -> Iterator[tuple[str, bytes]]:
@@ -63,7 +71,8 @@ def raw_samples(manifest: Manifest, shard: ShardFile) -> Iterator[RawSample]:
     the last sample has still had the whole shard checked."""
     count, held, digest = 0, None, hashlib.sha256()
     key, parts = None, {}
-    with open(manifest.path(shard), "rb", buffering=1 << 20) as file:
+    file, cached = _open(manifest, shard)
+    with file:
         try:
             for name, body in _members(file, digest):
                 member_key, _, suffix = name.partition(".")
@@ -78,9 +87,15 @@ def raw_samples(manifest: Manifest, shard: ShardFile) -> Iterator[RawSample]:
                         yield held
                     held = parts["x.npy"], parts["y.npy"]
         except (ValueError, UnicodeDecodeError, IndexError) as exc:
+            if cached is not None:
+                cached.unlink(missing_ok=True)   # damaged on this disk: fetched again next time
             raise _fail(manifest, shard, f"cannot be read as a shard tar ({exc})") from None
         while block := file.read(1 << 20):   # the archive's trailing padding
             digest.update(block)
+    if cached is not None and (count != shard.samples or digest.hexdigest() != shard.sha256):
+        cached.unlink(missing_ok=True)   # damaged on this disk: the next run fetches it again
+        raise DataError(f"the cached copy {cached} of shard {manifest.path(shard)} is damaged; it was dropped, "
+                        "run again to fetch the shard anew")
     if count != shard.samples:
         raise _fail(manifest, shard, f"holds {count} samples where the manifest records {shard.samples}")
     if digest.hexdigest() != shard.sha256:

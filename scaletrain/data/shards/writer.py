@@ -8,6 +8,7 @@ import io
 import os
 import tarfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from webdataset import TarWriter
@@ -45,10 +46,12 @@ def _write_shard(path: Path, rows: ArraySplit, first_key: int) -> None:
     tmp.replace(path)
 
 
-def write_shards(dataset: Dataset, folder: Path, samples_per_shard: int) -> Manifest:
+def write_shards(dataset: Dataset, folder: Path, samples_per_shard: int,
+                 publish: Callable[[Path], None] | None = None) -> Manifest:
     """Writes the train, val and test splits as shards of at most `samples_per_shard` samples each
     (a split's shards differ by at most one sample), then the manifest: a folder is usable only
-    once its manifest is there."""
+    once its manifest is there. `publish`, where given, takes each finished file away (remote.py's
+    `destination`: an upload), the manifest last."""
     folder.mkdir(parents=True, exist_ok=True)
     mean, std = dataset.mean, dataset.std
     manifest = Manifest(
@@ -72,5 +75,9 @@ def write_shards(dataset: Dataset, folder: Path, samples_per_shard: int) -> Mani
             key += len(rows)
             manifest.shards.append(ShardFile(path.name, name, int(bounds[i + 1] - bounds[i]), path.stat().st_size,
                                              _sha256(path)))
+            if publish is not None:
+                publish(path)
     write_atomically(folder / MANIFEST, manifest.to_json())
+    if publish is not None:
+        publish(folder / MANIFEST)
     return manifest
