@@ -4,9 +4,13 @@ one it replaced (40 epochs of one-cycle stopped at 94 % validation, patience 1),
 
     python benchmarks/default_recipe.py --seeds 10
     python benchmarks/default_recipe.py --seeds 5 --threads 2 --variants new,tuned --tuned best.toml
+    PYTHONPATH=benchmarks python benchmarks/default_recipe.py --seeds 5 --threads 2 --variants new,tuned \
+        --tuned best.toml --base "--model user_cnn:build"      # a user's model on the default recipe
 
-`--tuned` adds a configuration file (e.g. the `best.toml` of `autotune --objective time-to-target`)
-as the variant `tuned`; wall time is the whole process (start-up and data included).
+`--tuned` adds a configuration file (e.g. the `best.toml` of `autotune`) as the variant `tuned`;
+wall time is the whole process (start-up and data included). Each later variant is also paired
+with the first, seed by seed: steady-state images/sec (what `autotune`'s throughput objective
+claims) and training time.
 
 Each run is its own process (`scaletrain train --threads T --seed S`), so no state carries over.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -31,16 +36,16 @@ from benchmarks.common import environment  # noqa: E402
 OLD = ["--epochs", "40", "--patience", "1"]
 
 
-def one(variant: list[str], seed: int, threads: int, folder: Path) -> dict:
+def one(variant: list[str], seed: int, threads: int, folder: Path, base: list[str] = ()) -> dict:
     summary = folder / "summary.json"
-    argv = [sys.executable, "-m", "scaletrain", "train", *variant, "--seed", str(seed), "--threads", str(threads),
+    argv = [sys.executable, "-m", "scaletrain", "train", *variant, *base, "--seed", str(seed), "--threads", str(threads),
             "--run-dir", str(folder / "run"), "--summary-json", str(summary), "--no-progress", "--no-record"]
     start = time.perf_counter()
     subprocess.run(argv, check=True, capture_output=True)
     wall = time.perf_counter() - start
     s = json.loads(summary.read_text())
     return {"test": s["test_accuracy"], "epochs": s["epochs_run"], "time_to_94": s["time_to_target_s"],
-            "train_s": s["train_time_s"], "wall_s": wall}
+            "train_s": s["train_time_s"], "images_per_sec": s["images_per_sec"], "wall_s": wall}
 
 
 def main() -> None:
@@ -49,6 +54,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--variants", default="old,new", help="old, new and (with --tuned) tuned, interleaved")
     parser.add_argument("--tuned", help="a configuration file to run as the variant 'tuned'")
+    parser.add_argument("--base", default="", help="flags every variant gets, e.g. \"--model user_cnn:build\"")
     args = parser.parse_args()
     variants = {"old": OLD, "new": [], "tuned": ["--config", str(Path(args.tuned).resolve())] if args.tuned else None}
     chosen = [(name, variants[name]) for name in args.variants.split(",")]
@@ -60,10 +66,19 @@ def main() -> None:
             for threads in map(int, args.threads.split(",")):
                 for name, variant in chosen:      # interleaved, in the order given
                     folder = Path(tmp) / f"{name}-{seed}-{threads}"
-                    r = {"seed": seed, "threads": threads, **one(variant, seed, threads, folder)}
+                    r = {"seed": seed, "threads": threads, **one(variant, seed, threads, folder, shlex.split(args.base))}
                     results[name].append(r)
                     print(name, json.dumps(r), flush=True)
     print(json.dumps(environment(torch.device("cpu"))))
+    first = chosen[0][0]
+    for name, rows in results.items():   # paired with the first variant's run of the same seed and threads
+        if name == first:
+            continue
+        speed = sorted(r["images_per_sec"] / b["images_per_sec"] for r, b in zip(rows, results[first]))
+        train = sorted(b["train_s"] / r["train_s"] for r, b in zip(rows, results[first]))
+        print(f"{name} against {first}, paired by seed: steady-state images/sec {statistics.median(speed):.2f}x "
+              f"({speed[0]:.2f}-{speed[-1]:.2f}); training time {statistics.median(train):.2f}x "
+              f"({train[0]:.2f}-{train[-1]:.2f}), first epoch included")
     for name, rows in results.items():
         tests = [r["test"] for r in rows]
         times = [r["time_to_94"] for r in rows if r["time_to_94"] is not None]

@@ -367,6 +367,10 @@ def test_interleaved_rounds_rotate_the_order_and_a_finalist_wins_only_every_roun
     found = confirm("A", ["B", "C"], 3, lambda key, r: Measured(speeds[key, r]), lambda v, b: v / b)
     assert found["B"].ratios == [1.5, 1.4, 1.3] and found["B"].wins and found["B"].median == 1.4
     assert found["C"].ratios == [1.2, 0.9, 1.1] and not found["C"].wins      # lost one round: a tie
+    assert not found["C"].slower and not found["B"].slower
+    behind = confirm("A", ["C"], 2, lambda key, r: Measured(speeds["A", r] * (0.7 if key == "C" else 1)),
+                     lambda v, b: v / b)["C"]
+    assert behind.slower and not behind.wins     # lost every round: slower, not a tie
     assert found["C"].describe() == "1.10x (0.90-1.20, 3 rounds)"
     # Time to target: faster every seed, but its test accuracy a point lower: refused.
     tests = {"A": 0.95, "B": 0.94, "C": 0.95}

@@ -58,6 +58,11 @@ class Confirmation:
         kept its test metric."""
         return bool(self.ratios) and self.low > 1.0 and not self.loses_test
 
+    @property
+    def slower(self) -> bool:
+        """The given configuration beat it in every round: no tie, a loss."""
+        return bool(self.ratios) and self.high < 1.0
+
     def describe(self) -> str:
         return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f}, {len(self.ratios)} rounds)"
 

@@ -531,8 +531,8 @@ class AutoTuner:
                 row.why = (f"test {metric} {row.test_delta:+.4f} against the given configuration (median over "
                            f"{len(confirmation.test_deltas)} seeds; --test-tolerance {self.s.test_tolerance:g})")
             if confirmation.ratios:
-                verdict = "" if confirmation.wins else (": refused, " + row.why if confirmation.loses_test
-                                                        else ": a tie")
+                verdict = ("" if confirmation.wins else ": refused, " + row.why if confirmation.loses_test
+                           else ": slower in every round" if confirmation.slower else ": a tie")
                 self.console.print(f"  {', '.join(f'{k.label}={row.params[k.key]}' for k in self.knobs)}: "
                                    f"{confirmation.describe()} against the given configuration{verdict}",
                                    soft_wrap=True)
