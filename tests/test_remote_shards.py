@@ -170,6 +170,8 @@ def test_fsspec_schemes_read_the_same_samples_and_unknown_ones_are_one_line(shar
     assert len(back.y) == sum(s.samples for s in manifest.split("train"))
     with pytest.raises(DataError, match="nosuch://"):
         Manifest.read("nosuch://host/shards")
+    with pytest.raises(DataError, match="FileNotFoundError"):   # an answer, not retried for --fetch-timeout-s
+        Manifest.read(f"file://{shard_folder}-missing", Fetch(timeout_s=600))
 
 
 def test_the_cache_keeps_the_most_recently_read_within_its_bound(tmp_path):

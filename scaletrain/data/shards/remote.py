@@ -101,8 +101,8 @@ def _open_at(url: str, offset: int) -> tuple[BinaryIO, int | None]:
     try:
         size = fs.size(path)
         stream = fs.open(path, "rb")
-    except FileNotFoundError:
-        raise _Gone("no such file") from None
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:   # an answer, not a lost connection
+        raise _Gone(f"{type(exc).__name__}: {exc}") from None
     stream.seek(offset)
     return stream, size
 
