@@ -85,6 +85,10 @@ def test_multi_trains_side_by_side_and_ensemble_averages_them(tmp_path):
     # An ensemble of one model with itself is that model.
     twice = json.loads(run(["ensemble", ids[0], ids[0], "--json"], tmp_path).stdout)
     assert twice["ensemble"]["accuracy"] == pytest.approx(by_run[ids[0]], abs=1e-6)
+    pinned = json.loads(run(["ensemble", *ids, "--json", "--nproc", "2", "--devices", "1,0"], tmp_path).stdout)
+    assert pinned["members"] == result["members"]      # each process on its own core: the same predictions
+    out = run(["ensemble", *ids, "--nproc", "2", "--devices", "0"], tmp_path)
+    assert out.returncode == 2 and "names 1 device(s) for --nproc 2" in out.stderr
     out = run(["ensemble", *ids, "--nproc", "3"], tmp_path)   # refused before any worker starts
     assert out.returncode == 2 and "--nproc 3 for 2 members" in out.stderr and "Traceback" not in out.stderr
 

@@ -27,8 +27,20 @@ def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     add_number(parser, "--nproc", int, ge=1, default=1,
                help="processes, each predicting its share of the members on its own device (default 1)")
+    parser.add_argument("--devices", type=_device_list, default=[], metavar="0,2",
+                        help="with --nproc: the devices the processes use, one each (GPU indices; on a CPU host cores)")
     parser.add_argument("--data-dir", help="where the data set's files are now (default: as the runs recorded)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _device_list(text: str) -> list[int]:
+    try:
+        devices = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of device numbers, e.g. 0,2") from None
+    if any(d < 0 for d in devices) or len(set(devices)) < len(devices):
+        raise argparse.ArgumentTypeError(f"{text!r}: name each device once, by a number of at least 0")
+    return devices
 
 
 def run_multi(args: argparse.Namespace, argv: list[str]) -> int:
@@ -63,13 +75,16 @@ def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.tracking.store import RunStore
     with RunStore(args.store, create=False) as store:
         records = [store.get(i) for i in args.run_ids]
+    if args.devices and not inside_worker() and len(args.devices) != args.nproc:   # a worker's --nproc is gone
+        raise UserError(f"--devices {','.join(map(str, args.devices))} names {len(args.devices)} device(s) for "
+                        f"--nproc {args.nproc}; name one device per process")
     if args.nproc > 1 and not inside_worker():
         check_members(records, args.data_dir)   # before any worker starts
         if args.nproc > len(records):
             raise UserError(f"--nproc {args.nproc} for {len(records)} members: at most one process per member "
                             f"(--nproc {len(records)})")
-        return launch(args.nproc, 0, args.device, list(argv), command="ensemble")
-    result = evaluate_ensemble(records, args.device, args.data_dir)
+        return launch(args.nproc, 0, args.device, list(argv), command="ensemble", devices=args.devices)
+    result = evaluate_ensemble(records, args.device, args.data_dir, devices=args.devices)
     if not result.chief:
         return 0
     if args.json:

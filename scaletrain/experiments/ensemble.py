@@ -69,10 +69,12 @@ def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
     return tasks[first.id]
 
 
-def evaluate_ensemble(records: list[RunRecord], device: str = "auto", data_dir: str | None = None) -> EnsembleResult:
+def evaluate_ensemble(records: list[RunRecord], device: str = "auto", data_dir: str | None = None,
+                      devices: list[int] = ()) -> EnsembleResult:
     """Every member's metrics and the combined predictions', on the test split. In a job of several
-    processes (torchrun's variables set) the members are shared out one per process; only the
-    chief's result holds them (`chief`)."""
+    processes (torchrun's variables set) the members are shared out one per process, each on its
+    device (`devices`: as --devices; default its local rank's); only the chief's result holds them
+    (`chief`)."""
     from scaletrain.distributed.env import dist_env
     task_name = check_members(records, data_dir)
     world = dist_env().world_size
@@ -84,7 +86,7 @@ def evaluate_ensemble(records: list[RunRecord], device: str = "auto", data_dir: 
     if world == 1:
         predictions = [_predict_member(r, device, data_dir, dataset) for r in records]
         return _combine(records, predictions, task_name, dataset, 1)
-    return _evaluate_in_job(records, device, data_dir, task_name, dataset, world)
+    return _evaluate_in_job(records, device, data_dir, task_name, dataset, world, list(devices))
 
 
 def _predict_member(record: RunRecord, device: str, data_dir: str | None, dataset) -> torch.Tensor:
@@ -136,7 +138,7 @@ def _check_shape(record: RunRecord, predictions: torch.Tensor, shape: tuple[int,
 
 
 def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None, task_name: str, dataset,
-                     world: int) -> EnsembleResult:
+                     world: int, devices: list[int]) -> EnsembleResult:
     """This process's members (i mod world == rank) on its own device; every member's predictions
     gathered once by the chief, which combines them in member order."""
     import torch.distributed as dist
@@ -145,7 +147,7 @@ def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None
     from scaletrain.distributed import build_strategy
     from scaletrain.distributed.env import dist_env
     env = dist_env()
-    group = build_strategy(DistributedConfig(strategy="ddp", nproc=world), env)
+    group = build_strategy(DistributedConfig(strategy="ddp", nproc=world, devices=devices), env)
     here = group.setup(device)
     try:
         mine = [_predict_member(r, str(here), data_dir, dataset) for r in records[env.rank::world]]

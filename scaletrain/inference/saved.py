@@ -27,6 +27,7 @@ def saved_run_config(record: RunRecord, device: str = "auto", data_dir: str | No
     the weights mean does not depend on how the steps ran), the data where it is now."""
     cfg = from_mapping(TrainConfig, copy.deepcopy(record.config))
     cfg.device, cfg.distributed.strategy, cfg.distributed.nproc = device, "auto", 1   # auto: single on one process
+    cfg.distributed.devices = []     # the devices its training used are not this command's
     cfg.compile, cfg.cuda_graphs, cfg.model.init_from = False, False, None
     if data_dir:
         cfg.data.data_dir = data_dir
