@@ -239,6 +239,19 @@ class DistributedConfig:
         "option table", "[distributed.<name>]",
         choices=Choices(declared=Declarations("scaletrain.distributed.strategies", "register_table")))
 
+    def rules_problem(self) -> str | None:
+        """A rule tying this section's fields together that they break (one line, with the fix)."""
+        named = ",".join(map(str, self.devices))
+        if len(set(self.devices)) < len(self.devices):
+            return f"--devices {named} names a device twice; one process per device"
+        if self.devices and self.nproc > 1 and len(self.devices) != self.nproc:
+            return f"--devices {named} names {len(self.devices)} device(s) for --nproc {self.nproc}; name one device per process"
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        if self.grad_compression != "powersgd" and any(getattr(self, k) != defaults[k]
+                                                       for k in ("powersgd_rank", "powersgd_warmup")):
+            return "--powersgd-rank and --powersgd-warmup need --grad-compression powersgd"
+        return None
+
     @staticmethod
     def reads(table: str, strategy: str) -> bool:
         """Whether the strategy `strategy` reads the option table `table` (is one of its owners)."""
@@ -395,17 +408,7 @@ class TrainConfig:
         if self.target is not None and self.target_metric in ("accuracy", "r2") and not self.target <= 1:
             raise ConfigError(f"config key 'target' must be at most 1 for {self.target_metric} (got {self.target!r}); "
                               "give a fraction, e.g. 0.95")
-        d = self.distributed
-        if len(set(d.devices)) < len(d.devices):
-            raise ConfigError(f"--devices {','.join(map(str, d.devices))} names a device twice; one process per device")
-        if d.devices and d.nproc > 1 and len(d.devices) != d.nproc:
-            raise ConfigError(f"--devices {','.join(map(str, d.devices))} names {len(d.devices)} device(s) for "
-                              f"--nproc {d.nproc}; name one device per process")
-        defaults = {f.name: f.default for f in dataclasses.fields(d)}
-        if d.grad_compression != "powersgd" and any(getattr(d, k) != defaults[k] for k in ("powersgd_rank",
-                                                                                             "powersgd_warmup")):
-            raise ConfigError("--powersgd-rank and --powersgd-warmup need --grad-compression powersgd")
-        problem = _table_problem(self.distributed, self)
+        problem = self.distributed.rules_problem() or _table_problem(self.distributed, self)
         if problem:
             raise ConfigError(problem)
 

@@ -22,25 +22,15 @@ def add_multi_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
+    from scaletrain.cli.train import add_train_arguments
     parser.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="runs with saved models (model.pt)")
     parser.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default {DEFAULT_STORE})")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    add_number(parser, "--nproc", int, ge=1, default=1,
-               help="processes, each predicting its share of the members on its own device (default 1)")
-    parser.add_argument("--devices", type=_device_list, default=[], metavar="0,2",
-                        help="with --nproc: the devices the processes use, one each (GPU indices; on a CPU host cores)")
+    # --nproc and --devices as `train` has them: each process predicts its share of the members.
+    add_train_arguments(parser.add_argument_group("processes (as for train; default: one process)"),
+                        only=("distributed.nproc", "distributed.devices"))
     parser.add_argument("--data-dir", help="where the data set's files are now (default: as the runs recorded)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def _device_list(text: str) -> list[int]:
-    try:
-        devices = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of device numbers, e.g. 0,2") from None
-    if any(d < 0 for d in devices) or len(set(devices)) < len(devices):
-        raise argparse.ArgumentTypeError(f"{text!r}: name each device once, by a number of at least 0")
-    return devices
 
 
 def run_multi(args: argparse.Namespace, argv: list[str]) -> int:
@@ -69,22 +59,28 @@ def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.table import Table
 
     from scaletrain.cli.console import wide_console
+    from scaletrain.cli.train import given_overrides
+    from scaletrain.config import TrainConfig, from_mapping
     from scaletrain.distributed.launch import inside_worker, launch
+    from scaletrain.distributed.strategies.registry import build_layout
     from scaletrain.errors import UserError
     from scaletrain.experiments.ensemble import check_members, evaluate_ensemble
     from scaletrain.tracking.store import RunStore
     with RunStore(args.store, create=False) as store:
         records = [store.get(i) for i in args.run_ids]
-    if args.devices and not inside_worker() and len(args.devices) != args.nproc:   # a worker's --nproc is gone
-        raise UserError(f"--devices {','.join(map(str, args.devices))} names {len(args.devices)} device(s) for "
-                        f"--nproc {args.nproc}; name one device per process")
-    if args.nproc > 1 and not inside_worker():
+    # The processes' settings, checked by their owner (config.py; Layout: several devices for one process).
+    processes = from_mapping(TrainConfig, {"distributed": given_overrides(args).get("distributed", {})})
+    processes.validate()
+    nproc, devices = processes.distributed.nproc, processes.distributed.devices
+    if nproc > 1 and not inside_worker():
         check_members(records, args.data_dir)   # before any worker starts
-        if args.nproc > len(records):
-            raise UserError(f"--nproc {args.nproc} for {len(records)} members: at most one process per member "
+        if nproc > len(records):
+            raise UserError(f"--nproc {nproc} for {len(records)} members: at most one process per member "
                             f"(--nproc {len(records)})")
-        return launch(args.nproc, 0, args.device, list(argv), command="ensemble", devices=args.devices)
-    result = evaluate_ensemble(records, args.device, args.data_dir, devices=args.devices)
+        return launch(nproc, 0, args.device, list(argv), command="ensemble", devices=devices)
+    if not inside_worker():
+        build_layout(processes.distributed, 1)
+    result = evaluate_ensemble(records, args.device, args.data_dir, devices=devices)
     if not result.chief:
         return 0
     if args.json:

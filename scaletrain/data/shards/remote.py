@@ -22,7 +22,6 @@ import hashlib
 import http.client
 import os
 import re
-import socket
 import sys
 import time
 import urllib.error
@@ -38,8 +37,8 @@ CONNECT_TIMEOUT_S = 10.0        # one try's wait for a connection or a byte
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 CHUNK = 1 << 20
 # What a lost connection raises; anything else (404, a bad scheme) is the user's to fix.
-TRANSIENT = (ConnectionError, TimeoutError, socket.timeout, http.client.IncompleteRead,
-             http.client.RemoteDisconnected, urllib.error.URLError, OSError)
+# (connection errors, timeouts and urllib's URLError are OSErrors; a cut-off body is an HTTPException.)
+TRANSIENT = (OSError, http.client.HTTPException)
 
 
 def is_url(location: object) -> bool:
