@@ -386,7 +386,7 @@ def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):
     stays the winner, and the table says so."""
     out = tmp_path / "tuned"
     done = run(["autotune", *SMALL[:-2], "--model", "faulty_models:loaded_mlp", "--model-option",
-                f"counter={tmp_path / 'load'}", "--knobs", "threads", "--trials", "2", "--confirm-rounds", "3",
+                f"counter={tmp_path / 'load'}", "--knobs", "grad_accum_steps", "--trials", "2", "--confirm-rounds", "3",
                 "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = _result(out)
