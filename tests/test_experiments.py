@@ -127,6 +127,23 @@ def test_experiment_commands_reject_bad_input_in_one_line(tmp_path, capsys, args
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_stopped_job_frees_its_slot_for_the_next(tmp_path):
+    """autotune stops a candidate at its cap and starts the next in the same one-slot pool: the
+    stopped job's slot must come back (it did not, and the next start raised IndexError)."""
+    import sys
+    import time
+
+    from scaletrain.experiments.slots import Job, SlotPool, device_slots
+    pool = SlotPool(device_slots(1, "cpu"))
+    pool.start(Job("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "a.log"))
+    assert pool.wait_any(until=time.perf_counter() + 0.5) is None     # still running at its cap
+    pool.terminate()
+    assert pool.has_free_slot and not pool.running
+    pool.start(Job("next", [sys.executable, "-c", "print('ran')"], tmp_path / "b.log"))
+    finished = pool.wait_any()
+    assert finished.returncode == 0 and "ran" in finished.job.log.read_text()
+
+
 def test_cpu_slots_split_the_cores_and_lr_scales_with_the_batch():
     import os
 

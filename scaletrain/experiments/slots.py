@@ -168,6 +168,8 @@ class SlotPool:
         return done
 
     def terminate(self) -> None:
+        """Stops every running job and frees its slot, so the pool can start the next one (a
+        candidate stopped at its cap is followed by another)."""
         for process in list(self.running):
             process.terminate()
         for process in list(self.running):
@@ -175,4 +177,7 @@ class SlotPool:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
+        self.free.extend(slot for _, slot, _ in self.running.values())
+        self.free.sort(key=lambda s: s.index)
         self.running.clear()
