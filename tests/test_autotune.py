@@ -192,6 +192,7 @@ def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_be
     (["--loss-tolerance", "-1"], "--loss-tolerance must be > 0"),
     (["--lr-rule", "cubic"], "--lr-rule must be one of none, linear, sqrt"),
     (["--budget-s", "0"], "--budget-s must be > 0"),
+    (["--prune-factor", "1"], "--prune-factor must be > 1"),
     (["--device-memory", "lots"], "--device-memory"),
     (["--objective", "time-to-target", "--config", "{tmp}/no_target.toml"], "--objective time-to-target needs a target"),
 ])
@@ -331,6 +332,27 @@ def test_a_hopeless_candidate_is_stopped_at_its_cap(tmp_path):
     store.close()
 
 
+def test_a_candidate_far_slower_than_the_best_is_stopped_within_its_first_measured_epoch(tmp_path):
+    """The `threads = 1` candidate warms up at full speed, then sleeps half a second in every
+    training forward (a model slow on purpose): below the best so far / --prune-factor, it is
+    stopped a second or so into its measured epoch of 20 steps (10 s of sleeping otherwise),
+    recorded as pruned with its measured speed, and the search goes on."""
+    out = tmp_path / "tuned"
+    done = run(["autotune", *SMALL[:-7], "--steps", "20", "--window-epochs", "2", "--confirm-rounds", "0", "--no-progress",
+                "--model", "faulty_models:single_thread_slows_mlp", "--model-option", "after_calls=21",
+                "--knobs", "threads", "--trials", "2", "--out", str(out), "--store", str(tmp_path / "runs.db")],
+               tmp_path, OMP_NUM_THREADS="2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    pruned, = _rows(out, "pruned")
+    assert pruned["params"]["threads"] == 1
+    steps = int(re.search(r"stopped after (\d+) measured steps at [\d,]+ samples/s, below the floor of [\d,]+ "
+                          r"\(the best so far / --prune-factor 3\)", pruned["why"]).group(1))
+    assert 1 <= steps < 20, pruned["why"]          # within the epoch, not at its end
+    assert _result(out)["best"] == {"threads": 2}
+    log = (out / "trials" / f"trial-{pruned['trial']:04d}" / "train.log").read_text()
+    assert "below the floor" in log
+
+
 def test_precisions_the_device_only_emulates_are_skipped_unless_asked(tmp_path):
     """On a device without 16-bit units a bf16 candidate is float32 converted in every kernel,
     slower by construction: discarded with the reason before anything runs, unless
@@ -379,6 +401,19 @@ def test_interleaved_rounds_rotate_the_order_and_a_finalist_wins_only_every_roun
     assert found["B"].low > 1 and found["B"].loses_test and not found["B"].wins
 
 
+def test_a_slow_contestant_is_confirmed_over_about_ten_seconds_not_all_its_steps():
+    """MEASURE.md's window: 50 steps, or 10 s. At 140 samples/s (a loaded machine's two threads) 25
+    steps of 128 take 23 s an epoch; the confirmation measures it over about 10 s of steps instead,
+    never fewer than MIN_STEPS; a fast or unmeasured one keeps every step."""
+    from scaletrain.experiments.autotune.confirm import MIN_STEPS, WINDOW_S, window_steps
+    assert WINDOW_S == 10.0
+    assert window_steps(140.0, 128, 25, 2) == 6                  # 6 steps x 2 epochs x 128 / 140 = 11 s
+    assert window_steps(3000.0, 128, 25, 2) == 25                # 50 steps in 2 s: all of them
+    assert window_steps(None, 128, 25, 2) == window_steps(float("nan"), 128, 25, 2) == 25
+    assert window_steps(10.0, 128, 25, 2) == MIN_STEPS
+    assert window_steps(10.0, 128, 2, 2) == 2                    # never more than asked
+
+
 def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):
     """Every second training process runs on a loaded machine (faulty_models.loaded_mlp): the
     search measured the given configuration loaded and the candidate not, and saw the candidate
@@ -397,3 +432,9 @@ def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):
     assert finalist["wins"] is False and result["best"] == result["baseline"]
     assert "tie" in done.stdout and "confirming: the given configuration and 1 finalist(s), 3 interleaved rounds" \
         in done.stdout
+    # confirm-R-0 is the given configuration in every round (the folders docs/autotune.md names).
+    from scaletrain.config import load_toml
+    given_runs = sorted((out / "trials").glob("confirm-*-0/config.toml"))
+    assert len(given_runs) == 3
+    for config in given_runs:
+        assert load_toml(config)["optim"].get("grad_accum_steps", 1) == given["params"]["optim.grad_accum_steps"]

@@ -39,11 +39,14 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
     add_number(g, "--cap-factor", float, gt=1, default=10.0,
                help="stop a candidate that runs longer than this many times the baseline's whole run (its start, "
                     "data, warm-up and window), as hopeless (default 10)")
-    add_number(g, "--confirm-rounds", int, ge=0, default=3,
+    add_number(g, "--prune-factor", float, gt=1, default=3.0,
+               help="stop a candidate whose first measured steps train slower than the best so far divided by "
+                    "this (default 3; one process per candidate)")
+    add_number(g, "--confirm-rounds", int, ge=0, default=5,
                help="before the winner is named, the given configuration and the --finalists best are measured "
                     "again this many rounds, interleaved; a finalist wins only if it beat the given configuration "
                     "in every round, else it is a tie and the given configuration stays (0: the search's own "
-                    "figures decide)")
+                    "figures decide; default 5)")
     add_number(g, "--test-tolerance", float, ge=0, default=0.005,
                help="time-to-target: the confirmation's rounds are seeds, and a finalist whose median final test "
                     "metric is below the given configuration's by more than this is refused (default 0.005)")
@@ -76,7 +79,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     check_writable_file(cfg.tracking.store, "run store (--store)")
     settings = AutotuneSettings(
         out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
-        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s, cap_factor=args.cap_factor, emulated=args.emulated_precisions, confirm_rounds=args.confirm_rounds, finalists=args.finalists, test_tolerance=args.test_tolerance, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s, cap_factor=args.cap_factor, prune_factor=args.prune_factor, emulated=args.emulated_precisions, confirm_rounds=args.confirm_rounds, finalists=args.finalists, test_tolerance=args.test_tolerance, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
         device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
         loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
         loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)

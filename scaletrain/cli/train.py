@@ -213,7 +213,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.distributed.cluster import cluster_from_env, cluster_problem
     from scaletrain.distributed.launch import inside_worker
     from scaletrain.distributed.strategies.registry import strategy_class
-    from scaletrain.experiments.pruning import trial_pruning_from_env
+    from scaletrain.experiments.pruning import trial_callbacks_from_env
     from scaletrain.lifecycle.start import settle_config
     from scaletrain.runner import launch_training, run_training
     spec = cluster_from_env()
@@ -241,9 +241,8 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     request = settle_config(cfg, dist_env(), flags=given_overrides(args))
     if request.config.distributed.nproc > 1 and not inside_worker():
         return launch_training(request, argv, hosts=spec.world_size if spec else 1)
-    # A trial of `scaletrain tune` reports each epoch's metric to its study, which may prune it.
-    pruning = trial_pruning_from_env()
-    run_training(request, callbacks=[pruning] if pruning is not None else [])
+    # A trial of `scaletrain tune` or `autotune` reports each epoch's metric to its study, which may prune it.
+    run_training(request, callbacks=trial_callbacks_from_env())
     # Free the trainer's reference cycles (DDP's reducer holds the last collectives' work objects)
     # while the interpreter is fully alive: destroying gloo work during interpreter finalization
     # can abort the process at exit (pytorch/pytorch#179291 describes the mechanism).

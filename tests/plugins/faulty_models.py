@@ -142,6 +142,27 @@ def single_thread_hangs_mlp(shape, classes, **options):
     return model
 
 
+def single_thread_slows_mlp(shape, classes, sleep_s=0.5, after_calls=0, **options):
+    """An MLP whose real training forwards on one thread sleep `sleep_s` each after the first
+    `after_calls` of them: the autotuner's `threads = 1` candidate warms up at full speed, then
+    trains far slower than the baseline from its first measured step."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    model = MLP(shape, classes, **options)
+    calls = {"n": 0}
+
+    def hook(module, args):
+        x = args[0]
+        if module.training and torch.get_num_threads() == 1 and not is_fake(x) and x.device.type != "meta":
+            calls["n"] += 1
+            if calls["n"] > after_calls:
+                time.sleep(sleep_s)
+
+    model.register_forward_pre_hook(hook)
+    return model
+
+
 def picky_mlp(shape, classes, max_batch=128, **options):
     """An MLP whose training forward refuses batches above `max_batch` (a user's model with a
     limit of its own): it raises while the planner traces such a candidate on fake tensors."""

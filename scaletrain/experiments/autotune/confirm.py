@@ -12,10 +12,30 @@ given one) stays.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+
+# MEASURE.md: steady-state throughput over at least 50 steps, or 10 s. The search measures every
+# candidate over the same seeded steps (its loss check compares them step for step); the
+# confirmation compares samples/s only, so a contestant whose measured steps would take longer
+# than WINDOW_S is confirmed over about WINDOW_S of them. On a loaded 2-core machine the given
+# configuration's two threads ran at 140 samples/s: a minute per confirmation run at full length.
+WINDOW_S = 10.0
+MIN_STEPS = 4
+
+
+def window_steps(images_per_sec: float | None, batch_size: int, steps: int, measured_epochs: int) -> int:
+    """Optimizer steps per epoch for a contestant last measured at `images_per_sec`: `steps`, or
+    fewer where those would take longer than WINDOW_S over its measured epochs (never below
+    MIN_STEPS). Unmeasured: `steps`."""
+    if not images_per_sec or images_per_sec <= 0 or not math.isfinite(images_per_sec):
+        return steps
+    fit = math.ceil(WINDOW_S * images_per_sec / (batch_size * measured_epochs))
+    return min(steps, max(fit, MIN_STEPS))
 
 
 @dataclass(slots=True)

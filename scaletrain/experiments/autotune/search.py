@@ -43,7 +43,7 @@ from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.data import sample_shape
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
-from scaletrain.experiments.autotune.confirm import Confirmation, Measured, confirm
+from scaletrain.experiments.autotune.confirm import WINDOW_S, Confirmation, Measured, confirm, window_steps
 from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, emulated_precisions, first_candidates,
                                                   model_facts, system_knobs)
 from scaletrain.experiments.jobs import settle, training_job
@@ -108,10 +108,15 @@ class AutotuneSettings:
     # A candidate running longer than this many times the baseline's whole run (its process, data,
     # warm-up and window) is stopped: hopeless, whatever it would measure.
     cap_factor: float = 10.0
+    # A candidate training slower than the best so far divided by this, after a second of its first
+    # measured epoch, is stopped there (pruned; one process per candidate: pruning.SpeedFloor).
+    prune_factor: float = 3.0
     emulated: bool = False         # also measure precisions this device only emulates (skipped otherwise)
     # The finalists (the best few and the given configuration) measured again, interleaved, this
     # many rounds before the winner is named (confirm.py); 0: the search's own figures decide.
-    confirm_rounds: int = 3
+    # 5: the range of n paired ratios holds their median with probability 1 - 2**(1 - n), 75 % at 3
+    # rounds and 94 % at 5 (and MEASURE.md asks 5 runs for time to accuracy).
+    confirm_rounds: int = 5
     finalists: int = 2
     # Time to target: the confirmation's rounds are seeds (seed, seed + 1, ...), and a finalist
     # whose median final test metric is below the given configuration's by more than this is
@@ -132,6 +137,8 @@ class AutotuneSettings:
             out.append(f"--budget-s must be a positive number of seconds (got {self.budget_s})")
         if not (self.cap_factor > 1 and math.isfinite(self.cap_factor)):
             out.append(f"--cap-factor must be a number above 1 (got {self.cap_factor})")
+        if not (self.prune_factor > 1 and math.isfinite(self.prune_factor)):
+            out.append(f"--prune-factor must be a number above 1 (got {self.prune_factor})")
         if self.confirm_rounds < 0:
             out.append(f"--confirm-rounds must be 0 or more (got {self.confirm_rounds})")
         if not (self.test_tolerance >= 0 and math.isfinite(self.test_tolerance)):
@@ -169,17 +176,17 @@ def _key(params: dict) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def measuring_config(cfg: TrainConfig, s: AutotuneSettings, train_samples: int) -> TrainConfig:
+def measuring_config(cfg: TrainConfig, s: AutotuneSettings, train_samples: int, steps: int | None = None) -> TrainConfig:
     """For throughput, `cfg` cut to the measured window: the same seeded steps for every
-    candidate, nothing but training inside it (no evaluation or target). For time to target, the
-    whole training, stopped where validation first reaches the target. Neither saves a checkpoint
-    or a model."""
+    candidate (`steps` per epoch, else --steps), nothing but training inside it (no evaluation or
+    target). For time to target, the whole training, stopped where validation first reaches the
+    target. Neither saves a checkpoint or a model."""
     m = copy.deepcopy(cfg)
     if s.objective is TIME_TO_TARGET:
         m.eval_each_epoch, m.patience = True, 1
     else:
         m.epochs = s.epochs
-        m.data.train_subset = min(s.steps * cfg.batch_size, train_samples)
+        m.data.train_subset = min((steps or s.steps) * cfg.batch_size, train_samples)
         m.eval_each_epoch = False
         m.target = None
     m.early_stopping_patience = None
@@ -395,7 +402,7 @@ class AutoTuner:
                 repeats = 0
                 trial.set_user_attr(WORKER_ATTR, self.me)
                 trial.set_user_attr(PARAMS_ATTR, key)
-                row = self._measure(trial, params, pool, store, rows.get(_key(self.grid[0])))
+                row = self._measure(trial, params, pool, store, rows.get(_key(self.grid[0])), self._floor(rows))
                 rows[key] = row
                 trial.set_user_attr(OUTCOME_ATTR, json.dumps(_row_dict(row)))
                 state = self.optuna.trial.TrialState
@@ -414,7 +421,18 @@ class AutoTuner:
         untried = [Row(p, "not tried") for p in kept if _key(p) not in tried]
         return list(rows.values()) + discarded + untried
 
-    def _measure(self, trial, params: dict, pool: SlotPool, store: RunStore, baseline: Row | None) -> Row:
+    def _floor(self, rows: dict[str, Row]) -> float | None:
+        """The speed below which a candidate is stopped within its first measured epoch: the best
+        accepted samples/s so far over --prune-factor. None where nothing is pruned (the grid, time
+        to target) or the processes would have to agree at every step (--nproc)."""
+        if self.s.exhaustive or self.s.objective is not THROUGHPUT or self.base.distributed.nproc > 1:
+            return None
+        best = max((r.images_per_sec for r in rows.values() if r.outcome == "measured" and r.images_per_sec),
+                   default=None)
+        return None if best is None else best / self.s.prune_factor
+
+    def _measure(self, trial, params: dict, pool: SlotPool, store: RunStore, baseline: Row | None,
+                 floor: float | None = None) -> Row:
         cfg = measuring_config(self.configure(params), self.s, self.train_samples)
         name = f"trial-{trial.number:04d}"
         spec = {"storage": self.storage_url, "study": self.s.study_name, "trial_id": trial._trial_id,
@@ -422,7 +440,9 @@ class AutoTuner:
                 # The grid measures every candidate whole: it is the reference the search is judged by.
                 # Time to target stops each candidate at its own target: nothing to prune on.
                 "pruner": {"kind": "none"} if self.s.exhaustive or self.s.objective is TIME_TO_TARGET else
-                {"kind": "median", "startup_trials": 2, "warmup_epochs": 1}}
+                {"kind": "median", "startup_trials": 2, "warmup_epochs": 1},
+                # The first epoch is the window's warm-up: judged from the second on.
+                "floor": None if floor is None else {"samples_per_s": floor, "from_epoch": 1}}
         job = training_job(cfg, name, self.s.out / "trials", self.group, payload=trial.number,
                            env={TRIAL_ENV: json.dumps(spec)})
         run_id = job.payload[0].tracking.run_id
@@ -447,9 +467,11 @@ class AutoTuner:
         if baseline is None and finished.returncode == 0:
             self.baseline_s = finished.seconds   # the given configuration, measured first
         if finished.returncode == PRUNED_EXIT_CODE:
-            self.console.print(f"  pruned: images/sec trails the median after its warm-up ({finished.seconds:.1f} s)")
-            return Row(params, "pruned", why="images/sec below the median of earlier candidates", run_id=run_id,
-                       trial=trial.number)
+            below_floor = "below the floor" in finished.last_lines(1)
+            why = (f"{finished.last_lines(1).split(': ', 1)[-1]} (the best so far / --prune-factor "
+                   f"{self.s.prune_factor:g})" if below_floor else "images/sec below the median of earlier candidates")
+            self.console.print(f"  pruned: {why} ({finished.seconds:.1f} s)", soft_wrap=True)
+            return Row(params, "pruned", why=why, run_id=run_id, trial=trial.number)
         record = settle(store, finished)
         if record.status != "finished":
             why = (record.error or f"exit code {finished.returncode}").strip().splitlines()[-1][:160]
@@ -488,18 +510,25 @@ class AutoTuner:
                         key=lambda r: r.value, reverse=better)[:self.s.finalists]
         if not ranked:
             return
-        by_key = {_key(r.params): r for r in ranked} | {given: rows[given]}
+        by_key = {given: rows[given]} | {_key(r.params): r for r in ranked}   # confirm-R-0: the given one
         seeded = self.s.objective is TIME_TO_TARGET
+        window = (f" (seeds {self.base.seed}..{self.base.seed + self.s.confirm_rounds - 1})" if seeded else
+                  f", each {self.s.steps} steps x {self.s.epochs} epochs or about {WINDOW_S:g} s of measured steps "
+                  f"where that is fewer")
         self.console.print(f"confirming: the given configuration and {len(ranked)} finalist(s), "
-                           f"{self.s.confirm_rounds} interleaved rounds"
-                           f"{f' (seeds {self.base.seed}..{self.base.seed + self.s.confirm_rounds - 1})' if seeded else ''}",
-                           soft_wrap=True)
+                           f"{self.s.confirm_rounds} interleaved rounds{window}", soft_wrap=True)
         metric = self.base.target_metric
         higher = run_task(self.base, (self.shape, self.outputs, self.task, self.example)).metrics.get(metric, True) \
             if seeded else True
 
+        # Each contestant's last measured samples/s sizes its next window (confirm.window_steps):
+        # a slow one is confirmed over about WINDOW_S, not minutes; its ratio is samples/s all the same.
+        latest = {key: row.images_per_sec for key, row in by_key.items()}
+
         def measure(key: str, number: int) -> Measured | None:
-            cfg = measuring_config(self.configure(by_key[key].params), self.s, self.train_samples)
+            params = self.configure(by_key[key].params)
+            steps = None if seeded else window_steps(latest[key], params.batch_size, self.s.steps, self.s.epochs - 1)
+            cfg = measuring_config(params, self.s, self.train_samples, steps)
             if seeded:     # the whole training proved over seeds, not over one seed's luck
                 cfg.seed = self.base.seed + number
             job = training_job(cfg, f"confirm-{number}-{list(by_key).index(key)}", self.s.out / "trials", self.group)
@@ -515,6 +544,7 @@ class AutoTuner:
             value = self.s.objective.value(record) if record.status == "finished" else None
             if value is None:
                 return None
+            latest[key] = record.summary_value("images_per_sec") or latest[key]
             test = (record.summary_value("test_metrics") or {}).get(metric) if seeded else None
             return Measured(value, None if test is None else (test if higher else -test))
 
