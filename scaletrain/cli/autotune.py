@@ -40,8 +40,8 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
                help="stop a candidate that runs longer than this many times the baseline's whole run (its start, "
                     "data, warm-up and window), as hopeless (default 10)")
     add_number(g, "--prune-factor", float, gt=1, default=3.0,
-               help="stop a candidate whose first measured steps train slower than the best so far divided by "
-                    "this (default 3; one process per candidate)")
+               help="stop a candidate training slower than the best so far divided by this, a second into an epoch ("
+                    "default 3; one process per candidate)")
     add_number(g, "--confirm-rounds", int, ge=0, default=5,
                help="before the winner is named, the given configuration and the --finalists best are measured "
                     "again this many rounds, interleaved; a finalist wins only if it beat the given configuration "

@@ -44,34 +44,38 @@ class TrialPruning:
 
 
 class SpeedFloor:
-    """Stops a run, within its first measured epoch, once it trains slower than `samples_per_s`
-    (autotune: the best candidate so far divided by --prune-factor). The median pruner decides
-    at an epoch's end; a candidate at a twentieth of the best speed (a loaded machine's two
-    OpenMP threads: 39 samples/s against 2,830) would spend a whole epoch, over a minute, getting
-    there. Epochs before `from_epoch` are warm-up and never judged; the rate is judged after
-    `min_s` of an epoch, at the end of each execution (no device sync: on a GPU the host may run
-    ahead of the device, which only makes the rate look faster, never prunes a fast run).
+    """Stops a run within an epoch once it trains slower than `samples_per_s` (autotune: the best
+    candidate so far divided by --prune-factor). The median pruner decides at an epoch's end; a
+    candidate at a two-hundredth of the best speed (compiled code on two OpenMP threads that share
+    their cores with other work: 40 samples/s, 8,700 on a quiet machine) spent 80 s in one epoch
+    getting there. Its rate is read at the end of each execution, from the end of the epoch's
+    first one (a new iterator, loader workers starting, a last recompilation: once an epoch, not
+    its speed), once `min_s` has passed; the trainer's own warm-up (compilation, CUDA graph
+    capture) comes before any epoch and is never judged. No device sync: on a GPU the host may run
+    ahead of the device, which only makes the rate look faster, never prunes a fast run.
 
     One process only: ranks deciding apart at a step could part ways, and agreeing at every step
     is a collective per step. autotune leaves the floor out under --nproc."""
 
-    def __init__(self, samples_per_s: float, from_epoch: int = 1, min_s: float = 1.0):
-        self.samples_per_s, self.from_epoch, self.min_s = samples_per_s, from_epoch, min_s
-        self.started: float | None = None
+    def __init__(self, samples_per_s: float, min_s: float = 1.0):
+        self.samples_per_s, self.min_s = samples_per_s, min_s
+        self.started: tuple[float, int] | None = None    # (time, epoch step) at the end of the epoch's first execution
+        self.first = True
 
     def on_epoch_begin(self, trainer, epoch: int) -> None:
-        self.started = time.perf_counter() if epoch >= self.from_epoch else None
+        self.started, self.first = None, True
 
     def on_train_batch_end(self, trainer, step: int, logs: dict) -> None:
-        if self.started is None:
+        now, at = time.perf_counter(), int(logs.get("epoch_step", 0))
+        if self.first:
+            self.started, self.first = (now, at), False
             return
-        elapsed = time.perf_counter() - self.started
+        elapsed = now - self.started[0]
         if elapsed < self.min_s:
             return
-        steps = int(logs.get("epoch_step", 0))
-        rate = steps * trainer.batch.global_batch / elapsed
+        rate = (at - self.started[1]) * trainer.batch.global_batch / elapsed
         if rate < self.samples_per_s:
-            raise RunPruned(f"stopped after {steps} measured steps at {rate:,.0f} samples/s, below the floor of "
+            raise RunPruned(f"stopped after {at} steps at {rate:,.0f} samples/s, below the floor of "
                             f"{self.samples_per_s:,.0f}")
 
 

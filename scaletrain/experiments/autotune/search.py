@@ -108,8 +108,8 @@ class AutotuneSettings:
     # A candidate running longer than this many times the baseline's whole run (its process, data,
     # warm-up and window) is stopped: hopeless, whatever it would measure.
     cap_factor: float = 10.0
-    # A candidate training slower than the best so far divided by this, after a second of its first
-    # measured epoch, is stopped there (pruned; one process per candidate: pruning.SpeedFloor).
+    # A candidate training slower than the best so far divided by this, a second into an epoch, is
+    # stopped there (pruned; one process per candidate: pruning.SpeedFloor).
     prune_factor: float = 3.0
     emulated: bool = False         # also measure precisions this device only emulates (skipped otherwise)
     # The finalists (the best few and the given configuration) measured again, interleaved, this
@@ -441,8 +441,7 @@ class AutoTuner:
                 # Time to target stops each candidate at its own target: nothing to prune on.
                 "pruner": {"kind": "none"} if self.s.exhaustive or self.s.objective is TIME_TO_TARGET else
                 {"kind": "median", "startup_trials": 2, "warmup_epochs": 1},
-                # The first epoch is the window's warm-up: judged from the second on.
-                "floor": None if floor is None else {"samples_per_s": floor, "from_epoch": 1}}
+                "floor": None if floor is None else {"samples_per_s": floor}}
         job = training_job(cfg, name, self.s.out / "trials", self.group, payload=trial.number,
                            env={TRIAL_ENV: json.dumps(spec)})
         run_id = job.payload[0].tracking.run_id
