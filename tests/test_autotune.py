@@ -345,7 +345,7 @@ def test_a_candidate_far_slower_than_the_best_is_stopped_within_an_epoch(tmp_pat
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     pruned, = _rows(out, "pruned")
     assert pruned["params"]["threads"] == 1
-    steps = int(re.search(r"stopped after (\d+) steps at [\d,]+ samples/s, below the floor of [\d,]+ "
+    steps = int(re.search(r"stopped after (\d+) steps at [\d.]+ samples/s, below the floor of [\d.]+ "
                           r"\(the best so far / --prune-factor 3\)", pruned["why"]).group(1))
     assert 2 <= steps < 20, pruned["why"]          # within the first epoch, not at its end
     assert _result(out)["best"] == {"threads": 2}
@@ -412,6 +412,25 @@ def test_a_slow_contestant_is_confirmed_over_about_ten_seconds_not_all_its_steps
     assert window_steps(None, 128, 25, 2) == window_steps(float("nan"), 128, 25, 2) == 25
     assert window_steps(10.0, 128, 25, 2) == MIN_STEPS
     assert window_steps(10.0, 128, 2, 2) == 2                    # never more than asked
+
+
+def test_a_confirmation_run_that_crawls_is_stopped_at_the_floor_and_counts_its_speed(tmp_path):
+    """The third training process (the given configuration's first confirmation run) crawls, each
+    training forward sleeping 0.2 s: below the fastest contestant's speed / --prune-factor it is
+    stopped a second or so in (40 sleeping steps otherwise), recorded as pruned, and the speed it
+    trained at is its figure for the round: the finalist beat it by more than the factor."""
+    out = tmp_path / "tuned"
+    done = run(["autotune", *SMALL[:-7], "--steps", "20", "--window-epochs", "2", "--no-progress",
+                "--model", "faulty_models:loaded_mlp", "--model-option", f"counter={tmp_path / 'load'}",
+                "--model-option", "slow_process=3", "--model-option", "delay_s=0.2", "--knobs", "grad_accum_steps",
+                "--trials", "2", "--finalists", "1", "--confirm-rounds", "1",
+                "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (out / "trials" / "confirm-0-0" / "train.log").read_text()
+    assert "below the floor" in log, log[-2000:]
+    finalist, = [r for r in _rows(out) if r["confirmed"]]
+    assert len(finalist["confirmed"]) == 1 and finalist["confirmed"][0] > 3, finalist
+    assert finalist["wins"] is True
 
 
 def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 from scaletrain.errors import RunPruned
@@ -75,8 +76,19 @@ class SpeedFloor:
             return
         rate = (at - self.started[1]) * trainer.batch.global_batch / elapsed
         if rate < self.samples_per_s:
-            raise RunPruned(f"stopped after {at} steps at {rate:,.0f} samples/s, below the floor of "
-                            f"{self.samples_per_s:,.0f}")
+            raise RunPruned(f"stopped after {at} steps at {rate:.1f} samples/s, below the floor of "
+                            f"{self.samples_per_s:.1f}")
+
+
+_BELOW_FLOOR = re.compile(r"stopped after (\d+) steps at ([\d.]+) samples/s, below the floor of ([\d.]+)")
+
+
+def rate_below_floor(line: str) -> float | None:
+    """The samples/s a run stopped by SpeedFloor trained at, read from its last line (None: it was
+    not stopped by the floor). autotune's confirmation counts it as that run's speed: a short
+    window, but one at least --prune-factor times slower than the fastest contestant."""
+    found = _BELOW_FLOOR.search(line)
+    return float(found.group(2)) if found else None
 
 
 def trial_callbacks_from_env() -> list:
@@ -86,7 +98,9 @@ def trial_callbacks_from_env() -> list:
     if not spec:
         return []
     spec = json.loads(spec)
-    callbacks: list = [TrialPruning(spec["storage"], spec["study"], spec["trial_id"], spec["metric"], spec["pruner"])]
+    callbacks: list = []
+    if "trial_id" in spec:    # a trial of a study (autotune's confirmation runs have a floor only)
+        callbacks.append(TrialPruning(spec["storage"], spec["study"], spec["trial_id"], spec["metric"], spec["pruner"]))
     if spec.get("floor"):
         callbacks.append(SpeedFloor(**spec["floor"]))
     return callbacks

@@ -177,10 +177,11 @@ def picky_mlp(shape, classes, max_batch=128, **options):
 
 
 
-def loaded_mlp(shape, classes, counter="", delay_s=0.02, **options):
+def loaded_mlp(shape, classes, counter="", delay_s=0.02, slow_process=0, **options):
     """An MLP on a machine whose load comes and goes: every second process that trains it (counted
     in the file `counter`) is slowed down, each training forward sleeping `delay_s`. Runs measured
-    one after another then rank by when they ran, not by what they are."""
+    one after another then rank by when they ran, not by what they are. With `slow_process` N,
+    only the N-th process is slow (a crawl that strikes one run)."""
     import fcntl
     import torch
     state = {"slow": None}
@@ -198,7 +199,7 @@ def loaded_mlp(shape, classes, counter="", delay_s=0.02, **options):
             fh.seek(0)
             count = len(fh.read()) + 1
             fh.write("x")
-        state["slow"] = count % 2 == 1
+        state["slow"] = count == int(slow_process) if slow_process else count % 2 == 1
         if state["slow"]:
             time.sleep(delay_s)
 

@@ -47,7 +47,7 @@ from scaletrain.experiments.autotune.confirm import WINDOW_S, Confirmation, Meas
 from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, emulated_precisions, first_candidates,
                                                   model_facts, system_knobs)
 from scaletrain.experiments.jobs import settle, training_job
-from scaletrain.experiments.pruning import TRIAL_ENV
+from scaletrain.experiments.pruning import TRIAL_ENV, rate_below_floor
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots, machine_slot
 from scaletrain.experiments.sweep import LR_SCALINGS, scaled_lr
 from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open_storage, require_optuna
@@ -466,7 +466,7 @@ class AutoTuner:
         if baseline is None and finished.returncode == 0:
             self.baseline_s = finished.seconds   # the given configuration, measured first
         if finished.returncode == PRUNED_EXIT_CODE:
-            below_floor = "below the floor" in finished.last_lines(1)
+            below_floor = rate_below_floor(finished.last_lines(1)) is not None
             why = (f"{finished.last_lines(1).split(': ', 1)[-1]} (the best so far / --prune-factor "
                    f"{self.s.prune_factor:g})" if below_floor else "images/sec below the median of earlier candidates")
             self.console.print(f"  pruned: {why} ({finished.seconds:.1f} s)", soft_wrap=True)
@@ -530,7 +530,13 @@ class AutoTuner:
             cfg = measuring_config(params, self.s, self.train_samples, steps)
             if seeded:     # the whole training proved over seeds, not over one seed's luck
                 cfg.seed = self.base.seed + number
-            job = training_job(cfg, f"confirm-{number}-{list(by_key).index(key)}", self.s.out / "trials", self.group)
+            # A run that falls below the fastest contestant's speed / --prune-factor (the given
+            # configuration's two threads on a loaded machine: a minute where it took 8 s a round
+            # before) is stopped there, and the speed it trained at is its figure for the round.
+            fastest = max((v for v in latest.values() if v), default=None)
+            floor = None if seeded or fastest is None or self.base.distributed.nproc > 1 else fastest / self.s.prune_factor
+            job = training_job(cfg, f"confirm-{number}-{list(by_key).index(key)}", self.s.out / "trials", self.group,
+                               env={TRIAL_ENV: json.dumps({"floor": {"samples_per_s": floor}})} if floor else None)
             pool.start(job)
             started = time.perf_counter()
             cap = started + self.s.cap_factor * self.baseline_s if self.baseline_s is not None else None
@@ -540,6 +546,12 @@ class AutoTuner:
                 settle(store, Finished(job, None, -15, time.perf_counter() - started))
                 return None
             record = settle(store, finished)
+            if finished.returncode == PRUNED_EXIT_CODE:
+                rate = rate_below_floor(finished.last_lines(1))
+                if rate is None:
+                    return None
+                latest[key] = rate
+                return Measured(rate)
             value = self.s.objective.value(record) if record.status == "finished" else None
             if value is None:
                 return None
