@@ -168,9 +168,11 @@ def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_be
     purpose), is stopped when the budget runs out, and the baseline measured before it is the answer."""
     out, budget = tmp_path / "tuned", 45
     started = time.perf_counter()
+    # --cap-factor out of the way: on a quiet machine the baseline's 3 s run caps the hang at 30 s,
+    # before the budget (it passed under the suite's load, where the baseline took longer).
     done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_hangs_mlp", "--knobs", "threads",
-                "--trials", "2", "--budget-s", str(budget), "--out", str(out), "--store", str(tmp_path / "runs.db")],
-               tmp_path, OMP_NUM_THREADS="2")
+                "--trials", "2", "--budget-s", str(budget), "--cap-factor", "1000", "--out", str(out),
+                "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="2")
     took = time.perf_counter() - started
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"the --budget-s of {budget} s ran out" in done.stdout
@@ -183,6 +185,26 @@ def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_be
     store = RunStore(str(tmp_path / "runs.db"))   # the stopped candidate's run is ended, not left running
     assert store.get(stopped[0]["run_id"]).status == "failed"
     store.close()
+
+
+def test_a_budget_leaves_the_confirmation_its_share(tmp_path):
+    """Under --budget-s the search stops starting candidates once the rest of the budget is what
+    the confirmation will take (its rounds at the candidates' median run): 4 candidates, but after
+    the baseline and one more, 20 rounds cannot fit the 40 s, so the search stops there and the
+    confirmation measures what the budget allows; the winner comes from confirmed rounds."""
+    out, budget = tmp_path / "tuned", 40
+    started = time.perf_counter()
+    done = run(["autotune", *SMALL[:-2], "--knobs", "threads,steps_per_execution", "--trials", "4",
+                "--confirm-rounds", "20", "--budget-s", str(budget), "--out", str(out),
+                "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="2")
+    took = time.perf_counter() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "searching stops here: the rest of --budget-s" in done.stdout, done.stdout[-3000:]
+    assert len([r for r in _rows(out) if r["outcome"] in ("measured", "refused", "pruned")]) == 2
+    assert len(_rows(out, "not tried")) == 2
+    finalist, = [r for r in _rows(out) if r["confirmed"]]
+    assert 1 <= len(finalist["confirmed"]) < 20
+    assert took < budget + 30, took
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -51,30 +51,33 @@ class SpeedFloor:
     their cores with other work: 40 samples/s, 8,700 on a quiet machine) spent 80 s in one epoch
     getting there. Its rate is read at the end of each execution, from the end of the epoch's
     first one (a new iterator, loader workers starting, a last recompilation: once an epoch, not
-    its speed), once `min_s` has passed; the trainer's own warm-up (compilation, CUDA graph
+    its speed), once `min_s` has passed; the first execution itself is judged less `grace_s` (with
+    8 fused steps it alone took 40 s there); the trainer's own warm-up (compilation, CUDA graph
     capture) comes before any epoch and is never judged. No device sync: on a GPU the host may run
     ahead of the device, which only makes the rate look faster, never prunes a fast run.
 
     One process only: ranks deciding apart at a step could part ways, and agreeing at every step
     is a collective per step. autotune leaves the floor out under --nproc."""
 
-    def __init__(self, samples_per_s: float, min_s: float = 1.0):
-        self.samples_per_s, self.min_s = samples_per_s, min_s
-        self.started: tuple[float, int] | None = None    # (time, epoch step) at the end of the epoch's first execution
-        self.first = True
+    def __init__(self, samples_per_s: float, min_s: float = 1.0, grace_s: float = 2.0):
+        self.samples_per_s, self.min_s, self.grace_s = samples_per_s, min_s, grace_s
+        self.began = 0.0                                  # the epoch's start
+        self.started: tuple[float, int] | None = None    # (time, epoch step) at the end of its first execution
 
     def on_epoch_begin(self, trainer, epoch: int) -> None:
-        self.started, self.first = None, True
+        self.began, self.started = time.perf_counter(), None
 
     def on_train_batch_end(self, trainer, step: int, logs: dict) -> None:
         now, at = time.perf_counter(), int(logs.get("epoch_step", 0))
-        if self.first:
-            self.started, self.first = (now, at), False
-            return
-        elapsed = now - self.started[0]
+        if self.started is None:      # the first execution: its start-up allowed for
+            self.started = (now, at)
+            since, done = self.began + self.grace_s, at
+        else:
+            since, done = self.started[0], at - self.started[1]
+        elapsed = now - since
         if elapsed < self.min_s:
             return
-        rate = (at - self.started[1]) * trainer.batch.global_batch / elapsed
+        rate = done * trainer.batch.global_batch / elapsed
         if rate < self.samples_per_s:
             raise RunPruned(f"stopped after {at} steps at {rate:.1f} samples/s, below the floor of "
                             f"{self.samples_per_s:.1f}")

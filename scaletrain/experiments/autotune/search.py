@@ -213,6 +213,7 @@ class AutoTuner:
         self.deadline = self.started + settings.budget_s if settings.budget_s else None
         self.budget_ran_out = False
         self.baseline_s: float | None = None   # the baseline's whole run, in seconds: what caps the others
+        self.run_seconds: list[float] = []     # every finished candidate's whole run: what a confirmation run costs
         self.group = f"autotune-{settings.study_name}"
         self.me = f"{socket.gethostname()}:{os.getpid()}"
         self.device = resolve_device(base.device)
@@ -387,6 +388,11 @@ class AutoTuner:
                 if self.deadline is not None and time.perf_counter() >= self.deadline:
                     self.budget_ran_out = True
                     break
+                reserve = self._confirmation_reserve(rows)
+                if reserve is not None and time.perf_counter() + reserve >= self.deadline:
+                    self.console.print(f"searching stops here: the rest of --budget-s ({self.deadline - time.perf_counter():.0f} s) "
+                                       f"is the confirmation's (about {reserve:.0f} s)", soft_wrap=True)
+                    break
                 trial = study.ask()
                 params = {key: json.loads(v) for key, v in self._suggest(trial).items()}
                 key = _key(params)
@@ -420,6 +426,18 @@ class AutoTuner:
         tried = set(rows)
         untried = [Row(p, "not tried") for p in kept if _key(p) not in tried]
         return list(rows.values()) + discarded + untried
+
+    def _confirmation_reserve(self, rows: dict[str, Row]) -> float | None:
+        """Under --budget-s, the seconds the confirmation will take once a finalist is measured:
+        its runs (rounds x the given configuration and the finalists) at the median whole run of
+        the candidates so far, so that a search bounded by the budget still ends confirmed."""
+        if self.deadline is None or not self.s.confirm_rounds or not self.run_seconds:
+            return None
+        given = rows.get(_key(self.grid[0]))
+        others = sum(1 for k, r in rows.items() if r.outcome == "measured" and r is not given)
+        if given is None or given.outcome != "measured" or not others:
+            return None
+        return self.s.confirm_rounds * (1 + min(self.s.finalists, others)) * statistics.median(self.run_seconds)
 
     def _floor(self, rows: dict[str, Row]) -> float | None:
         """The speed below which a candidate is stopped within its first measured epoch: the best
@@ -465,6 +483,8 @@ class AutoTuner:
             return Row(params, "stopped", why=why, run_id=run_id, trial=trial.number)
         if baseline is None and finished.returncode == 0:
             self.baseline_s = finished.seconds   # the given configuration, measured first
+        if finished.returncode == 0:
+            self.run_seconds.append(finished.seconds)
         if finished.returncode == PRUNED_EXIT_CODE:
             below_floor = rate_below_floor(finished.last_lines(1)) is not None
             why = (f"{finished.last_lines(1).split(': ', 1)[-1]} (the best so far / --prune-factor "
