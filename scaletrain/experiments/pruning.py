@@ -104,6 +104,6 @@ def trial_callbacks_from_env() -> list:
     callbacks: list = []
     if "trial_id" in spec:    # a trial of a study (autotune's confirmation runs have a floor only)
         callbacks.append(TrialPruning(spec["storage"], spec["study"], spec["trial_id"], spec["metric"], spec["pruner"]))
-    if spec.get("floor"):
+    if spec.get("floor") is not None:     # a floor of 0 never stops: the same callback, timed alike
         callbacks.append(SpeedFloor(**spec["floor"]))
     return callbacks

@@ -440,14 +440,15 @@ class AutoTuner:
         return self.s.confirm_rounds * (1 + min(self.s.finalists, others)) * statistics.median(self.run_seconds)
 
     def _floor(self, rows: dict[str, Row]) -> float | None:
-        """The speed below which a candidate is stopped within its first measured epoch: the best
-        accepted samples/s so far over --prune-factor. None where nothing is pruned (the grid, time
-        to target) or the processes would have to agree at every step (--nproc)."""
+        """The speed below which a candidate is stopped within an epoch: the best accepted
+        samples/s so far over --prune-factor (0 before any: the baseline carries the same callback,
+        so every candidate is timed alike). None where nothing is pruned (the grid, time to target)
+        or the processes would have to agree at every step (--nproc)."""
         if self.s.exhaustive or self.s.objective is not THROUGHPUT or self.base.distributed.nproc > 1:
             return None
         best = max((r.images_per_sec for r in rows.values() if r.outcome == "measured" and r.images_per_sec),
                    default=None)
-        return None if best is None else best / self.s.prune_factor
+        return 0.0 if best is None else best / self.s.prune_factor
 
     def _measure(self, trial, params: dict, pool: SlotPool, store: RunStore, baseline: Row | None,
                  floor: float | None = None) -> Row:
