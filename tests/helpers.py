@@ -48,13 +48,13 @@ class PoisonAt:
         self.model.factor = float("inf") if step == self.step else 1.0
         if step in (self.step, self.step + 1):
             self.records[step] = {"before": copy.deepcopy(trainer.model.state_dict()),
-                                  "applied_before": int(trainer.counters.applied_steps)}
+                                  "applied_before": trainer.counters.applied()}
 
     def on_train_batch_end(self, trainer, step, logs):
         done = step - 1  # index of the step that just ran
         if done in self.records:
             r = self.records[done]
             r["after"] = copy.deepcopy(trainer.model.state_dict())
-            r["applied_after"] = int(trainer.counters.applied_steps)
+            r["applied_after"] = trainer.counters.applied()
             r["lr"] = float(trainer.optimizer.param_groups[0]["lr"])
         self.model.factor = 1.0

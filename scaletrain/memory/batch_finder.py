@@ -118,8 +118,7 @@ class BatchSizeFinder:
             if bad is not None:
                 good = largest_fitting(good, bad, self.memory_limit, lambda n: self._known_trial(n, snapshot))
         finally:
-            snapshot.restore()
-            self._release()
+            self._restore(snapshot)
         if good == 0:
             raise ConfigError(f"even a batch of {start} per device does not fit"
                               + (f" in --memory-limit {self.memory_limit} bytes" if self.memory_limit else ""))
@@ -158,6 +157,12 @@ class BatchSizeFinder:
             loss = output = None  # noqa: F841 (drops the step's graph before the gradients go)
             t.model.zero_grad(set_to_none=True)
 
+    def _restore(self, snapshot: TrainingSnapshot) -> None:
+        """The trainer as it was before a trial: its tensors put back, the counters told so."""
+        snapshot.restore()
+        self.trainer.counters.restored()
+        self._release()
+
     def _known_trial(self, size: int, snapshot: TrainingSnapshot) -> tuple[bool, int | None]:
         """(fits, peak bytes) of a batch, from its trial if it already ran."""
         trial = self.trials.get(size) or self._trial(size, snapshot)
@@ -189,8 +194,7 @@ class BatchSizeFinder:
             flag = torch.tensor([1.0 if reason else 0.0], dtype=torch.float64, device=t.device)
             t.strategy.all_reduce_max_(flag)
             if flag.item():
-                snapshot.restore()
-                self._release()
+                self._restore(snapshot)
                 return Trial(size, False, None, None, reason or "out of memory on another rank")
         try:
             peak, rate = self.measure(size, self.steps)
@@ -199,8 +203,7 @@ class BatchSizeFinder:
         except torch.OutOfMemoryError as exc:
             failed, reason = 1.0, f"out of memory: {str(exc).splitlines()[0][:120]}"
         finally:
-            snapshot.restore()
-            self._release()
+            self._restore(snapshot)
         # Every rank takes the same branch: the worst rank decides.
         flags = torch.tensor([failed, float(peak)], dtype=torch.float64, device=t.device)
         t.strategy.all_reduce_max_(flags)
@@ -216,7 +219,7 @@ class BatchSizeFinder:
         # The trainer's own step, with no accumulation: a trial's batch is one micro-batch.
         step = t.build_step(build_schedule(t.config.optim, steps, 1), grad_accum_steps=1)
         t.counters.resize(steps)
-        t.counters.applied_steps.zero_()  # the schedule table's index
+        t.counters.set_applied(0)  # the schedule table's index
         peak, elapsed = self._measure(step, x, y, steps)
         return peak, size * t.layout.replicas * (steps - 1) / max(elapsed, 1e-9)
 

@@ -18,10 +18,13 @@ def _param_groups(params: list[nn.Parameter], weight_decay: float, decay_all: bo
     # Biases and norm scales (1-D tensors) are not decayed unless asked (`decay_all`, torch's own
     # default, which a LightningModule's optimizer brings): decaying them only hurts accuracy.
     # Tensor-parallel (DTensor) parameters get groups of their own: a fused kernel takes one kind.
+    # Without weight decay the split means nothing, and each group is one more fused kernel call
+    # a step (about 25 us on the 2-core CPU: BENCHMARKS.md, "The step's operations").
     groups: dict[tuple[bool, str], list[nn.Parameter]] = {}
     for p in params:
         if p.requires_grad:
-            groups.setdefault((decay_all or p.ndim > 1, type(p.data).__name__), []).append(p)
+            decayed = decay_all or p.ndim > 1 or weight_decay == 0
+            groups.setdefault((decayed, type(p.data).__name__), []).append(p)
     return [{"params": ps, "weight_decay": weight_decay if decay else 0.0}
             for (decay, _), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
 
@@ -66,6 +69,16 @@ def set_lr(optimizer: torch.optim.Optimizer, value: torch.Tensor) -> None:
         if id(g["lr"]) not in seen:
             seen.add(id(g["lr"]))
             g["lr"].copy_(value)
+
+
+def fill_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """Writes a host-known LR into each group's tensor in place: one kernel with the value as its
+    argument (no host sync; not for a captured graph, which would replay the value it saw)."""
+    seen = set()
+    for g in optimizer.param_groups:
+        if id(g["lr"]) not in seen:
+            seen.add(id(g["lr"]))
+            g["lr"].fill_(value)
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:

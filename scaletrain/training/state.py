@@ -106,6 +106,7 @@ def load_trainer_state(trainer, state: dict, saved_world: int, saved_replicas: i
     """Applies a filled `load_template` (tensors were loaded in place) and returns the plain
     values (loop position, clocks)."""
     values = json.loads(state["host"]["json"])
+    trainer.counters.restored()   # its tensors were filled in place
     trainer.history = values["history"]
     trainer.clock.total = values["train_time_s"]
     trainer.eval_time_s = values["eval_time_s"]

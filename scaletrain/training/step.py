@@ -13,7 +13,7 @@ from torch import nn
 
 from scaletrain.data.inputs import Inputs
 from scaletrain.distributed.strategies.base import Strategy
-from scaletrain.optim import LRSchedule, set_lr, squared_norm
+from scaletrain.optim import LRSchedule, fill_lr, set_lr, squared_norm
 from scaletrain.precision import DynamicLossScaler, PrecisionPolicy
 from scaletrain.tasks import Task, checked_loss
 from scaletrain.training.counters import DeviceCounters
@@ -41,9 +41,17 @@ class TrainStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         # Whether this process's outputs count (the layout is frozen: read once, not every micro-batch).
         self.records = strategy.layout.records
-        # The whole schedule, precomputed on the device: the step's LR is one lookup by the
-        # applied-step counter (two kernels) instead of a dozen scalar ops every step.
+        # The whole schedule, precomputed: a constant LR is set once, here; otherwise the step's
+        # LR is one lookup by the applied-step count, on the host where the host knows it
+        # (`DeviceCounters.host_indexed`: one fill), else on the device (two kernels).
         self.lr_table = schedule.table(device, offset=first_step)
+        steady = self.lr_table[first_step:]
+        self.constant_lr = bool((steady == steady[0]).all())    # one host read, at build
+        self.lr_on_host = None
+        if self.constant_lr:
+            set_lr(optimizer, steady[0])
+        elif counters.host_indexed:
+            self.lr_on_host = self.lr_table.cpu().numpy()
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> None:
         self.strategy.forward_backward(self, x, y)
@@ -65,18 +73,17 @@ class TrainStep:
             scaled = self.scaler.scale_loss(scaled)
         scaled.backward()
 
-    @torch.no_grad()
     def record(self, loss: torch.Tensor, output: torch.Tensor, y: torch.Tensor, parts: int | None = None) -> None:
         """Adds one micro-batch's loss (one of `parts` equal shares of the step; default: the
         accumulation steps) and training metric to the device counters. Processes whose outputs
-        another one already counts (tensor-parallel peers) record nothing."""
+        another one already counts (tensor-parallel peers) record nothing. Detached tensors only,
+        so no autograd and no `no_grad` context is needed."""
         if not self.records:
             return
         c, k = self.counters, parts or self.grad_accum_steps
-        step_loss = loss.detach() / k if k > 1 else loss.detach()
-        c.step_losses.index_add_(0, c.slot, step_loss.view(1))
+        c.add_loss(loss.detach() / k if k > 1 else loss.detach())
         if self.task.train_metric:   # a task without a training metric costs the step nothing here
-            c.metric_sum.add_(self.task.train_metric_sum(output, y))
+            c.add_metric(self.task.train_metric_sum, output, y)
 
     # ----------------------------------------------------------- the update
     def unscale_(self) -> torch.Tensor | None:
@@ -110,24 +117,21 @@ class TrainStep:
         c = self.counters
         if not clipped:
             self.clip_()
-        with torch.no_grad():
-            # index_select, not Python indexing: a 0-d index tensor must never become a host int.
-            set_lr(self.optimizer, torch.index_select(self.lr_table, 0, c.applied_steps.view(1)).view(()))
+        if self.lr_on_host is not None:
+            fill_lr(self.optimizer, float(self.lr_on_host[c.applied_index()]))
+        elif not self.constant_lr:
+            with torch.no_grad():
+                # index_select, not Python indexing: a 0-d index tensor must never become a host int.
+                set_lr(self.optimizer, torch.index_select(self.lr_table, 0, c.applied_steps.view(1)).view(()))
         if found_inf is not None:
             # Fused optimizers read these attributes (the GradScaler protocol) and leave weights
             # and state untouched when found_inf is 1.
             self.optimizer.grad_scale = None
             self.optimizer.found_inf = found_inf
         (apply or self.optimizer.step)()
-        with torch.no_grad():
-            if found_inf is not None:
-                self.scaler.update()
-                skipped = found_inf.to(torch.int64)
-                c.skipped.add_(skipped)
-                c.applied_steps.add_(1 - skipped)
-            else:
-                c.applied_steps.add_(1)
-            c.slot.add_(1)
+        if found_inf is not None:
+            self.scaler.update()
+        c.end_step(found_inf)
         # Every parameter's gradient, not only the optimizer's: under ZeRO-1 a rank's optimizer
         # holds a partition, but DDP accumulates into all gradients.
         if self.grads_to_none:

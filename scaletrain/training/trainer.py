@@ -109,7 +109,10 @@ class Trainer:
         self.scaler = (DynamicLossScaler(self.device, cfg.precision.init_scale,
                                          growth_interval=cfg.precision.growth_interval)
                        if self.policy.loss_scaling else None)
-        self.counters = DeviceCounters(self.device)
+        # The eager step counts on the host (a few kernels at each read instead of a dozen a step);
+        # a captured graph and fp16's overflow-dependent count need the device (counters.py).
+        self.counters = DeviceCounters(self.device, host_indexed=not self.use_graphs and self.scaler is None,
+                                       defer_metrics=not cfg.compile)
         self.clock = DeviceClock(self.device)
         self.stop_training = False
         self.history: list[dict] = []
@@ -255,7 +258,7 @@ class Trainer:
         schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs, replicas=self.layout.replicas)
         self.counters.resize(self.steps_per_epoch)  # also empties the per-step loss slots
         # A second fit() starts a fresh schedule after the optimizer steps already taken.
-        first_step = int(self.counters.applied_steps)
+        first_step = self.counters.applied()
         self.train_step = self.build_step(schedule, first_step=first_step)
         self.peak_memory.reset()
         self.warmup_s = self._warm_up(train_loader, val_loader)
@@ -313,6 +316,7 @@ class Trainer:
         if self.config.eval_each_epoch:
             self.evaluate_loader(val_loader, max_batches=1, reduce=False)
         snapshot.restore()
+        self.counters.restored()
         self.clock.now()  # synchronise before reading the warm-up time
         return time.perf_counter() - start
 
@@ -388,10 +392,10 @@ class Trainer:
     def _agree_on_epoch_end(self, ran: int, first_global_step: int) -> int:
         """An epoch that ended early for some replicas: every process takes the most steps any ran
         (the position, the LR schedule's count and the checkpoints then agree again)."""
-        agreed = torch.tensor([ran, int(self.counters.applied_steps)], dtype=torch.float64)
+        agreed = torch.tensor([ran, self.counters.applied()], dtype=torch.float64)
         self.strategy.all_reduce_max_(agreed)
         steps, applied = (int(v) for v in agreed.tolist())
-        self.counters.applied_steps.fill_(applied)
+        self.counters.set_applied(applied)
         self.epoch_step, self.global_step = steps, first_global_step + steps
         return steps
 

@@ -127,15 +127,21 @@ class Strategy(ABC):
         """Forward, loss and backward of one optimizer step's batch, recorded in the step's
         counters. Gradient accumulation: only the last micro-batch communicates."""
         k = step.grad_accum_steps
-        micro = zip(chunk_inputs(x, k), y.chunk(k)) if k > 1 else ((x, y),)
-        for i, (xm, ym) in enumerate(micro):
+        if k == 1:
+            self._micro_batch(step, x, y)
+            return
+        for i, (xm, ym) in enumerate(zip(chunk_inputs(x, k), y.chunk(k))):
             with self.no_sync() if i < k - 1 else contextlib.nullcontext():
-                loss, output = step.forward_loss(xm, ym)
-                # Recorded before the backward, so the output (a language model's logits: the
-                # step's largest tensor) is freed before the backward allocates its gradients.
-                step.record(loss, output, ym)
-                del output
-                step.backward(loss)
+                self._micro_batch(step, xm, ym)
+
+    @staticmethod
+    def _micro_batch(step: StepContract, x, y) -> None:
+        loss, output = step.forward_loss(x, y)
+        # Recorded before the backward, so the output (a language model's logits: the step's
+        # largest tensor) is freed before the backward allocates its gradients.
+        step.record(loss, output, y)
+        del output
+        step.backward(loss)
 
     def optimizer_step(self, step: StepContract) -> None:
         """Unscales (fp16), agrees on overflow, clips and steps the optimizer."""
