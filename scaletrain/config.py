@@ -89,7 +89,7 @@ def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=No
 # `Declarations`: no import, so checks and `--help` need no torch) and the registries that
 # implement them add each name as it is registered, so adding one is one decorated definition in
 # its own package and nothing here changes; `auto` is resolved by the config's users.
-PRECISIONS = Choices(declared=Declarations("scaletrain.precision", "register_policy"))
+PRECISIONS = Choices("auto", declared=Declarations("scaletrain.precision", "register_policy"))
 STRATEGIES = Choices("auto", declared=Declarations("scaletrain.distributed.strategies", "register_strategy"))
 DATA_SETS = Choices(declared=Declarations("scaletrain.data", "register_dataset"), importable=True)
 # Models are not a field's choices (`--model` also takes NAME-VARIANT and module:function); this
@@ -184,7 +184,10 @@ class OptimConfig:
 
 @dataclass(kw_only=True, slots=True)
 class PrecisionConfig:
-    policy: str = _f("fp32", "fp32, tf32, bf16-mixed, fp16-mixed or bf16-true", choices=PRECISIONS)
+    policy: str = _f("auto", "auto (bf16-mixed on a GPU that computes bfloat16 natively, CUDA capability 8.0 and "
+                     "newer; fp32 elsewhere: the start line says which and why), fp32 (PyTorch's default: TF32 "
+                     "convolutions on such GPUs, IEEE float32 matrix products), fp32-strict (IEEE float32 "
+                     "everywhere), tf32, bf16-mixed, fp16-mixed or bf16-true", choices=PRECISIONS)
     fp32_modules: list[str] = _f([], "module names or class names kept in float32")
     init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale", gt=0)
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
@@ -357,8 +360,12 @@ class TrainConfig:
                                    "core, or a multi/tune slot's share of the cores)", ge=1, resumable=True)
     inter_op_threads: int | None = _f(None, "inter-op CPU threads (torch.set_num_interop_threads; default: torch's "
                                             "own)", ge=1, resumable=True)
-    channels_last: bool = _f(False, "store 4-D weights channels-last (NHWC), which convolutions then also use for "
-                                    "their activations", resumable=True)
+    channels_last: bool | None = _f(None, "store 4-D weights channels-last (NHWC), which convolutions then also use "
+                                          "for their activations (default: on for a model with 2-D convolutions on "
+                                          "a GPU, off elsewhere; --no-channels-last turns it off)", resumable=True)
+    cudnn_benchmark: bool | None = _f(None, "let cuDNN time its convolution algorithms once per input shape and keep "
+                                            "the fastest (default: on on a GPU when every batch has one shape; "
+                                            "--no-cudnn-benchmark turns it off)", resumable=True)
     compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES, resumable=True)
     cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)", resumable=True)
     task: str = _f("auto", "what is learned and how it is scored: auto (the data set's; the model's own loss for a "

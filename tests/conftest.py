@@ -1,8 +1,14 @@
 import inspect
+import os
 import re
 
 import pytest
 import torch
+
+# In-process runs keep torch's own thread count (one per core) whatever the machine's load: a run
+# that names none chooses from the load (training/threads.py), and two runs of one test compared
+# bit for bit must compute with the same count. tests/test_defaults.py tests the choice itself.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, PrecisionConfig, TrainConfig
 from scaletrain.data import load_dataset

@@ -16,7 +16,7 @@ def test_declared_choices_are_what_the_registries_implement():
     from scaletrain.distributed import STRATEGIES as IMPLEMENTED
     from scaletrain.precision import POLICIES
     from scaletrain.tasks import TASKS
-    assert list(PRECISIONS) == list(POLICIES) and "bf16-mixed" in PRECISIONS
+    assert list(PRECISIONS) == ["auto", *POLICIES] and "bf16-mixed" in PRECISIONS
     assert list(STRATEGIES) == ["auto", *IMPLEMENTED] and "hsdp" in STRATEGIES
     assert list(DATA_SETS) == list(DATA_SOURCES) and "char-corpus" in DATA_SETS
     assert list(TASK_CHOICES) == ["auto", *TASKS] and "language-model" in TASK_CHOICES
@@ -46,7 +46,7 @@ def test_every_numeric_field_declares_what_it_admits():
     ("optim.momentum", 1.0, "must be >= 0 and < 1"),
     ("optim.betas", [0.9, 1.5], "has an item that must be >= 0 and < 1"),
     ("optim.min_lr_ratio", 1.5, "must be >= 0 and <= 1"),
-    ("precision.policy", "fp8", "must be one of bf16-mixed"),
+    ("precision.policy", "fp8", "must be one of auto, bf16-mixed"),
     ("target", float("nan"), "must be a finite number"),
     ("target_metric", "Val Acc", "must be a metric name"),
     ("task", "translation", "must be one of auto"),

@@ -40,7 +40,9 @@ def _train(tmp_path, *flags) -> int:
 def test_a_cli_run_checks_its_configuration_once(tmp_path, checks, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert _train(tmp_path, "--checkpoint-every", "1") == 0
-    assert checks["n"] == 1
+    # The flags' configuration, then the settled one (`--precision auto` written in as the
+    # device's policy, which the run saves): each once, never again by the build or the trainer.
+    assert checks["n"] == 2
     # A resume adopts the run's saved configuration: the flags' and the adopted one, each once.
     checks["n"] = 0
     assert _train(tmp_path, "--epochs", "2", "--resume", "auto", "--checkpoint-every", "1") == 0

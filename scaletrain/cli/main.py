@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from scaletrain.distributed.env import hand_to_launcher, under_launcher
 from scaletrain.lifecycle import stops
+from scaletrain.training import threads
 from scaletrain.errors import (DIVERGED_EXIT_CODE, INTERRUPTED_EXIT_CODE, PRUNED_EXIT_CODE, TERMINATED_EXIT_CODE,
                                WRITE_FAILED_EXIT_CODE, NonFiniteLossError, RunPruned, Terminated, UserError,
                                WriteFailed)
@@ -162,6 +163,8 @@ def _stopping() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The machine's load from here on, before torch is imported: a training's thread count reads it.
+    threads.mark_start()
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and any(c.name == argv[0] for c in COMMANDS) else ""    # `--help`: no command's arguments
     if threading.current_thread() is not threading.main_thread():

@@ -42,6 +42,7 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.memory.planner import Planner, PlanRequest
     from scaletrain.precision import get_policy
     from scaletrain.precision.alignment import alignment_warnings
+    from scaletrain.training.defaults import settle_precision_here
     # --precision and --strategy take comma lists here: taken out before the config (one value
     # each) is built and checked, and each name checked on its own below.
     values = vars(args)
@@ -51,7 +52,15 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     strategy_list, precision_list = values.pop("distributed.strategy", "auto"), values.pop("precision.policy", None)
     strategies = _choices(strategy_list, PLAN_STRATEGIES)
     cfg = _config_for_any(args, [name for name in strategies if name in PLAN_STRATEGIES])
-    precisions = _choices(precision_list or cfg.precision.policy, (cfg.precision.policy,))
+    precisions = [t.strip() for t in (precision_list or cfg.precision.policy).split(",") if t.strip()]
+    if "auto" in precisions:
+        # The device this machine would train on; a plan for another device names its policy.
+        settled = settle_precision_here(cfg)
+        precisions = [settled.value if p == "auto" else p for p in precisions]
+        if not args.json:
+            print(f"scaletrain: note: --precision auto is {settled.value} here ({settled.why.removeprefix('auto: ')}); "
+                  "on a GPU of compute capability 8.0 or newer it is bf16-mixed: name --precision to plan for "
+                  "another device", file=sys.stderr)
     for name in strategies:
         if name not in PLAN_STRATEGIES:
             raise ConfigError(f"unknown strategy '{name}' for plan-memory; choose from: {', '.join(PLAN_STRATEGIES)}, "
@@ -132,6 +141,8 @@ def _plan_stages(cfg, args: argparse.Namespace) -> int:
     from scaletrain.data.registry import sample_and_example
     from scaletrain.memory.planner import PlanRequest
     from scaletrain.memory.pipeline_plan import plan_pipeline
+    from scaletrain.training.defaults import settle_precision_here
+    settle_precision_here(cfg)
     d = cfg.distributed.pipeline
     devices = args.devices if args.devices > 1 else d.stages
     shape, classes, task, example = sample_and_example(cfg.data)

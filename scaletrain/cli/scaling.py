@@ -50,7 +50,12 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.distributed.strategies.registry import strategy_class
     from scaletrain.prediction.measure import measure_single_device
     from scaletrain.prediction.predictors import PredictionRequest, predictor_for
+    from scaletrain.precision.hardware import H100, auto_precision
+    from scaletrain.training.defaults import settle_precision_here
     cfg = config_from_args(args)
+    if args.assume_h100_mfu is not None and cfg.precision.policy == "auto":
+        cfg.precision.policy = auto_precision(H100)[0]    # what auto runs on the H100 assumed
+    settle_precision_here(cfg)    # measured here: what auto runs on this machine
     # The prediction follows what the strategy sends over the links (auto: ddp, as on several devices).
     strategy = strategy_class(cfg.distributed, world=2)
     predictor = predictor_for(strategy)

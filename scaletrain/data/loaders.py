@@ -38,7 +38,8 @@ class Normalizer:
             return map_inputs(self, x)
         if self.mean is None:   # token ids pass as they are; a user's own features take the input dtype
             return x.to(self.dtype) if x.is_floating_point() and x.dtype != self.dtype else x
-        return ((x.to(torch.float32) - self.mean) / self.std).to(self.dtype)
+        out = (x.to(torch.float32) - self.mean) / self.std
+        return out if out.dtype == self.dtype else out.to(self.dtype)
 
     def to(self, device) -> "Normalizer":
         if self.mean is None:

@@ -18,7 +18,7 @@ through `with run:`.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,15 +42,18 @@ from scaletrain.tracking.loggers import build_trackers, check_trackers
 from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.training.build import task_for
+from scaletrain.training.defaults import Setting, describe_settings, settle_precision_here
 from scaletrain.training.preflight import settle_model_optimizer
 
 
 @dataclass(slots=True)
 class RunRequest:
-    """A configuration settled for one run (see `settle_config`), and the cloud job's folders in
-    effect (the summary names them; the finished model is delivered to one)."""
+    """A configuration settled for one run (see `settle_config`), the cloud job's folders in
+    effect (the summary names them; the finished model is delivered to one), and what the
+    settling chose from the hardware (the start line says it, the record keeps it)."""
     config: TrainConfig
     folders: JobFolders
+    settings: list[Setting] = field(default_factory=list)
 
 
 def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunRequest:
@@ -67,7 +70,10 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     cfg.validate()
     check_trackers(cfg.tracking.logger_names())
     settle_model_optimizer(cfg)   # a LightningModule's own optimizer, in the config the run records
-    return RunRequest(cfg, folders)
+    # `--precision auto` becomes the device's policy in the configuration the run saves, so a
+    # resume (or another host of the job, which adopts the chief's) runs the same one.
+    precision = settle_precision_here(cfg)
+    return RunRequest(cfg, folders, [precision] if precision.why else [])
 
 
 def agree_on_plan(cfg: TrainConfig, env, strategy) -> tuple[RunPlan, TrainConfig]:
@@ -99,7 +105,7 @@ def start_run(request: RunRequest, env, strategy, console: Console, extra_callba
     task = task_for(cfg, dataset)
     metric = task.check_metric(cfg.target_metric) if cfg.target is not None else None
     return Run(plan, cfg, env, strategy, request.folders, dataset, task, metric, console, list(extra_callbacks),
-               wall_start)
+               wall_start, request.settings)
 
 
 class Run:
@@ -108,8 +114,10 @@ class Run:
     and callbacks. `with run:` ends it through `fail` if anything raises."""
 
     def __init__(self, plan: RunPlan, cfg: TrainConfig, env, strategy, folders: JobFolders, dataset, task,
-                 metric: str | None, console: Console, extra_callbacks: list, wall_start: float):
+                 metric: str | None, console: Console, extra_callbacks: list, wall_start: float,
+                 settings: list[Setting] = ()):
         self.plan, self.config, self.env, self.strategy, self.folders = plan, cfg, env, strategy, folders
+        self.settled = list(settings)   # what settling the configuration chose (the precision)
         self.dataset, self.task, self.console, self.wall_start = dataset, task, console, wall_start
         self.run_id, self.path = plan.run_id, plan.folder.path
         # A resumed run that had finished: known before training marks it running again.
@@ -170,8 +178,13 @@ class Run:
     def announce(self, trainer) -> None:
         """The run's opening lines, and the environment its store record will hold."""
         cfg, console, strategy = self.config, self.console, self.strategy
+        # The trainer's own settings, with what the configuration's settling chose in place of the
+        # trainer's "as configured" where both name one (the precision `auto` chose).
+        settled = {s.name: s for s in self.settled}
+        settings = [settled.get(s.name, s) for s in trainer.settings]
         if self.tracked is not None:
-            self.tracked.describe(trainer.device, device_name(trainer.device), strategy.world_size)
+            self.tracked.describe(trainer.device, device_name(trainer.device), strategy.world_size,
+                                  {s.name: s.record() for s in settings})
         dataset = self.dataset
         n_params = sum(p.numel() for p in trainer.model.parameters())
         console.print(f"scaletrain: {cfg.model.name} ({n_params / 1e6:.2f}M params) on {dataset.name} "
@@ -180,6 +193,7 @@ class Run:
                       f"{trainer.device}, strategy {strategy.name}, {self.plan.describe()} {self.run_id} in "
                       f"{self.plan.folder}", soft_wrap=True)
         console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
+        console.print(f"settings: {describe_settings(settings)}", soft_wrap=True)
         if strategy.describe():
             console.print(f"layout: {strategy.describe()}", soft_wrap=True)
         for advice in trainer.advice:

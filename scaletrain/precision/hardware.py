@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.precision.policies import PrecisionPolicy
+from scaletrain.precision.policies import AUTO, PrecisionPolicy
 
 TENSOR_CORES = (7, 0)      # Volta: the first fp16 tensor cores
 NATIVE_BF16 = (8, 0)       # Ampere: bf16 and TF32 tensor cores
@@ -32,6 +32,10 @@ class DeviceFacts:
     name: str
     capability: tuple[int, int] | None = None   # CUDA compute capability
     cpu_flags: frozenset[str] = frozenset()     # /proc/cpuinfo's flags (Linux); empty where unknown
+
+
+# The device `scaling --assume-h100-mfu` prices a step on.
+H100 = DeviceFacts("cuda", "NVIDIA H100", (9, 0))
 
 
 def device_facts(device: torch.device) -> DeviceFacts:
@@ -51,6 +55,31 @@ def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def auto_precision(facts: DeviceFacts) -> tuple[str, str]:
+    """The policy `--precision auto` runs on this device, and why, in a few words. bf16-mixed where
+    the device computes bfloat16 natively (seed 000's "up to 3x": 5.2x eager over fp32 on an H200's
+    WRN-16-10, BENCHMARKS.md), fp32 elsewhere: on older GPUs bf16 is emulated, and on a CPU a
+    16-bit policy is a measured choice (`scaletrain autotune`), not a default. Composer chooses the
+    same way (mixed precision on GPUs, fp32 on CPUs)."""
+    if facts.kind == "cuda" and facts.capability is not None:
+        cc = ".".join(map(str, facts.capability))
+        if facts.capability >= NATIVE_BF16:
+            return "bf16-mixed", f"{facts.name} computes bfloat16 natively (compute capability {cc})"
+        return "fp32", (f"{facts.name} (compute capability {cc}) has no native bfloat16 (8.0 and newer); "
+                        "--precision fp16-mixed may be faster there")
+    return "fp32", (f"on a {facts.kind.upper()} the default is float32; try --precision bf16-mixed, or "
+                    "`scaletrain autotune`, which measures it")
+
+
+def settle_precision(requested: str, facts: DeviceFacts) -> tuple[str, str | None]:
+    """(policy name, why) for a `--precision` value: `auto` becomes the device's policy with its
+    reason; any other name stays as it is, with no reason (the user chose it)."""
+    if requested != AUTO:
+        return requested, None
+    name, why = auto_precision(facts)
+    return name, f"auto: {why}"
+
+
 def precision_warnings(policy: PrecisionPolicy, facts: DeviceFacts) -> list[str]:
     """One line per way this device defeats the policy's purpose (empty when it does not)."""
     out = []
@@ -63,7 +92,7 @@ def precision_warnings(policy: PrecisionPolicy, facts: DeviceFacts) -> list[str]
         if torch.bfloat16 in dtypes and facts.capability < NATIVE_BF16:
             out.append(f"{facts.name} (compute capability {cc}) has no native bfloat16: {policy.name} is emulated "
                        "and slower than fp32; use fp16-mixed (bf16 needs 8.0, Ampere, or newer)")
-        elif policy.allow_tf32 and not policy.computes_in_16_bit and facts.capability < NATIVE_BF16:
+        elif policy.tf32_matmul and not policy.computes_in_16_bit and facts.capability < NATIVE_BF16:
             out.append(f"{facts.name} (compute capability {cc}) has no TF32: {policy.name} runs as fp32 there "
                        "(TF32 needs 8.0, Ampere, or newer)")
     elif facts.kind == "cpu":

@@ -18,6 +18,9 @@ from scaletrain.precision.float32_modules import keep_in_float32
 from scaletrain.registry import Registry
 
 
+# `--precision auto`: settled for the device before anything builds a policy (hardware.py).
+AUTO = "auto"
+
 # --grad-compression: the dtype gradients are reduced in.
 REDUCE_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -30,8 +33,12 @@ class PrecisionPolicy:
     # dtype the parameters (and so the optimizer state) are stored in.
     param_dtype: torch.dtype = torch.float32
     loss_scaling: bool = False
-    # TF32 lets float32 matmuls use tensor cores with a 10-bit mantissa (Ampere and newer).
-    allow_tf32: bool = False
+    # TF32 lets float32 convolutions and matrix products use tensor cores with a 10-bit mantissa
+    # (Ampere and newer). PyTorch's own defaults, which `fp32` keeps: cuDNN convolutions in TF32
+    # (torch.backends.cudnn.allow_tf32 = True), matrix products in IEEE float32. On WRN-16-10 on an
+    # H200 the convolutions' TF32 is 3.35x (BENCHMARKS.md, "The first GPU run").
+    tf32_convolutions: bool = True
+    tf32_matmul: bool = False
 
     @property
     def computes_in_16_bit(self) -> bool:
@@ -43,11 +50,21 @@ class PrecisionPolicy:
         """Floating inputs are cast to this explicitly (never silently run in float64)."""
         return self.param_dtype
 
+    @property
+    def uses_tf32(self) -> bool:
+        """Whether float32 computations may round to TF32 somewhere (convolutions or matmuls)."""
+        return self.tf32_convolutions or self.tf32_matmul
+
+    def backend_flags(self) -> dict[str, object]:
+        """The process-wide settings this policy implies (torch.backends' own names)."""
+        return {"cudnn.allow_tf32": self.tf32_convolutions, "cuda.matmul.allow_tf32": self.tf32_matmul,
+                "float32_matmul_precision": "high" if self.tf32_matmul else "highest"}
+
     def configure_backend(self) -> None:
-        """Sets the process-wide float32 matmul precision that this policy implies."""
-        torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
-        torch.backends.cudnn.allow_tf32 = self.allow_tf32
-        torch.set_float32_matmul_precision("high" if self.allow_tf32 else "highest")
+        """Sets the process-wide float32 convolution and matmul precision that this policy implies."""
+        torch.backends.cudnn.allow_tf32 = self.tf32_convolutions
+        torch.backends.cuda.matmul.allow_tf32 = self.tf32_matmul
+        torch.set_float32_matmul_precision("high" if self.tf32_matmul else "highest")
 
     def convert_module(self, model: nn.Module, fp32_modules: list[str] | tuple[str, ...] = ()) -> nn.Module:
         """Casts parameters to the storage dtype and pins the opted-out modules to float32."""
@@ -91,12 +108,21 @@ def register_policy(name: str, **settings) -> PrecisionPolicy:
     return POLICIES.add(name, PrecisionPolicy(name=name, **settings))
 
 
+# `fp32` is what PyTorch and Lightning's "32-true" do with no flags; `fp32-strict` is IEEE float32
+# everywhere, for bit-for-bit comparisons across GPU generations (3.35x slower on WRN-16-10).
+# The 16-bit policies let their float32 islands (--fp32-modules, the loss) use TF32 as well.
 register_policy("fp32")
-register_policy("tf32", allow_tf32=True)
-register_policy("bf16-mixed", autocast_dtype=torch.bfloat16, allow_tf32=True)
-register_policy("fp16-mixed", autocast_dtype=torch.float16, loss_scaling=True, allow_tf32=True)
-register_policy("bf16-true", param_dtype=torch.bfloat16, allow_tf32=True)
+register_policy("fp32-strict", tf32_convolutions=False)
+register_policy("tf32", tf32_matmul=True)
+register_policy("bf16-mixed", autocast_dtype=torch.bfloat16, tf32_matmul=True)
+register_policy("fp16-mixed", autocast_dtype=torch.float16, loss_scaling=True, tf32_matmul=True)
+register_policy("bf16-true", param_dtype=torch.bfloat16, tf32_matmul=True)
 
 
 def get_policy(name: str) -> PrecisionPolicy:
+    """The policy `name` names; `auto` must have been settled first (hardware.settle_precision)."""
+    if name == AUTO:
+        raise ValueError("precision 'auto' reached a policy lookup unsettled: settle it for the device first "
+                         "(scaletrain.precision.hardware.settle_precision)")
     return POLICIES.get(name)
+

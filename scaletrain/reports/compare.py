@@ -73,7 +73,25 @@ COLUMNS = [
            lambda r: "-" if r.summary_value("peak_memory_bytes") is None
            else format_bytes(r.summary_value("peak_memory_bytes")), better="min"),
     Column("device", lambda r: r.environment.get("device"), lambda r: str(r.environment.get("device", "-"))),
+    Column("settings", lambda r: _settings(r), lambda r: _settings(r) or "-"),
 ]
+
+
+def _settings(record: RunRecord) -> str | None:
+    """What the run computed with besides its precision (training/defaults.py's settings as its
+    record keeps them): `channels_last on, threads 1 (auto)`; runs recorded before had none."""
+    settings = record.environment.get("settings")
+    if not isinstance(settings, dict):
+        return None
+    parts = []
+    for name, entry in settings.items():
+        if name == "precision" or not isinstance(entry, dict):
+            continue
+        value = {True: "on", False: "off"}.get(entry.get("value"), entry.get("value")) \
+            if isinstance(entry.get("value"), bool) else entry.get("value")
+        chosen = entry.get("chosen") or ""
+        parts.append(f"{name} {value}" + (" (auto)" if chosen.startswith("auto") else ""))
+    return ", ".join(parts) or None
 
 
 def _split_metric(record: RunRecord, split: str, name: str):

@@ -43,8 +43,12 @@ class TrackedRun:
         self.environment: dict = {}
         self.began = False
 
-    def describe(self, device: torch.device, device_name: str, world_size: int) -> None:
+    def describe(self, device: torch.device, device_name: str, world_size: int, settings: dict | None = None) -> None:
+        """The environment the record keeps; `settings`: what the run computes with, each with how it
+        was chosen (training/defaults.py's `Setting.record`)."""
         self.environment = capture_environment(device, device_name, world_size)
+        if settings:
+            self.environment["settings"] = settings
 
     def on_train_begin(self, trainer) -> None:
         """Called before the recorder's own on_train_begin (it starts the sampling clock)."""

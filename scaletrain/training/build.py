@@ -16,11 +16,12 @@ import torch
 from scaletrain.checkpoint.weights import load_weights
 from scaletrain.config import TrainConfig
 from scaletrain.data import Dataset, load_dataset
-from scaletrain.distributed import Strategy
+from scaletrain.distributed import Strategy, resolve_device
 from scaletrain.models import build_model
 from scaletrain.tasks import Task, build_task
 from scaletrain.errors import ConfigError
 from scaletrain.training.preflight import meta_model, model_memory_problem, run_task
+from scaletrain.training.threads import AdaptiveThreads, ThreadChoice, choose_threads, wait_policy
 from scaletrain.training.trainer import Trainer
 
 
@@ -43,18 +44,21 @@ class TrainingParts:
         self.close(clean=exc_type is None)
 
 
-def set_thread_pools(intra_op: int | None, inter_op: int | None) -> None:
-    """The CPU thread pools the config names, before any work so that every kernel sees them.
-    torch fixes the inter-op pool at its first parallel work: a process that already ran some (a
-    second training in one notebook) keeps its pool, and says so."""
-    if intra_op is not None:
-        torch.set_num_threads(intra_op)
+def set_thread_pools(cfg: TrainConfig) -> ThreadChoice:
+    """The CPU thread pools, before any work so that every kernel sees them: the intra-op threads
+    the config names or the load leaves (threads.py), the inter-op threads it names. torch fixes
+    the inter-op pool at its first parallel work: a process that already ran some (a second
+    training in one notebook) keeps its pool, and says so."""
+    pinned = bool(cfg.distributed.devices) and resolve_device(cfg.device).type == "cpu"
+    choice = choose_threads(cfg.threads, pinned=pinned)
+    inter_op = cfg.inter_op_threads
     if inter_op is not None and torch.get_num_interop_threads() != inter_op:
         try:
             torch.set_num_interop_threads(inter_op)
         except RuntimeError:
             warnings.warn(f"inter_op_threads={inter_op} not applied: this process's inter-op pool was already "
                           f"started with {torch.get_num_interop_threads()} threads", stacklevel=2)
+    return choice
 
 
 def task_for(cfg: TrainConfig, dataset: Dataset) -> Task:
@@ -82,7 +86,7 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
     tears it down on `close()`; a given one stays its caller's to tear down."""
     cfg.validate()
-    set_thread_pools(cfg.threads, cfg.inter_op_threads)
+    threads = set_thread_pools(cfg)
     dataset = dataset if dataset is not None else load_dataset(cfg.data, seed=cfg.seed)
     given = task
     task = task or build_task(cfg.task, dataset.task)
@@ -95,5 +99,9 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     task = given or build_task(cfg.task, dataset.task, model, dataset.example)
     if cfg.model.init_from is not None:   # before the strategy wraps or shards it: every rank reads the whole file
         load_weights(model, cfg.model.init_from, "--init-from")
+    # A count chosen from the load follows it epoch by epoch; first, so the epoch's logs say it.
+    callbacks = [AdaptiveThreads(threads.setting.value), *callbacks] if threads.adaptive else list(callbacks)
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)
+    trainer.settle_setting(threads.setting)
+    trainer.settle_setting(wait_policy())
     return TrainingParts(trainer, dataset)

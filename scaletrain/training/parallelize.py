@@ -33,15 +33,16 @@ class Parallelized:
 
 
 def parallelize(model: nn.Module, cfg, strategy: Strategy, policy: PrecisionPolicy,
-                per_replica_batch: int | None = None) -> Parallelized:
+                per_replica_batch: int | None = None, channels_last: bool = False) -> Parallelized:
     """Applies `cfg`'s transforms to `model` for `strategy` (already set up: its device is known).
-    `per_replica_batch`: what a strategy that cuts the model by cost measures the layers at."""
+    `per_replica_batch`: what a strategy that cuts the model by cost measures the layers at;
+    `channels_last`: the memory format settled for this device and model (defaults.py)."""
     if isinstance(strategy, CostBalancing):
         micro = strategy.costed_micro_batch(per_replica_batch or cfg.batch_size)
         if micro:
             strategy.balance_by(layer_costs_of(cfg, micro))
     model = policy.convert_module(model, cfg.precision.fp32_modules).to(strategy.device)
-    if cfg.channels_last:   # 4-D weights only; a convolution given NHWC weights computes in NHWC
+    if channels_last:   # 4-D weights only; a convolution given NHWC weights computes in NHWC
         model = model.to(memory_format=torch.channels_last)
     blocks = (apply_activation_checkpointing(model, cfg.memory.block_classes)
               if cfg.memory.activation_checkpointing else [])

@@ -32,10 +32,12 @@ from scaletrain.errors import ConfigError, NonFiniteLossError
 from scaletrain.optim import LRSchedule, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
-from scaletrain.precision.hardware import device_facts, precision_warnings
+from scaletrain.precision.hardware import device_facts, precision_warnings, settle_precision
 from scaletrain.tasks import Task, build_task
 from scaletrain.training.clock import DeviceClock
 from scaletrain.training.counters import DeviceCounters
+from scaletrain.training.defaults import (Setting, choose_channels_last, choose_cudnn_benchmark,
+                                          fixed_batch_shapes, has_2d_convolutions)
 from scaletrain.training.memory import PeakMemory
 from scaletrain.training.parallelize import parallelize
 from scaletrain.training.snapshot import TrainingSnapshot, init_optimizer_state
@@ -89,15 +91,23 @@ class Trainer:
         self.epoch_control = epoch_control(strategy)
         self.batch = divide_batch(cfg.batch_size, cfg.per_replica_batch_size, self.layout.replicas,
                                 cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
+        # What the hardware chose where the configuration did not say (defaults.py): stated by the
+        # run's start line and kept in its record. `auto` precision is usually settled with the
+        # run's configuration already (lifecycle/start.py: the saved config holds the policy).
+        facts = device_facts(self.device)
+        cfg.precision.policy, why = settle_precision(cfg.precision.policy, facts)
+        self.settings = [Setting("precision", cfg.precision.policy, why),
+                         choose_channels_last(cfg.channels_last, self.device, has_2d_convolutions(model))]
         self.policy = get_policy(cfg.precision.policy)
         self.policy.configure_backend()
         torch.manual_seed(cfg.seed)
-        prepared = parallelize(model, cfg, strategy, self.policy, self.batch.per_replica)
+        prepared = parallelize(model, cfg, strategy, self.policy, self.batch.per_replica,
+                               channels_last=self.setting("channels_last"))
         self.model, self.forward, self.eval_forward = prepared.model, prepared.train_forward, prepared.eval_forward
         self.checkpointed_blocks = prepared.checkpointed_blocks
         # What this device does with the policy, and tensor-core shapes under 16-bit precisions;
         # run_training prints these once.
-        self.advice = (precision_warnings(self.policy, device_facts(self.device))
+        self.advice = (precision_warnings(self.policy, facts)
                        + alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps)
                        + ([model.describe_optimizer(cfg.optim)] if own_optim else []))
         self.callbacks = CallbackList(callbacks)
@@ -135,6 +145,14 @@ class Trainer:
         self._step = None
         self._pad_input: torch.Tensor | None = None   # a sample for padding forwards (strategy.evaluate)
         self._units_per_sample = 1   # target elements per sample (tokens for a language model)
+
+    def setting(self, name: str):
+        """The value this trainer runs with for a setting of `self.settings` (defaults.py)."""
+        return next(s.value for s in self.settings if s.name == name)
+
+    def settle_setting(self, setting: Setting) -> None:
+        """Adds or replaces a setting (one chosen when the data is seen: cudnn.benchmark)."""
+        self.settings = [s for s in self.settings if s.name != setting.name] + [setting]
 
     # ------------------------------------------------------------- lifecycle
     def close(self, clean: bool = True) -> None:
@@ -248,6 +266,8 @@ class Trainer:
                               f"is {self.batch.per_replica}; set --batch-size {given_batch * self.layout.replicas} (TrainConfig(batch_size="
                               f"{given_batch * self.layout.replicas}): the global batch), or pass the Dataset and let the "
                               "trainer batch it")
+        self.settle_setting(choose_cudnn_benchmark(cfg.cudnn_benchmark, self.device, fixed_batch_shapes(dataset.train)))
+        torch.backends.cudnn.benchmark = self.setting("cudnn.benchmark")
         train_loader = self.loader(dataset.train, train=True)
         self.replica_seeded_data = isinstance(dataset.train, TorchSplit)
         val_loader = self.loader(dataset.val if dataset.val is not None else dataset.test, train=False)

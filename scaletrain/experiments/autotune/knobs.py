@@ -70,12 +70,19 @@ def model_facts(cfg: TrainConfig, input_shape, outputs: int) -> ModelFacts:
 
 
 def _precisions(device: torch.device) -> tuple[str, ...]:
-    """Every registered policy that means something on `device`: off CUDA, TF32 is plain float32
-    and fp16 autocast has no fast kernels, so neither is worth a trial there."""
-    if device.type == "cuda":
-        return tuple(POLICIES)
-    return tuple(name for name, p in POLICIES.items()
-                 if not p.loss_scaling and not (p.allow_tf32 and not p.computes_in_16_bit))
+    """Every registered policy worth a trial on `device`: never one that is float32 with less TF32
+    than PyTorch's default (fp32-strict: slower by construction; it stays the baseline where it is
+    given). Off CUDA, TF32 does not exist, so tf32 is fp32 there, and fp16 autocast has no fast
+    kernels: neither is worth a trial."""
+    default = POLICIES["fp32"]
+    out = []
+    for name, p in POLICIES.items():
+        if not p.computes_in_16_bit and not p.tf32_convolutions:     # IEEE float32 everywhere
+            continue
+        if device.type != "cuda" and (p.loss_scaling or (not p.computes_in_16_bit and p != default)):
+            continue
+        out.append(name)
+    return tuple(out)
 
 
 def emulated_precisions(baseline: str, facts: DeviceFacts) -> dict[str, str]:

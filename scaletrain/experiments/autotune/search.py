@@ -54,6 +54,7 @@ from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open
 from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes
 from scaletrain.precision.hardware import device_facts
+from scaletrain.training.defaults import choose_channels_last, settle_precision_here
 from scaletrain.tracking.store import RunStore
 from scaletrain.training.preflight import check_job, meta_model, run_task
 
@@ -233,7 +234,12 @@ class AutoTuner:
         self.train_samples = len(train)
         # Read on the host (streamed shards, a user's own samples, or asked for): its workers matter.
         streamed = base.data.placement == "stream" or not isinstance(train, ArraySplit)
-        knobs = system_knobs(base, self.device, model_facts(base, shape, outputs), streamed)
+        # The given configuration's defaults settled for this device, so each knob's baseline value
+        # is the one it runs with (and `auto` is never tried beside what it stands for).
+        settle_precision_here(base)
+        facts = model_facts(base, shape, outputs)
+        base.channels_last = choose_channels_last(base.channels_last, self.device, facts.convolutions_2d).value
+        knobs = system_knobs(base, self.device, facts, streamed)
         if settings.objective is TIME_TO_TARGET:    # what changes the steps needed, not only their speed
             sizes = [b for b in (base.batch_size // 2, base.batch_size * 2) if 8 <= b <= self.train_samples // 4]
             knobs.insert(0, Knob("batch_size", (base.batch_size, *sizes)))
