@@ -271,19 +271,21 @@ def test_time_to_target_is_confirmed_over_seeds_with_the_test_metric(tmp_path):
     assert best == (finalist["params"] if finalist["wins"] else _result(out)["baseline"])
 
 
-def test_a_search_measures_the_baseline_and_each_precision_alone_first():
-    """Precision is the lever the seeds name first ("up to 3x"): a small budget must see each value
-    of it before the sampler chooses (a 4-trial search of char-gpt's 12 candidates missed
-    bf16-true, 25 % faster, when TPE chose after the baseline alone)."""
+def test_a_search_measures_the_baseline_and_each_knob_alone_first():
+    """Each knob is judged alone against the given configuration before the sampler combines them,
+    precision first, the lever the seeds name first ("up to 3x"): a 4-trial search of char-gpt's 12
+    candidates missed bf16-true, 25 % faster, when TPE chose after the baseline alone; under load no
+    1-thread candidate ran without a precision the loss check refused (issue 64)."""
     from scaletrain.experiments.autotune.knobs import Knob, candidates, first_candidates
-    knobs = [Knob("precision.policy", ("fp32", "bf16-mixed", "bf16-true"), numerics=True, first=True),
-             Knob("compile", (False, True)), Knob("channels_last", (False, True))]
+    knobs = [Knob("compile", (False, True)), Knob("threads", (2, 1)),
+             Knob("precision.policy", ("fp32", "bf16-mixed", "bf16-true"), numerics=True, first=True)]
     grid = candidates(knobs)
     first = first_candidates(knobs, grid)
-    assert first == [{"precision.policy": p, "compile": False, "channels_last": False}
-                     for p in ("fp32", "bf16-mixed", "bf16-true")]
+    base = {"compile": False, "threads": 2, "precision.policy": "fp32"}
+    assert first == [base, {**base, "precision.policy": "bf16-mixed"}, {**base, "precision.policy": "bf16-true"},
+                     {**base, "compile": True}, {**base, "threads": 1}]
     kept = [c for c in grid if c["precision.policy"] != "bf16-mixed"]   # one discarded by the planner
-    assert [c["precision.policy"] for c in first_candidates(knobs, kept)] == ["fp32", "bf16-true"]
+    assert [c["precision.policy"] for c in first_candidates(knobs, kept)] == ["fp32", "bf16-true", "fp32", "fp32"]
 
 
 def test_precisions_the_device_only_emulates_are_discarded_before_anything_runs():
@@ -408,19 +410,37 @@ def test_interleaved_rounds_rotate_the_order_and_a_finalist_wins_only_every_roun
     assert interleave(["A", "B", "C"], 4) == [["A", "B", "C"], ["B", "C", "A"], ["C", "A", "B"], ["A", "B", "C"]]
     speeds = {("A", 0): 100, ("B", 0): 150, ("C", 0): 120, ("A", 1): 100, ("B", 1): 140, ("C", 1): 90,
               ("A", 2): 100, ("B", 2): 130, ("C", 2): 110}
-    found = confirm("A", ["B", "C"], 3, lambda key, r: Measured(speeds[key, r]), lambda v, b: v / b)
+    found = confirm("A", ["B", "C"], 3, lambda key, r: Measured(speeds[key, r]), lambda v, b: v / b, noise=False)
     assert found["B"].ratios == [1.5, 1.4, 1.3] and found["B"].wins and found["B"].median == 1.4
     assert found["C"].ratios == [1.2, 0.9, 1.1] and not found["C"].wins      # lost one round: a tie
     assert not found["C"].slower and not found["B"].slower
     behind = confirm("A", ["C"], 2, lambda key, r: Measured(speeds["A", r] * (0.7 if key == "C" else 1)),
-                     lambda v, b: v / b)["C"]
+                     lambda v, b: v / b, noise=False)["C"]
     assert behind.slower and not behind.wins     # lost every round: slower, not a tie
     assert found["C"].describe() == "1.10x (0.90-1.20, 3 rounds)"
     # Time to target: faster every seed, but its test accuracy a point lower: refused.
     tests = {"A": 0.95, "B": 0.94, "C": 0.95}
     found = confirm("A", ["B"], 3, lambda key, r: Measured(speeds[key, r], tests[key]), lambda v, b: v / b,
-                    test_tolerance=0.005)
+                    test_tolerance=0.005, noise=False)
     assert found["B"].low > 1 and found["B"].loses_test and not found["B"].wins
+
+
+def test_the_noise_floor_is_the_given_configuration_against_itself_and_a_win_inside_it_is_a_tie():
+    """Each round runs the given configuration twice (confirm.AGAIN). B beat it in every round by
+    6-8 %, but the given configuration read up to 12 % apart from itself: a tie. D's 40 % is beyond."""
+    from scaletrain.experiments.autotune.confirm import AGAIN, Measured, confirm
+    speeds = {"A": [100, 100, 100], AGAIN: [112, 95, 104], "B": [107, 106, 108], "D": [140, 141, 139]}
+    order = []
+
+    def measure(key, r):
+        order.append(key)
+        return Measured(speeds[key][r])
+    found = confirm("A", ["B", "D"], 3, measure, lambda v, b: v / b)
+    assert order[:4] == ["A", "B", "D", AGAIN] and order.count(AGAIN) == 3     # interleaved like any contestant
+    noise = found["B"].noise
+    assert noise is found["D"].noise and noise.ratios == [1.12, 0.95, 1.04]
+    assert found["B"].low > 1 and not found["B"].beyond_noise and not found["B"].wins
+    assert found["D"].beyond_noise and found["D"].wins
 
 
 def test_a_slow_contestant_is_confirmed_over_about_ten_seconds_not_all_its_steps():

@@ -50,13 +50,19 @@ def test_rehearsal_runs_every_part_and_writes_at_most_8_files(tmp_path):
                                                            "status": "skipped", "error": "no CUDA"}
     # Figures are figures: positive rates, the planner's prediction beside a measured peak.
     precision = [row for row in found["precision"]["rows"] if row["status"] == "passed"]
-    assert len(precision) == 4 and all(row["images_per_sec"] > 0 and row["min"] <= row["images_per_sec"]
+    assert len(precision) == 5 and all(row["images_per_sec"] > 0 and row["min"] <= row["images_per_sec"]
                                        <= row["max"] for row in precision)
     memory = [row for row in found["memory_lab"]["rows"] if row["status"] == "passed"]
     assert len(memory) == 9 and all(row["measured_mib"] > 0 and row["predicted_mib"] > 0 for row in memory)
-    recipe = [row for row in found["peers"]["rows"] if row.get("kind") == "time to 94 %"]
+    # Both peer tables, every side of each: no flags (each tool's defaults) and equal settings.
+    peers = found["peers"]["rows"]
+    for kind in ("no flags", "equal settings"):
+        rows = [row for row in peers if row.get("kind") == kind]
+        assert sorted(row["side"] for row in rows) == ["Lightning", "hand loop", "scaletrain"]
+        assert all(row["status"] == "passed" and 0 < row["min"] <= row["images_per_sec"] <= row["max"] for row in rows)
+    recipe = [row for row in peers if row.get("kind") == "time to 94 %"]
     assert [row["status"] for row in recipe] == ["passed"] * 3
-    assert all(0 < row["test_accuracy"] <= 1 for row in recipe)
+    assert all(0 < row["final_val_accuracy"] <= 1 for row in recipe)
     trials = [row for row in found["autotune"]["rows"] if row["case"] == "trial"]
     assert len(trials) == 2 and found["autotune"]["rows"][0]["best"].startswith("best:")
     summary = (tmp_path / "summary.md").read_text()

@@ -10,6 +10,11 @@ from pathlib import Path
 
 from scaletrain.cli.flags import add_number
 
+# The default bound of a whole autotune (issue 64): unbounded, the default search took 22 min on
+# the 2-core CPU with one core busy; bounded, the search leaves its confirmation its share and the
+# whole command ends within 10 minutes (BENCHMARKS.md, "Autotune under a default budget").
+DEFAULT_BUDGET_S = 480.0
+
 
 def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
@@ -33,9 +38,11 @@ def add_autotune_arguments(parser: argparse.ArgumentParser) -> None:
                    "whole grid) instead of --trials proposed by Optuna's TPE")
     g.add_argument("--knobs", default="", help="comma list of the knobs to search, e.g. precision,compile "
                    "(default: every knob that applies; the table's header names them)")
-    add_number(g, "--budget-s", float, gt=0, default=None,
-               help="bound the whole search to this many seconds: a candidate still running then is stopped, "
-                    "and the best found so far is reported (default: no bound)")
+    add_number(g, "--budget-s", float, ge=0, default=DEFAULT_BUDGET_S,
+               help="bound the whole search, its confirmation included, to this many seconds: the search stops "
+                    "starting candidates when what is left is the confirmation's, a run still going at the end is "
+                    "stopped, and the best found so far is reported (default 480: done within 10 minutes on a "
+                    "2-core machine, loaded or not; 0: no bound)")
     add_number(g, "--cap-factor", float, gt=1, default=10.0,
                help="stop a candidate that runs longer than this many times the baseline's whole run (its start, "
                     "data, warm-up and window), as hopeless (default 10)")
@@ -79,7 +86,7 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     check_writable_file(cfg.tracking.store, "run store (--store)")
     settings = AutotuneSettings(
         out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
-        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s, cap_factor=args.cap_factor, prune_factor=args.prune_factor, emulated=args.emulated_precisions, confirm_rounds=args.confirm_rounds, finalists=args.finalists, test_tolerance=args.test_tolerance, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s or None, cap_factor=args.cap_factor, prune_factor=args.prune_factor, emulated=args.emulated_precisions, confirm_rounds=args.confirm_rounds, finalists=args.finalists, test_tolerance=args.test_tolerance, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
         device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
         loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
         loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)

@@ -5,9 +5,13 @@ CPU, a laptop's clock) a ratio between two of them measures *when* each ran as m
 Here the given configuration and the best few are re-run round after round, each in its own
 process (A B C, B C A, C A B, ...: `../shared/MEASURE.md`), and a finalist's advantage is the
 paired ratio against the given configuration of the same round, reported as its median and its
-range over the rounds. A finalist wins only if it beat the given configuration in every round;
-otherwise the advantage is inside the spread, it is a tie, and the simpler configuration (the
-given one) stays.
+range over the rounds. The given configuration also runs a second time each round (`AGAIN`): its
+ratio against itself is the noise floor, how far two runs of one configuration read apart on this
+machine now. A finalist wins only if it beat the given configuration in every round and its median
+advantage is above the highest ratio the given configuration showed against itself; otherwise the
+advantage is inside the noise, it is a tie, and the simpler configuration (the given one) stays.
+(Under load the given configuration against itself read 0.44x (0.23-1.32) in the run that
+crowned a finalist at 3.01x which re-measured at 1.14x: issue 64.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Callable
 # configuration's two threads ran at 140 samples/s: a minute per confirmation run at full length.
 WINDOW_S = 10.0
 MIN_STEPS = 4
+# The given configuration's second run of each round: the noise floor's contestant.
+AGAIN = "given-again"
 
 
 def window_steps(images_per_sec: float | None, batch_size: int, steps: int, measured_epochs: int) -> int:
@@ -53,6 +59,7 @@ class Confirmation:
     ratios: list[float] = field(default_factory=list)   # per round: its advantage (>1: better than given)
     test_deltas: list[float] = field(default_factory=list)   # per round: its test metric minus the given's
     test_tolerance: float | None = None     # how much test metric a winner may lose (None: not checked)
+    noise: "Confirmation | None" = None     # the given configuration against itself, the same rounds
 
     @property
     def loses_test(self) -> bool:
@@ -73,10 +80,16 @@ class Confirmation:
         return max(self.ratios)
 
     @property
+    def beyond_noise(self) -> bool:
+        """Its median advantage is above every ratio of the given configuration against itself
+        (True where no noise floor was measured)."""
+        return self.noise is None or not self.noise.ratios or self.median > self.noise.high
+
+    @property
     def wins(self) -> bool:
-        """It beat the given configuration in every round (an advantage outside the spread) and
-        kept its test metric."""
-        return bool(self.ratios) and self.low > 1.0 and not self.loses_test
+        """It beat the given configuration in every round and by more than the noise floor (an
+        advantage outside the spread), and kept its test metric."""
+        return bool(self.ratios) and self.low > 1.0 and self.beyond_noise and not self.loses_test
 
     @property
     def slower(self) -> bool:
@@ -95,23 +108,27 @@ def interleave(keys: list[str], rounds: int) -> list[list[str]]:
 
 def confirm(given: str, finalists: list[str], rounds: int, measure: Callable[[str, int], Measured | None],
             advantage: Callable[[float, float], float], deadline: float | None = None,
-            test_tolerance: float | None = None) -> dict[str, Confirmation]:
-    """Runs `given` and `finalists` `rounds` times, interleaved; `measure(key, round)` returns the
-    run's figures (None: it failed, the round is dropped for the pair). `advantage(value,
-    given_value)` is how many times better `value` is. Stops between runs at `deadline`."""
-    found = {key: Confirmation(key, test_tolerance=test_tolerance) for key in finalists}
-    for number, order in enumerate(interleave([given, *finalists], rounds)):
+            test_tolerance: float | None = None, noise: bool = True) -> dict[str, Confirmation]:
+    """Runs `given` and `finalists` `rounds` times, interleaved, and with `noise` the given
+    configuration a second time (`measure(AGAIN, round)`); `measure(key, round)` returns the run's
+    figures (None: it failed, the round is dropped for the pair). `advantage(value, given_value)` is
+    how many times better `value` is. Stops between runs at `deadline`. Returns each finalist's
+    confirmation (its `noise`: the given configuration against itself, None without `noise`)."""
+    floor = Confirmation(AGAIN) if noise else None
+    found = {key: Confirmation(key, test_tolerance=test_tolerance, noise=floor) for key in finalists}
+    against = {**found, **({AGAIN: floor} if floor is not None else {})}
+    for number, order in enumerate(interleave([given, *finalists, *([AGAIN] if noise else [])], rounds)):
         runs: dict[str, Measured | None] = {}
         for key in order:
             if deadline is not None and time.perf_counter() >= deadline:
                 return found
             runs[key] = measure(key, number)
         base = runs.get(given)
-        for key in finalists:
+        for key in against:
             mine = runs.get(key)
             if base is None or mine is None or not base.value or not mine.value:
                 continue
-            found[key].ratios.append(advantage(mine.value, base.value))
+            against[key].ratios.append(advantage(mine.value, base.value))
             if mine.test is not None and base.test is not None:
-                found[key].test_deltas.append(mine.test - base.test)
+                against[key].test_deltas.append(mine.test - base.test)
     return found

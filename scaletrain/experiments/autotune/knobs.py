@@ -124,20 +124,22 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
         # torch's default (None) is one thread per core; fewer can win for small models (less
         # sync). Under --nproc the launcher gives each worker its share of the cores.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        values = (1,) if cfg.threads in (None, cores) else (1, cores)
-        knobs.append(Knob("threads", _with_baseline_first(cfg, "threads", values)))
+        knobs.append(Knob("threads", _with_baseline_first(cfg, "threads", (1, cores))))
     return [k for k in knobs if len(k.values) > 1]
 
 
 def first_candidates(knobs: list[Knob], kept: list[dict]) -> list[dict]:
-    """The baseline, then the baseline with one `first` knob's value changed, for each such value,
-    among the candidates `kept`: what a search measures before its sampler chooses."""
+    """The baseline, then the baseline with one knob's value changed, for each value of each knob
+    (`first` knobs, precision, before the others), among the candidates `kept`: what a search
+    measures before its sampler combines knobs. Each knob is so judged alone against the given
+    configuration: a knob the loss check refuses (16-bit arithmetic) cannot sink another's gain
+    that only ever ran beside it (issue 64: under load no 1-thread candidate was measured without a
+    refused precision, so the 1-thread gain was never seen)."""
     baseline = kept[0]
     out = [baseline]
-    for knob in knobs:
-        if knob.first:
-            out += [c for c in kept if c[knob.key] != baseline[knob.key]
-                    and all(c[k] == baseline[k] for k in c if k != knob.key)]
+    for knob in sorted(knobs, key=lambda k: not k.first):
+        out += [c for c in kept if c[knob.key] != baseline[knob.key]
+                and all(c[k] == baseline[k] for k in c if k != knob.key)]
     return out
 
 

@@ -43,7 +43,7 @@ from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.data import sample_shape
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.errors import PRUNED_EXIT_CODE, ConfigError, UserError
-from scaletrain.experiments.autotune.confirm import WINDOW_S, Confirmation, Measured, confirm, window_steps
+from scaletrain.experiments.autotune.confirm import AGAIN, WINDOW_S, Confirmation, Measured, confirm, window_steps
 from scaletrain.experiments.autotune.knobs import (Knob, apply, candidates, emulated_precisions, first_candidates,
                                                   model_facts, system_knobs)
 from scaletrain.experiments.jobs import settle, training_job
@@ -55,6 +55,7 @@ from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.units import format_bytes
 from scaletrain.precision.hardware import device_facts
 from scaletrain.training.defaults import choose_channels_last, settle_precision_here
+from scaletrain.training.threads import choose_threads
 from scaletrain.tracking.store import RunStore
 from scaletrain.training.preflight import check_job, meta_model, run_task
 
@@ -213,19 +214,18 @@ class AutoTuner:
         self.started = time.perf_counter()
         self.deadline = self.started + settings.budget_s if settings.budget_s else None
         self.budget_ran_out = False
+        self.noise: list[float] = []           # the confirmation's given-against-itself ratios (the noise floor)
         self.baseline_s: float | None = None   # the baseline's whole run, in seconds: what caps the others
         self.run_seconds: list[float] = []     # every finished candidate's whole run: what a confirmation run costs
         self.group = f"autotune-{settings.study_name}"
         self.me = f"{socket.gethostname()}:{os.getpid()}"
         self.device = resolve_device(base.device)
         if self.device.type == "cpu" and base.threads is None and base.distributed.nproc == 1:
-            # The given configuration is what the caller runs: their thread count (OMP_NUM_THREADS,
-            # which a `scaletrain train` from their shell would start with; else torch's own
-            # default), not the whole machine that the candidates' slot would give. Under --nproc
-            # the launcher shares the cores out itself.
-            import torch
-            given = os.environ.get("OMP_NUM_THREADS", "")
-            base.threads = int(given) if given.isdigit() and int(given) > 0 else torch.get_num_threads()
+            # The given configuration is what the caller runs: the thread count a `scaletrain
+            # train` from their shell would start with (OMP_NUM_THREADS, else the cores the load
+            # leaves now: training/threads.py), not the whole machine that the candidates' slot
+            # would give. Under --nproc the launcher shares the cores out itself.
+            base.threads = choose_threads(None).setting.value
         shape, outputs, task = sample_shape(base.data)
         self.shape, self.outputs, self.task = shape, outputs, task
         from scaletrain.data import load_dataset
@@ -378,7 +378,7 @@ class AutoTuner:
         study = self._open_study()
         self._fail_orphans(study)
         if not study.get_trials(deepcopy=False):
-            # The baseline and each precision alone first (knobs.first_candidates); for the grid,
+            # The baseline and each knob's values alone first (knobs.first_candidates); for the grid,
             # every candidate in order (Optuna serves enqueued trials as they are asked for).
             for params in (kept if self.s.exhaustive else first_candidates(self.knobs, kept)):
                 study.enqueue_trial({k.label: json.dumps(params[k.key]) for k in self.knobs})
@@ -536,13 +536,15 @@ class AutoTuner:
                         key=lambda r: r.value, reverse=better)[:self.s.finalists]
         if not ranked:
             return
-        by_key = {given: rows[given]} | {_key(r.params): r for r in ranked}   # confirm-R-0: the given one
+        # confirm-R-0: the given one; its second run each round is the noise floor (confirm.AGAIN).
+        by_key = {given: rows[given]} | {_key(r.params): r for r in ranked} | {AGAIN: rows[given]}
         seeded = self.s.objective is TIME_TO_TARGET
         window = (f" (seeds {self.base.seed}..{self.base.seed + self.s.confirm_rounds - 1})" if seeded else
                   f", each {self.s.steps} steps x {self.s.epochs} epochs or about {WINDOW_S:g} s of measured steps "
                   f"where that is fewer")
-        self.console.print(f"confirming: the given configuration and {len(ranked)} finalist(s), "
-                           f"{self.s.confirm_rounds} interleaved rounds{window}", soft_wrap=True)
+        self.console.print(f"confirming: the given configuration (twice a round: the noise floor) and "
+                           f"{len(ranked)} finalist(s), {self.s.confirm_rounds} interleaved rounds{window}",
+                           soft_wrap=True)
         metric = self.base.target_metric
         higher = run_task(self.base, (self.shape, self.outputs, self.task, self.example)).metrics.get(metric, True) \
             if seeded else True
@@ -586,9 +588,14 @@ class AutoTuner:
             test = (record.summary_value("test_metrics") or {}).get(metric) if seeded else None
             return Measured(value, None if test is None else (test if higher else -test))
 
-        found = confirm(given, [k for k in by_key if k != given], self.s.confirm_rounds, measure,
+        found = confirm(given, [k for k in by_key if k not in (given, AGAIN)], self.s.confirm_rounds, measure,
                         (lambda v, b: v / b) if better else (lambda v, b: b / v), self.deadline,
                         test_tolerance=self.s.test_tolerance if seeded else None)
+        noise = next(iter(found.values())).noise
+        if noise is not None and noise.ratios:
+            self.noise = noise.ratios
+            self.console.print(f"  noise floor: the given configuration against itself {noise.describe()}; a "
+                               f"finalist's median must be above {noise.high:.2f}x to win", soft_wrap=True)
         for key, confirmation in found.items():
             row = by_key[key]
             row.confirmed, row.wins = confirmation.ratios, confirmation.wins
@@ -600,7 +607,8 @@ class AutoTuner:
                            f"{len(confirmation.test_deltas)} seeds; --test-tolerance {self.s.test_tolerance:g})")
             if confirmation.ratios:
                 verdict = ("" if confirmation.wins else ": refused, " + row.why if confirmation.loses_test
-                           else ": slower in every round" if confirmation.slower else ": a tie")
+                           else ": slower in every round" if confirmation.slower
+                           else ": a tie (inside the noise floor)" if not confirmation.beyond_noise else ": a tie")
                 self.console.print(f"  {', '.join(f'{k.label}={row.params[k.key]}' for k in self.knobs)}: "
                                    f"{confirmation.describe()} against the given configuration{verdict}",
                                    soft_wrap=True)
@@ -638,7 +646,7 @@ class AutoTuner:
         """How many times better than the given configuration on the objective: the confirmed
         rounds' median and range where there are some, else the search's one figure."""
         if row.confirmed:
-            found = Confirmation("", row.confirmed)
+            found = Confirmation("", row.confirmed, noise=Confirmation(AGAIN, self.noise))
             return found.describe() + ("" if found.wins else " tie")
         if row.value is None or baseline is None or baseline.outcome != "measured" or not baseline.value:
             return "-"
@@ -683,11 +691,16 @@ class AutoTuner:
                           "-" if r.departure is None else f"{r.departure:.2%}",
                           r.outcome + (f": {r.why}" if r.why and r.outcome != "measured" else ""), style=style)
         caption = [f"{reasons[why]} candidates discarded: {why}" for why in summed]
+        if self.noise:
+            floor = Confirmation(AGAIN, self.noise)
+            caption.append(f"noise floor: the given configuration against itself {floor.describe()}; a speed-up "
+                           "inside it is a tie")
         if untried:
             caption.append(f"{len(untried)} more candidates not measured (--trials {self.s.trials})")
         table.caption = "\n".join(caption) or None
         (self.s.out / "autotune.json").write_text(json.dumps(
             {"objective": objective.name, "baseline": self.grid[0], "knobs": {k.key: list(k.values) for k in self.knobs},
+             "noise_floor": self.noise or None,
              "best": None if best is None else best.params, "rows": [_row_dict(r) for r in rows]},
             indent=2, default=str))
         plot_speed_against_memory(rows, best, self.s.out / "speed_memory.png")
