@@ -226,11 +226,12 @@ def test_a_run_states_and_records_what_it_chose(tmp_path, monkeypatch, capsys):
     settings = next(line for line in out.splitlines() if line.startswith("settings:"))
     assert "precision fp32 (auto: on a CPU" in settings
     assert "channels_last off (auto" in settings and "threads " in settings and "OpenMP wait" in settings
+    assert "cudnn.benchmark off (auto: no cuDNN on a CPU)" in settings
     assert json.loads((tmp_path / "run" / "config.json").read_text())["precision"]["policy"] == "fp32"
     record = RunStore(tmp_path / "runs.db").get("r1")
     recorded = record.environment["settings"]
     assert recorded["precision"]["value"] == "fp32" and recorded["precision"]["chosen"].startswith("auto:")
-    assert recorded["threads"]["chosen"].startswith("auto:")
+    assert recorded["threads"]["chosen"].startswith("auto:") and recorded["cudnn.benchmark"]["value"] is False
     capsys.readouterr()
     assert main(["runs", "compare", "r1", "--store", "runs.db"]) == 0
     assert "threads" in capsys.readouterr().out

@@ -104,4 +104,5 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)
     trainer.settle_setting(threads.setting)
     trainer.settle_setting(wait_policy())
+    trainer.settle_for_data(dataset)      # so the run's start line and record name it too
     return TrainingParts(trainer, dataset)

@@ -154,6 +154,13 @@ class Trainer:
         """Adds or replaces a setting (one chosen when the data is seen: cudnn.benchmark)."""
         self.settings = [s for s in self.settings if s.name != setting.name] + [setting]
 
+    def settle_for_data(self, dataset: Dataset) -> None:
+        """The settings that follow from the data (cudnn.benchmark: whether every batch has one
+        shape), chosen and applied; a run does it before its start line, `fit` again (the same)."""
+        self.settle_setting(choose_cudnn_benchmark(self.config.cudnn_benchmark, self.device,
+                                                   fixed_batch_shapes(dataset.train)))
+        torch.backends.cudnn.benchmark = self.setting("cudnn.benchmark")
+
     # ------------------------------------------------------------- lifecycle
     def close(self, clean: bool = True) -> None:
         """Tears the strategy down if this trainer set it up (leaves the process group)."""
@@ -266,8 +273,7 @@ class Trainer:
                               f"is {self.batch.per_replica}; set --batch-size {given_batch * self.layout.replicas} (TrainConfig(batch_size="
                               f"{given_batch * self.layout.replicas}): the global batch), or pass the Dataset and let the "
                               "trainer batch it")
-        self.settle_setting(choose_cudnn_benchmark(cfg.cudnn_benchmark, self.device, fixed_batch_shapes(dataset.train)))
-        torch.backends.cudnn.benchmark = self.setting("cudnn.benchmark")
+        self.settle_for_data(dataset)
         train_loader = self.loader(dataset.train, train=True)
         self.replica_seeded_data = isinstance(dataset.train, TorchSplit)
         val_loader = self.loader(dataset.val if dataset.val is not None else dataset.test, train=False)
