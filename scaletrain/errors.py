@@ -23,13 +23,21 @@ class WriteFailed(Exception):
 WRITE_FAILED_EXIT_CODE = 1
 
 
-def write_failed(path, exc: BaseException, what: str = "") -> WriteFailed:
+def write_failed(path, exc: BaseException, what: str = "", then: str = "continue with --resume auto") -> WriteFailed:
     """The one line for `exc` (an OSError, or a library's wrapper around one) met writing `path`."""
     import errno
+    # A library that met the OSError may raise its own error over it (torch.save writing into a
+    # Python file raises RuntimeError("... unexpected pos ...") from the ENOSPC): the OS's reason
+    # is the one to show.
+    cause, seen = exc, set()
+    while cause is not None and not isinstance(cause, OSError) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    exc = cause if isinstance(cause, OSError) else exc
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).splitlines() or [""])[0][:160]
     full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
     return WriteFailed(f"{what or 'the run'} could not write {path} ({reason}); "
-                       f"{'free space there' if full else 'fix that'} and continue with --resume auto")
+                       f"{'free space there' if full else 'fix that'} and {then}")
 
 
 class NonFiniteLossError(Exception):

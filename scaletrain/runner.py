@@ -44,6 +44,7 @@ def run_training(cfg: TrainConfig | RunRequest, console: Console | None = None,
             trainer = build_training(run.config, strategy=strategy, dataset=run.dataset, task=run.task,
                                      callbacks=run.callbacks, checkpointer=run.checkpointer).trainer
             run.announce(trainer)
+            run.reserve(trainer)
             trainer.fit(run.dataset)
             if trainer.resumed_from:
                 console.print(f"resumed from {trainer.resumed_from}", soft_wrap=True)

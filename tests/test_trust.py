@@ -245,14 +245,17 @@ def test_a_full_disk_fails_the_run_in_one_line_and_the_last_checkpoint_resumes(t
     no temporary file or partial checkpoint is left, the newest committed checkpoint verifies,
     and once space is freed --resume auto finishes the run from it."""
     from scaletrain.checkpoint.store import CheckpointStore
-    quick = [*DIGITS_MLP, "--no-record", "--checkpoint-every", "10", "--run-dir", str(small_disk / "run")]
+    # A 150 KiB model: its checkpoints (weights and AdamW's two moments, about 450 KiB) are larger
+    # than what the run sets aside for its results (model.pt and summary.json, about 480 KiB).
+    quick = [*DIGITS_MLP, "--model-option", "hidden=[512]", "--no-record", "--checkpoint-every", "10",
+             "--run-dir", str(small_disk / "run")]
     first = run(["train", *quick, "--epochs", "1"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     folder = small_disk / "run"
     newest = _checkpoints(folder)[-1]
     stat = os.statvfs(small_disk)
-    filler = small_disk / "filler"      # leaves 16 KiB: the run's small files fit, a checkpoint does not
-    filler.write_bytes(bytes(max(0, stat.f_bavail * stat.f_frsize - 16 * 1024)))
+    filler = small_disk / "filler"      # leaves 600 KiB: the results' space fits, a checkpoint beside it does not
+    filler.write_bytes(bytes(max(0, stat.f_bavail * stat.f_frsize - 600 * 1024)))
     full = run(["train", *quick, "--epochs", "3", "--resume", "auto"], cwd=tmp_path)
     line = _one_error_line(full, code=1)
     assert re.search(r"could not write \S+ \(No space left on device\)", line), line
@@ -265,6 +268,92 @@ def test_a_full_disk_fails_the_run_in_one_line_and_the_last_checkpoint_resumes(t
     again = run(["train", *quick, "--epochs", "3", "--resume", "auto"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert json.loads((folder / "run.json").read_text())["status"] == "finished"
+
+
+class _FillDisk:
+    """Callback: fills the disk of `folder` at the `call`-th call of the hook it is given."""
+
+    def __init__(self, folder: Path, hook: str, call: int = 1):
+        self.folder, self.call, self.calls, self.leave = folder, call, 0, 0
+        setattr(self, hook, self._fill)
+
+    def _fill(self, *args) -> None:
+        self.calls += 1
+        if self.calls != self.call:
+            return
+        stat = os.statvfs(self.folder)
+        free = stat.f_bavail * stat.f_frsize - self.leave
+        with (self.folder / "filler").open("wb") as fh:
+            try:
+                fh.write(bytes(max(free, 0)))
+            except OSError:
+                pass     # full: that is the point
+
+
+def _disk_run(small_disk, hook: str | None, epochs: int = 2, call: int = 1, **overrides):
+    """A real run (this process, real files) on the small tmpfs, the disk filled at `hook`."""
+    from scaletrain.errors import WriteFailed
+    from scaletrain.runner import run_training
+    from tests.conftest import small_config
+    cfg = small_config(small_disk, epochs=epochs, **overrides)
+    cfg.run_dir = str(small_disk / "run")
+    cfg.tracking.record = False
+    try:
+        run_training(cfg, callbacks=[_FillDisk(small_disk, hook, call)] if hook else [])
+        return None
+    except WriteFailed as exc:
+        return str(exc)
+
+
+def _status(folder: Path) -> str:
+    return json.loads((folder / "run.json").read_text())["status"]
+
+
+def test_a_disk_full_when_the_weights_are_written_still_gets_them(small_disk):
+    """The disk fills after the last epoch (at model.pt and summary.json): both were set aside
+    before training, so both are written, whole, and the run finishes."""
+    import torch
+    assert _disk_run(small_disk, "on_train_end") is None
+    folder = small_disk / "run"
+    assert _status(folder) == "finished"
+    weights = torch.load(folder / "model.pt", weights_only=True)
+    assert set(weights) and json.loads((folder / "summary.json").read_text())["epochs_run"] == 2
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name != ".lock"]
+
+
+def test_a_disk_full_at_the_metrics_fails_in_one_line_and_says_so_in_run_json(small_disk):
+    """The disk fills as epoch 2 begins: a metrics line cannot be written. One line names the file
+    and the OS's reason; run.json says failed (rewritten in place: no room for a new copy); the space
+    set aside goes back. (A checkpoint met first fails the same way, and resumes once space is
+    freed: the test above.)"""
+    # (An epoch's line is about 500 bytes: the file's first 4 KiB page holds 8 of them, and a line
+    # that needs a new page is the one the full disk refuses.)
+    error = _disk_run(small_disk, "on_epoch_begin", epochs=12, call=2)
+    folder = small_disk / "run"
+    assert error is not None and re.search(r"could not write \S+metrics\.jsonl \(No space left on device\)", error), \
+        error
+    assert _status(folder) == "failed"
+    assert not (folder / ".model.pt.reserved").exists() and not (folder / "model.pt").exists()
+
+
+def test_a_disk_with_no_room_for_the_weights_refuses_the_run_before_it_trains(small_disk):
+    filler = small_disk / "filler"
+    stat = os.statvfs(small_disk)
+    filler.write_bytes(bytes(stat.f_bavail * stat.f_frsize - 24 * 1024))
+    error = _disk_run(small_disk, "on_train_end")
+    assert error is not None and "set aside before training" in error and "No space left on device" in error
+    assert "run again" in error and not (small_disk / "run").exists()     # nothing trained: no folder
+
+
+def test_run_json_status_is_written_in_place_when_the_disk_has_no_room(tmp_path, small_disk):
+    from scaletrain.lifecycle.folder import RunFolder
+    folder = RunFolder(small_disk / "run")
+    folder.path.mkdir()
+    folder.start("r1", {"a": 1}, {})
+    stat = os.statvfs(small_disk)
+    (small_disk / "filler").write_bytes(bytes(stat.f_bavail * stat.f_frsize))
+    folder.set_status("failed")
+    assert folder.status == "failed" and folder.run_id == "r1"
 
 
 def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path):

@@ -3,7 +3,9 @@
     <run folder>/
         .lock            held while a training uses the folder (lock.py)
         run.json         id, status (running/finished/failed/interrupted/pruned), created, launch identity,
-                         the SHA-256 of config.json's configuration (a hand edit is refused)
+                         the SHA-256 of config.json's configuration (a hand edit is refused); padded
+                         to 4 KiB, so its status is rewritten in place where a full disk refuses a
+                         new file (checkpoint/space.py)
         run_id           the id alone, for shells (`cat run_id`)
         config.json      the full configuration, written when the run starts: resume reads it
         metrics.jsonl    per-epoch metrics (or metrics.csv)
@@ -19,9 +21,10 @@ import shutil
 import time
 from pathlib import Path
 
+from scaletrain.checkpoint.space import overwrite_in_place, padded
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import config_digest
-from scaletrain.errors import UserError
+from scaletrain.errors import UserError, WriteFailed
 from scaletrain.lifecycle.lock import LOCK_FILE
 
 CONFIG, META, RUN_ID, SUMMARY, MODEL = "config.json", "run.json", "run_id", "summary.json", "model.pt"
@@ -90,13 +93,25 @@ class RunFolder:
         meta.setdefault("created_at", now)
         # The configuration first, then run.json, which binds it (its digest) and says the run is running.
         write_atomically(self.path / CONFIG, json.dumps(config, indent=2))
-        write_atomically(self.path / META, json.dumps(meta, indent=2))
+        self._write_meta(meta)
         write_atomically(self.path / RUN_ID, run_id + "\n")
 
     def set_status(self, status: str) -> None:
         meta = self.meta()
         meta.update({"status": status, "updated_at": time.time()})
-        write_atomically(self.path / META, json.dumps(meta, indent=2))
+        self._write_meta(meta)
+
+    def _write_meta(self, meta: dict) -> None:
+        """run.json, atomically; on a disk with no room for the new copy, over the old one's bytes
+        (it is written padded, so every status fits): a run's ending is recorded whatever the disk."""
+        text = padded(json.dumps(meta, indent=2))
+        try:
+            write_atomically(self.path / META, text)
+        except WriteFailed as failed:
+            try:
+                overwrite_in_place(self.path / META, text)
+            except OSError:
+                raise failed from None        # no run.json yet, or it does not fit: the atomic write's reason
 
     def clear(self) -> None:
         """--overwrite: deletes the run's files (not the lock, nor files that are not a run's)."""

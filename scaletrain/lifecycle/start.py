@@ -26,10 +26,11 @@ from rich.console import Console
 
 from scaletrain.callbacks import (AllocatorRetries, EarlyStopping, MetricsLog, ProgressBar, StopAtTarget, Throughput,
                                   TotalTime)
+from scaletrain.checkpoint.space import Reserved
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, to_mapping
 from scaletrain.data import load_dataset
-from scaletrain.errors import UserError, write_failed
+from scaletrain.errors import UserError
 from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
 from scaletrain.lifecycle.resume import resume_config
 from scaletrain.lifecycle.run import (RunPlan, TakenFolder, make_checkpointer, plan_run, record_job_end, resume_source,
@@ -44,6 +45,9 @@ from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.training.build import task_for
 from scaletrain.training.defaults import Setting, describe_settings, settle_precision_here
 from scaletrain.training.preflight import settle_model_optimizer
+
+
+SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)
 
 
 @dataclass(slots=True)
@@ -123,6 +127,7 @@ class Run:
         # A resumed run that had finished: known before training marks it running again.
         self.previous_status = plan.folder.status if strategy.is_chief and plan.mode == "resume" else None
         self._parties: dict = {}    # who records the run, each told once how it ended
+        self._reserved: dict[str, Reserved] = {}   # the chief's disk space for model.pt and summary.json
         self.tracked: TrackedRun | None = None
         try:
             self.callbacks = self._callbacks(metric, extra_callbacks)
@@ -240,6 +245,7 @@ class Run:
             why = ("it had stopped at its target or by early stopping" if trainer.stop_training
                    else "raise --epochs to continue it")
             console.print(f"run {self.run_id} had already finished; nothing left to train ({why})")
+            self._release()
             self._tell_finished(None)
             return summary
         # Collective where parameters are sharded: every rank takes part, the chief writes.
@@ -250,6 +256,10 @@ class Run:
             self._tell_finished(summary)
             print_summary(summary, console)
         return summary
+
+    def _reservation(self, name: str, path: Path, what: str) -> Reserved:
+        """The space `reserve` set aside for `name`; a caller that did not reserve gets it now."""
+        return self._reserved.pop(name, None) or Reserved(path, 0, what)
 
     def _tell_finished(self, summary: RunSummary | None) -> None:
         """summary None: nothing was trained, the stored summary stays as it was."""
@@ -263,8 +273,29 @@ class Run:
         if (folder := self._parties.pop("folder", None)) is not None:
             folder.finish()
 
+    def reserve(self, trainer) -> None:
+        """The chief sets aside the disk space of what the run writes at its end (model.pt, summary.json:
+        checkpoint/space.py), before it trains: a disk without room refuses the run now in one line,
+        and one that fills while it trains cannot cost the trained weights. The model's size is the
+        chief's view of it (whole under single, ddp, zero and fsdp, whose sharded tensors count their
+        global size; one stage under a pipeline, the rest asked of the disk at the end)."""
+        if not self.is_chief:
+            return
+        if self.config.save_model:
+            tensors = [t for t in trainer.model.state_dict().values() if isinstance(t, torch.Tensor)]
+            # torch.save's zip adds about 330-460 bytes a tensor (alignment, headers, the pickle).
+            size = sum(t.numel() * t.element_size() for t in tensors) + 1024 * len(tensors) + 64 * 1024
+            self._reserved["model"] = Reserved(self.path / "model.pt", size, "the finished model")
+        self._reserved["summary"] = Reserved(self.path / "summary.json", SUMMARY_RESERVE, "the run's summary")
+
+    def _release(self) -> None:
+        for reserved in self._reserved.values():
+            reserved.release()
+        self._reserved.clear()
+
     def fail(self, exc: BaseException) -> None:
         """Tells every party not yet told how the run ended (failed, interrupted, pruned)."""
+        self._release()
         status = ending_status(exc)
         if (trackers := self._parties.pop("trackers", None)) is not None:
             trackers.finish(status)
@@ -277,15 +308,12 @@ class Run:
         """The model first (the costly result), then the summaries; each file appears whole or not at all."""
         cfg, folder = self.config, self.path
         if cfg.save_model:
-            # The bare module's weights: no DDP `module.` prefix, loads without a process group.
-            tmp = folder / ".model.pt.tmp"
-            try:
-                torch.save(weights, tmp)
-                tmp.replace(folder / "model.pt")
-            except (OSError, RuntimeError) as exc:   # torch.save's writer reports a full disk as a RuntimeError
-                tmp.unlink(missing_ok=True)
-                raise write_failed(folder / "model.pt", exc, "the finished model") from None
-        write_atomically(folder / "summary.json", summary.to_json())
+            # The bare module's weights: no DDP `module.` prefix, loads without a process group. Into
+            # the space set aside before training (`reserve`), so a full disk cannot lose them.
+            self._reservation("model", folder / "model.pt", "the finished model").write(
+                lambda fh: torch.save(weights, fh))
+        self._reservation("summary", folder / "summary.json", "the run's summary").write(
+            lambda fh: fh.write(summary.to_json().encode()))
         if cfg.summary_json:
             Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
             write_atomically(Path(cfg.summary_json), summary.to_json())
