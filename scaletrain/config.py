@@ -639,3 +639,24 @@ def config_digest(mapping: dict) -> str:
     a run's saved config.json to the run (run.json and the run store keep it), whatever the
     file's layout."""
     return hashlib.sha256(json.dumps(mapping, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def identity_digest(cfg: TrainConfig) -> str:
+    """The SHA-256 of what a run *is*: its configuration without the keys a resume may change
+    (`resumable`: epochs, the checkpoint settings, the process count...). A checkpoint records it,
+    and a run resumes only a checkpoint whose digest is its own (another run's weights are never
+    adopted, whatever folder they were found in)."""
+    changeable = resumable_keys()
+    return config_digest({k: _canonical(v) for k, v in flatten_mapping(to_mapping(cfg)).items() if k not in changeable})
+
+
+def _canonical(value: Any) -> Any:
+    """A value as its number, not its spelling: 15 and 15.0 are one value (a float field keeps an
+    integer its default or a TOML file gave until a config is read back, which makes it 15.0)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    return value

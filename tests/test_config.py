@@ -82,3 +82,17 @@ def test_configs_written_with_target_accuracy_still_load_as_an_accuracy_target()
     assert (cfg.target, cfg.target_metric, cfg.epochs) == (0.9, "accuracy", 3)
     with pytest.raises(ConfigError, match="'target_accuracy' and 'target' are both set"):
         from_mapping(TrainConfig, {"target_accuracy": 0.9, "target": 0.8})
+
+
+def test_a_runs_identity_ignores_what_a_resume_may_change_and_how_a_number_is_spelled():
+    """What a checkpoint records of its run (issue 66 I1): the configuration less the resumable
+    keys, with 15 and 15.0 one value (a config read back turns a float field's integers into floats)."""
+    from scaletrain.config import from_mapping, identity_digest, to_mapping
+    cfg = TrainConfig()
+    base = identity_digest(cfg)
+    read_back = from_mapping(TrainConfig, to_mapping(cfg))
+    assert read_back.optim.step_milestones == [15.0, 25.0, 35.0] and identity_digest(read_back) == base
+    read_back.epochs, read_back.distributed.nproc = 40, 4          # a resume may change these
+    assert identity_digest(read_back) == base
+    read_back.optim.lr = 0.5                                       # another run
+    assert identity_digest(read_back) != base

@@ -108,6 +108,36 @@ def test_resume_auto_without_run_dir_never_continues_a_different_configuration(t
     assert f"resuming run {(first / 'run_id').read_text().strip()}" in same.stdout
 
 
+def test_another_runs_checkpoint_is_refused_without_an_owner_file(tmp_path):
+    """A checkpoint folder holding another run's checkpoint, its owner.json gone (copied in, or
+    deleted): the checkpoint's own record of its configuration says whose it is, and a resume of
+    another configuration is refused in one line, --resume auto or a named checkpoint, before
+    anything trains or is overwritten."""
+    import shutil
+    quick = [*DIGITS_MLP, "--epochs", "1", "--no-record", "--checkpoint-every", "20"]
+    a = run(["train", *quick, "--run-dir", "a", "--checkpoint-dir", "ck", "--run-id", "run-a"], cwd=tmp_path)
+    assert a.returncode == 0, a.stderr
+    (tmp_path / "ck" / "owner.json").unlink()
+    saved = sorted(p.name for p in (tmp_path / "ck").glob("step-*"))
+    b = run(["train", *quick, "--lr", "0.001", "--run-dir", "b", "--checkpoint-dir", "ck", "--resume", "auto"],
+            cwd=tmp_path)
+    line = _one_error_line(b)
+    assert "taken by run run-a with another configuration" in line, line
+    assert sorted(p.name for p in (tmp_path / "ck").glob("step-*")) == saved and not (tmp_path / "b").exists()
+    # Copied into a run folder of its own (the other run's checkpoints/), and named with --resume.
+    c = run(["train", *quick, "--lr", "0.001", "--run-dir", "c"], cwd=tmp_path)
+    assert c.returncode == 0, c.stderr
+    shutil.copytree(tmp_path / "ck" / saved[-1], tmp_path / "c" / "checkpoints" / "step-000000099")
+    again = run(["train", "--run-dir", "c", "--resume", "auto", "--epochs", "2", "--no-record"], cwd=tmp_path)
+    assert "another configuration" in _one_error_line(again)
+    named = run(["train", *quick, "--lr", "0.001", "--run-dir", "d", "--resume", str(tmp_path / "ck" / saved[-1])],
+                cwd=tmp_path)
+    assert "another configuration" in _one_error_line(named) and not (tmp_path / "d" / "model.pt").exists()
+    own = run(["train", *quick, "--run-dir", "a", "--checkpoint-dir", "ck", "--resume", "auto", "--epochs", "2"],
+              cwd=tmp_path)
+    assert own.returncode == 0, own.stderr     # its own checkpoint still resumes
+
+
 def test_a_run_writes_only_where_it_owns(tmp_path):
     """Another run's checkpoint folder (inside its run folder, or a shared folder it claimed) is
     refused before anything trains: saves never mix, keep-K never deletes the other run's, and

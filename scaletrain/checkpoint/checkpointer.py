@@ -216,6 +216,14 @@ class Checkpointer:
             return Position()
         meta = CheckpointStore.read_meta(path)
         position = trainer.position()
+        # Only the run's own checkpoint: its configuration (less what a resume may change) is this
+        # run's. Checked whether or not the folder names an owner (a foreign checkpoint copied in).
+        saved_identity = meta.get("config_identity")
+        if saved_identity is not None and saved_identity != position["config_identity"]:
+            taken_by = f" by run {meta['run_id']}" if meta.get("run_id") else ""
+            raise ConfigError(f"checkpoint {path} was taken{taken_by} with another configuration than this run's "
+                              "(its digest differs): a run resumes only its own checkpoints; pass the run's own "
+                              "--run-dir, or start afresh (--overwrite, or without --resume)")
         for key in ("global_batch", "steps_per_epoch"):
             if meta[key] != position[key]:
                 raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {position[key]}; "

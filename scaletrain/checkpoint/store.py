@@ -191,6 +191,8 @@ class CheckpointStore:
         checkpoint visible."""
         files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
                  for p in sorted(path.iterdir()) if p.is_file() and p.name != MARKER}
+        if self.owner is not None:
+            meta = {**meta, "run_id": self.owner}
         write_atomically(path / MARKER, json.dumps({"meta": meta, "files": files}, indent=2))
         _fsync_dir(self.root)
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from scaletrain.adapters import adapted
 from scaletrain.callbacks import CallbackList
-from scaletrain.config import TrainConfig
+from scaletrain.config import TrainConfig, identity_digest
 from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
 from scaletrain.data.inputs import Inputs, first_rows, map_inputs
 from scaletrain.data.user import TorchSplit
@@ -215,7 +215,8 @@ class Trainer:
         return {"global_step": self.global_step, "epoch": self.epoch, "epoch_step": self.epoch_step,
                 "world_size": self.layout.world, "replicas": self.layout.replicas,
                 "global_batch": self.batch.global_batch,
-                "steps_per_epoch": self.steps_per_epoch, "replica_seeded_data": self.replica_seeded_data}
+                "steps_per_epoch": self.steps_per_epoch, "replica_seeded_data": self.replica_seeded_data,
+                "config_identity": identity_digest(self.config)}
 
     def build_step(self, schedule: LRSchedule, grad_accum_steps: int | None = None, first_step: int = 0) -> TrainStep:
         """The training step with this trainer's model, optimizer, task, precision and strategy
