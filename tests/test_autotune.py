@@ -163,6 +163,36 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     assert set(done_before) <= numbers and killed not in numbers   # kept, not run again; the killed one asked anew
 
 
+def test_stopped_while_the_given_configuration_ran_the_rerun_still_checks_every_loss(tmp_path):
+    """SIGTERM while the given configuration (trial 0) trains: the rerun measures it again and every
+    candidate's loss is checked against it, those measured before it too (issue 66: the rerun had
+    compared none, `departure: null`)."""
+    out = tmp_path / "tuned"
+    args = ["autotune", *SMALL, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.1",
+            "--knobs", "threads,grad_accum_steps", "--trials", "3", "--confirm-rounds", "0", "--out", str(out),
+            "--store", str(tmp_path / "runs.db")]
+    first = start(args, tmp_path, tmp_path / "first.log")
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "trials" / "trial-0000").exists() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.1)
+        assert first.poll() is None, (tmp_path / "first.log").read_text()
+        time.sleep(1.0)                            # inside the given configuration's training
+        first.send_signal(signal.SIGTERM)
+        first.wait(60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = run(args, tmp_path, timeout=400)
+    assert second.returncode == 0, second.stdout + second.stderr
+    rows = _rows(out)
+    result = _result(out)
+    given, = [r for r in rows if r["params"] == result["baseline"] and r["outcome"] == "measured"]
+    assert given["loss"]
+    others = [r for r in rows if r["params"] != result["baseline"] and r["outcome"] in ("measured", "refused")]
+    assert others and all(r["departure"] is not None for r in others), others
+
+
 def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_best_so_far(tmp_path):
     """--budget-s bounds the whole search: the `threads = 1` candidate hangs (a model made slow on
     purpose), is stopped when the budget runs out, and the baseline measured before it is the answer."""

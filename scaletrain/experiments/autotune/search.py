@@ -384,6 +384,10 @@ class AutoTuner:
                 study.enqueue_trial({k.label: json.dumps(params[k.key]) for k in self.knobs})
         allowed = {_key(p) for p in kept}
         rows = self._rows_so_far(study)
+        given = rows.get(_key(self.grid[0]))
+        ran = [t for t in study.get_trials(deepcopy=False) if t.state != self.optuna.trial.TrialState.WAITING]
+        if ran and (given is None or given.outcome != "measured"):
+            self._given_first(study)
         store = RunStore(self.base.tracking.store)
         # One candidate at a time, so none is timed beside another; a multi-process one gets the
         # whole machine (a one-slot share would pin all its workers to one GPU, or give each all cores).
@@ -424,6 +428,7 @@ class AutoTuner:
                     study.tell(trial, state=state.PRUNED)
                 else:
                     study.tell(trial, state=state.FAIL)
+            self._check_all(rows)
             if self.s.confirm_rounds and not self.budget_ran_out:
                 self._confirm(rows, pool, store)
         finally:
@@ -432,6 +437,34 @@ class AutoTuner:
         tried = set(rows)
         untried = [Row(p, "not tried") for p in kept if _key(p) not in tried]
         return list(rows.values()) + discarded + untried
+
+    def _given_first(self, study) -> None:
+        """A search stopped while its given configuration ran (SIGTERM, a kill) measures it again,
+        first: every loss check compares with it. The candidates still queued are queued again
+        after it (Optuna serves its queue oldest first; the old entries are closed as failed, and
+        carry no row)."""
+        state = self.optuna.trial.TrialState
+        waiting = study.get_trials(deepcopy=False, states=(state.WAITING,))
+        for t in waiting:
+            self.storage.set_trial_state_values(t._trial_id, state=state.FAIL)
+        given = {k.label: json.dumps(self.grid[0][k.key]) for k in self.knobs}
+        study.enqueue_trial(given)
+        for t in waiting:
+            queued = t.system_attrs.get("fixed_params") or t.params
+            if queued and queued != given:
+                study.enqueue_trial(queued)
+
+    def _check_all(self, rows: dict[str, Row]) -> None:
+        """Every measured candidate's loss against the given configuration's, whenever each was
+        measured: a search resumed after the given configuration's run was cut short measured some
+        before it (issue 66: they had gone unchecked, `departure: null`). The losses compared are
+        the ones stored with the study (each trial's row)."""
+        given = rows.get(_key(self.grid[0]))
+        if self.s.objective is not THROUGHPUT or given is None or given.outcome != "measured" or not given.loss:
+            return
+        for key, row in rows.items():
+            if key != _key(self.grid[0]) and row.outcome == "measured" and row.departure is None:
+                self._check_loss(row, given)
 
     def _confirmation_reserve(self, rows: dict[str, Row]) -> float | None:
         """Under --budget-s, the seconds the confirmation will take once a finalist is measured:
