@@ -455,6 +455,37 @@ def test_crafted_checkpoint_metadata_is_refused_even_with_a_matching_manifest(ch
     assert not marker.exists()
 
 
+def _rewrite_with_manifest(checkpoint: Path, name: str, data: bytes) -> None:
+    """Replaces a checkpoint file and its manifest entry, as an attacker who rewrites both would."""
+    (checkpoint / name).write_bytes(data)
+    manifest = json.loads((checkpoint / "COMMITTED").read_text())
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (checkpoint / "COMMITTED").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage", ["a pickle", "cut short", "zeros"])
+def test_a_crafted_tensor_file_is_named_in_one_line_by_resume_and_evaluate(checkpointed_run, tmp_path, damage):
+    """A `.distcp` file replaced (a pickle, its first half, zeros of its size) with a manifest that
+    matches it: train --resume auto and evaluate say which file is wrong, in one line, exit 2;
+    nothing in it runs (issue 66 C1: an EOFError traceback)."""
+    import shutil
+    folder = tmp_path / "a"
+    shutil.copytree(checkpointed_run, folder)
+    marker = tmp_path / "pwned-distcp"
+    for checkpoint in _checkpoints(folder):
+        tensors = next(checkpoint.glob("*.distcp"))
+        original = tensors.read_bytes()
+        data = {"a pickle": pickle.dumps(_Payload(marker)), "cut short": original[:len(original) // 2],
+                "zeros": bytes(len(original))}[damage]
+        _rewrite_with_manifest(checkpoint, tensors.name, data)
+    for argv in (["train", "--run-dir", "a", "--resume", "auto", "--epochs", "3"],
+                 ["evaluate", "--watch", "a", "--once", "--store", "runs.db"]):
+        result = run(argv, cwd=tmp_path)
+        line = _one_error_line(result)
+        assert ".distcp" in line and "damaged" in line, line
+        assert not marker.exists()
+
+
 def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
     (tmp_path / "latin1.toml").write_bytes('epochs = 1\n# réglages\n'.encode("latin-1"))
     result = run_here(["train", "--config", "latin1.toml"], tmp_path)

@@ -209,8 +209,7 @@ class Checkpointer:
         return Path(message["path"]) if message["path"] else None
 
     def restore(self, trainer) -> Position:
-        import torch.distributed.checkpoint as dcp
-        from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
+        from scaletrain.checkpoint.safe_reader import load_checkpoint
         path = self._agreed_path(trainer.strategy)
         if path is None:
             return Position()
@@ -236,17 +235,13 @@ class Checkpointer:
                               "under a seed of its own, so their random transforms would differ; resume with "
                               f"{saved_replicas} replicas (the same --nproc)")
         state = trainer.load_template(saved_world, saved_replicas)
-        try:
-            SafeFileSystemReader(str(path)).read_metadata()   # DCP would hide this error in another
-        except UnsafeCheckpoint as exc:
-            raise UserError(f"checkpoint {path} was refused: {exc}; it was not written by scaletrain's DCP "
-                            "checkpointer, so nothing in it was run") from None
+        check_metadata(path)    # DCP would hide this error in another
         group = None
         if isinstance(trainer.strategy, CheckpointJoining):
             trainer.strategy.join_checkpoint(path, loading=True)
             group = trainer.strategy.checkpoint_group
         _quiet_single_process()
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(), process_group=group)
+        load_checkpoint(state, path, process_group=group)
         values = trainer.load_state_dict(state, saved_world, saved_replicas)
         self.last_saved_position = (values["epoch"], values["epoch_step"])
         return Position(values["epoch"], values["epoch_step"], str(path))
@@ -256,15 +251,25 @@ def load_model_weights(path: Path, model: torch.nn.Module) -> None:
     """Fills `model`'s weights in place from a committed checkpoint and nothing else (no optimizer,
     RNG or loop position): DCP reshards whatever layout saved it onto this one. The checkpoint is
     verified against its manifest first. Raises UserError for an unsafe or damaged checkpoint."""
-    import torch.distributed.checkpoint as dcp
-    from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint
+    from scaletrain.checkpoint.safe_reader import load_checkpoint
     problem = CheckpointStore.problem(path)
     if problem:
         raise UserError(f"checkpoint {path} is damaged ({problem})")
+    check_metadata(path)
+    _quiet_single_process()
+    load_checkpoint({"model": model.state_dict()}, path)
+
+
+def check_metadata(path: Path) -> None:
+    """The checkpoint's metadata read safely and every item checked to lie inside its file, before
+    any rank reads tensors: one line naming what is wrong."""
+    from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, UnreadableCheckpoint, UnsafeCheckpoint
     try:
         SafeFileSystemReader(str(path)).read_metadata()
     except UnsafeCheckpoint as exc:
-        raise UserError(f"checkpoint {path} was refused: {exc}") from None
-    _quiet_single_process()
-    dcp.load({"model": model.state_dict()}, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+        raise UserError(f"checkpoint {path} was refused: {exc}; it was not written by scaletrain's DCP "
+                        "checkpointer, so nothing in it was run") from None
+    except UnreadableCheckpoint as exc:
+        raise UserError(f"checkpoint {path} is damaged: {exc}; it was altered after it was written (its manifest "
+                        "too), so it is not resumed: use an older checkpoint (--resume PATH) or start afresh") from None
 

@@ -49,17 +49,109 @@ class MetadataUnpickler(pickle.Unpickler):
         raise UnsafeCheckpoint(f"checkpoint metadata names {module}.{name}, which a DCP checkpoint never holds")
 
 
+class UnreadableCheckpoint(ValueError):
+    """A checkpoint file whose bytes are not what its metadata says (truncated, replaced, altered
+    after its manifest was written): named, one line."""
+
+
 class SafeFileSystemReader(FileSystemReader):
     def read_metadata(self, *args, **kwargs) -> Metadata:
         rank = kwargs.get("rank")
-        with self.fs.create_stream(self._get_metadata_path(rank), "rb") as stream:
-            metadata = MetadataUnpickler(stream).load()
+        path = self._get_metadata_path(rank)
+        try:
+            with self.fs.create_stream(path, "rb") as stream:
+                metadata = MetadataUnpickler(stream).load()
+        except UnsafeCheckpoint:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+                RecursionError, MemoryError) as exc:
+            raise UnreadableCheckpoint(f"{pathlib.Path(path).name} is not DCP metadata ({type(exc).__name__}: "
+                                       f"{(str(exc).splitlines() or [''])[0][:120]})") from None
         if not isinstance(metadata, Metadata):
             raise UnsafeCheckpoint(f"checkpoint metadata holds a {type(metadata).__name__}, not DCP Metadata")
+        self._check_bounds(metadata)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def _check_bounds(self, metadata: Metadata) -> None:
+        """Every item the metadata places in a file lies inside that file, in the folder: a file
+        cut short or swapped for a smaller one is named before anything is read from it."""
+        root = pathlib.Path(str(self.path))
+        sizes: dict[str, int] = {}
+        for info in (metadata.storage_data or {}).values():
+            name = str(getattr(info, "relative_path", ""))
+            file = root / name
+            if not name or pathlib.Path(name).is_absolute() or ".." in pathlib.Path(name).parts:
+                raise UnsafeCheckpoint(f"checkpoint metadata points outside its folder ({name!r})")
+            if name not in sizes:
+                sizes[name] = file.stat().st_size if file.is_file() else -1
+            if sizes[name] < 0:
+                raise UnreadableCheckpoint(f"{name} is missing")
+            end = int(getattr(info, "offset", 0)) + int(getattr(info, "length", 0))
+            if getattr(info, "offset", 0) < 0 or end > sizes[name]:
+                raise UnreadableCheckpoint(f"{name} holds {sizes[name]} bytes; its metadata reads up to byte {end}")
+
+    def read_data(self, plan, planner):
+        """DCP's reading, file by file, so that a file whose bytes are not a tensor (a pickle put in
+        its place) is named, with what was wrong, instead of an EOFError deep in DCP."""
+        from dataclasses import replace
+
+        from torch.futures import Future
+        per_file: dict[str, list] = {}
+        for item in plan.items:
+            per_file.setdefault(str(self.storage_data[item.storage_index].relative_path), []).append(item)
+        for name, items in per_file.items():
+            try:
+                super().read_data(replace(plan, items=items), planner).wait()
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, RuntimeError, OSError, KeyError,
+                    IndexError, AttributeError, RecursionError) as exc:
+                raise UnreadableCheckpoint(f"{name} could not be read as the tensors its metadata names "
+                                           f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]})") \
+                    from None
+        done = Future()
+        done.set_result(None)
+        return done
+
+
+def load_checkpoint(state: dict, path, planner=None, process_group=None) -> None:
+    """`dcp.load` through the safe reader; a file that is not what its metadata says is one line
+    (a UserError naming the checkpoint and the file), whatever layer of DCP met it."""
+    import torch.distributed.checkpoint as dcp
+    from scaletrain.errors import UserError
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=planner or SafeLoadPlanner(),
+                 process_group=process_group)
+    except UnsafeCheckpoint as exc:
+        raise UserError(f"checkpoint {path} was refused: {exc}; it was not written by scaletrain's DCP "
+                        "checkpointer, so nothing in it was run") from None
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        found = _unreadable(exc)
+        if found is None:
+            raise
+        raise UserError(f"checkpoint {path} is damaged: {found}; it was altered after it was written (its manifest "
+                        "too), so it is not resumed: use an older checkpoint (--resume PATH) or start afresh") from None
+
+
+def _unreadable(exc: BaseException) -> str | None:
+    """The UnreadableCheckpoint under `exc`: DCP wraps a rank's error in a CheckpointException
+    (its `failures`), or chains it."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, tuple):          # CheckpointException.failures: rank -> (exception, traceback)
+            e = next((part for part in e if isinstance(part, BaseException)), None)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, UnreadableCheckpoint):
+            return str(e)
+        todo += [e.__cause__, e.__context__, *getattr(e, "failures", {}).values()]
+    return None
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
