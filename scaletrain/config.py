@@ -612,11 +612,17 @@ def load_toml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass the path of a TOML file to --config")
+    from scaletrain.files import MAX_BYTES, check_nesting
     try:
+        if path.stat().st_size > MAX_BYTES:
+            raise ConfigError(f"config file {path} is {path.stat().st_size / 2**20:.0f} MiB, larger than any "
+                              f"configuration ({MAX_BYTES // 2**20} MiB at most); pass the TOML file of a run")
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            return check_nesting(tomllib.load(fh), f"config file {path}", ConfigError)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests arrays or tables too deeply to be a configuration") from None
     except UnicodeDecodeError as exc:   # TOML is UTF-8 by definition
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
                           "UTF-8") from None

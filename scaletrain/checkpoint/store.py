@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from scaletrain.errors import UserError, WriteFailed, write_failed
+from scaletrain.files import read_json
 
 MARKER = "COMMITTED"
 PREFIX = "step-"
@@ -95,11 +96,13 @@ class CheckpointStore:
         if not file.is_file():
             return None
         try:
-            found = json.loads(file.read_text()).get("run_id")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise UserError(f"{file} is damaged ({exc}); delete it if this folder's checkpoints are no other "
-                            "run's, or pass another --checkpoint-dir") from None
-        return str(found) if found else None
+            found = read_json(file).get("run_id")
+            if found is not None and not isinstance(found, str):
+                raise UserError(f"{file} names run {found!r}, not a run id")
+        except UserError as exc:
+            raise UserError(f"{exc}; delete it if this folder's checkpoints are no other run's, or pass another "
+                            "--checkpoint-dir") from None
+        return found or None
 
     def owner_problem(self) -> str | None:
         """Why this run may not save or resume here (one line, with the fix), or None."""
@@ -149,19 +152,22 @@ class CheckpointStore:
     @staticmethod
     def read_meta(path: Path) -> dict:
         """The loop position saved with a verified checkpoint."""
-        return json.loads((path / MARKER).read_text())["meta"]
+        return read_json(path / MARKER)["meta"]
 
     @staticmethod
     def problem(path: Path) -> str | None:
         """Why the checkpoint at `path` cannot be trusted, or None when every file matches its manifest."""
         try:
-            marker = json.loads((path / MARKER).read_text())
+            marker = read_json(path / MARKER, MARKER)
             files, meta = marker["files"], marker["meta"]
-            if not isinstance(files, dict) or not files or not isinstance(meta, dict):
+            if not isinstance(files, dict) or not files or not isinstance(meta, dict) \
+                    or not all(isinstance(e, dict) for e in files.values()):
                 raise ValueError("no file list")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (UserError, ValueError, KeyError, TypeError) as exc:
             return f"its {MARKER} marker is not a scaletrain manifest ({type(exc).__name__}: {exc})"
         for name, expected in files.items():
+            if not isinstance(name, str) or "/" in name or name in (".", ".."):
+                return f"its {MARKER} marker names a file outside the checkpoint ({name!r})"
             file = path / name
             if not file.is_file():
                 return f"{name} is missing"

@@ -95,23 +95,28 @@ MEASURED_KEYS = ("strategy", "rate_mbit", "hosts", "bus_bandwidth_Bps", "hop_lat
 
 def _measured_table(path: str, as_json: bool) -> int:
     """A shaped-links benchmark's points: measured beside predicted (docs/scaling-predictor.md)."""
-    from pathlib import Path
-    file = Path(path)
+    from scaletrain.files import read_json
+    hint = "pass the file benchmarks/shaped_links.py --out wrote"
     try:
-        result = json.loads(file.read_text())
-        points = result["points"]
-        if not isinstance(points, list) or not points:
-            raise TypeError
-        for point in points:
-            missing = [k for k in MEASURED_KEYS if k not in point]
-            if missing:
-                raise KeyError(missing[0])
-    except OSError as exc:
-        raise ConfigError(f"--measured {path}: cannot be read ({exc.strerror}); pass the file "
-                          "benchmarks/shaped_links.py --out wrote") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise ConfigError(f"--measured {path} is not a benchmarks/shaped_links.py result (it needs 'points' "
-                          f"with {', '.join(MEASURED_KEYS)})") from None
+        result = read_json(path, f"--measured {path}", dict, ConfigError)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; {hint}") from None
+    points = result.get("points")
+    if not isinstance(points, list) or not points or not all(isinstance(p, dict) for p in points) \
+            or any(k not in p for p in points for k in MEASURED_KEYS):
+        raise ConfigError(f"--measured {path} is not a benchmarks/shaped_links.py result (it needs 'points': a list of "
+                          f"objects with {', '.join(MEASURED_KEYS)}); {hint}")
+    if not isinstance(result.get("environment", {}), dict):
+        raise ConfigError(f"--measured {path}: its 'environment' is a {type(result['environment']).__name__}, not an "
+                          f"object; {hint}")
+    tensor = result.get("tensor_parallel") or {}
+    if not isinstance(tensor, dict):
+        raise ConfigError(f"--measured {path}: its 'tensor_parallel' is a {type(tensor).__name__}, not an object; {hint}")
+    for key, value in (("grad_bytes", result.get("grad_bytes", 0)),
+                       ("one_process_step_s", result.get("one_process_step_s", 0)),
+                       ("tensor_parallel.allreduce_bytes", tensor.get("allreduce_bytes", 0))):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"--measured {path}: its '{key}' is {value!r}, not a number; {hint}")
     for number, point in enumerate(points, 1):
         problem = _point_problem(point)
         if problem:
@@ -152,6 +157,11 @@ def _point_problem(point: dict) -> str | None:
     string or NaN print as a figure), or None."""
     if not isinstance(point["strategy"], str):
         return f"has strategy {point['strategy']!r}, not a name"
+    if point.get("link_bound") not in (True, False, None):
+        return f"has link_bound {point['link_bound']!r}, not true, false or null"
+    latency = point.get("latency_ms")
+    if latency is not None and (isinstance(latency, bool) or not isinstance(latency, (int, float))):
+        return f"has latency_ms {latency!r}, not a number"
     values = [(key, point[key], low, inclusive) for key, low, inclusive in POINT_NUMBERS]
     if point["rate_mbit"] is not None:
         values.append(("rate_mbit", point["rate_mbit"], 0, False))

@@ -25,6 +25,7 @@ from scaletrain.checkpoint.space import overwrite_in_place, padded
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import config_digest
 from scaletrain.errors import UserError, WriteFailed
+from scaletrain.files import read_json
 from scaletrain.lifecycle.lock import LOCK_FILE
 
 CONFIG, META, RUN_ID, SUMMARY, MODEL = "config.json", "run.json", "run_id", "summary.json", "model.pt"
@@ -49,14 +50,10 @@ class RunFolder:
         if not file.is_file():
             return None
         try:
-            value = json.loads(file.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{file} is not readable JSON ({exc}); the run folder is damaged: pass another "
-                            "--run-dir, or --overwrite to start afresh there") from None
-        if not isinstance(value, dict):
-            raise UserError(f"{file} does not hold a JSON object; the run folder is damaged: pass another "
-                            "--run-dir, or --overwrite to start afresh there")
-        return value
+            return read_json(file)
+        except UserError as exc:
+            raise UserError(f"{exc}; the run folder is damaged: pass another --run-dir, or --overwrite to start "
+                            "afresh there") from None
 
     def config(self) -> dict | None:
         """The configuration the run runs with (None: not recorded), checked against the digest
@@ -72,6 +69,10 @@ class RunFolder:
 
     def meta(self) -> dict:
         meta = self._read_json(META) or {}
+        wrong = [k for k in ("run_id", "status", "config_sha256") if k in meta and not isinstance(meta[k], str)]
+        if wrong:
+            raise UserError(f"{self.path / META} holds {wrong[0]} {meta[wrong[0]]!r}, not text; the run folder is "
+                            "damaged: pass another --run-dir, or --overwrite to start afresh there")
         if "run_id" not in meta and (self.path / RUN_ID).is_file():
             meta["run_id"] = (self.path / RUN_ID).read_text().strip()  # folders written before run.json
         return meta

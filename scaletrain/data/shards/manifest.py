@@ -158,9 +158,15 @@ class Manifest:
                 raise DataError(f"{folder} holds no {MANIFEST}; write shards with `scaletrain shard --data NAME --out "
                                 f"{folder}` (a folder whose writing was cut off has none either)")
             text = None
+        from scaletrain.files import parse_json, read_text as read_local
+        suffix = "; rewrite the shards with `scaletrain shard`"
         try:
-            body = json.loads(text if text is not None else file.read_text())
-            if not isinstance(body, dict) or body.pop("format", None) != FORMAT:
+            body = parse_json(text if text is not None else read_local(file, error=DataError), str(file), dict,
+                              DataError)
+        except DataError as exc:
+            raise DataError(f"{exc}{suffix}") from None
+        try:
+            if body.pop("format", None) != FORMAT:
                 raise ValueError(f"not a {FORMAT} manifest")
             problem = schema_problem(body)
             if problem:
