@@ -45,12 +45,14 @@ def test_a_candidate_that_learns_differently_is_refused_and_the_best_toml_trains
     if importlib.util.find_spec("matplotlib"):     # the report extra draws the speed/memory plot
         assert (out / "speed_memory.png").read_bytes()[:4] == b"\x89PNG"
     # Both trials are runs in the store, under the autotune's group, the best marked as its choice.
+    group = re.search(r"trials in the store under group (\S+)", done.stdout).group(1)
+    assert group.startswith("autotune-autotune-")        # its own --out: a group of its own (issue 66)
     store = RunStore(str(tmp_path / "runs.db"))
-    assert sorted(r.group for r in store.runs()) == ["autotune-autotune"] * 2
-    assert store.chosen("autotune-autotune") == baseline[0]["run_id"]
+    assert sorted(r.group for r in store.runs()) == [group] * 2
+    assert store.chosen(group) == baseline[0]["run_id"]
     store.close()
     if importlib.util.find_spec("matplotlib"):     # `runs report` stars it in the speed/memory plot
-        report = run_here(["runs", "report", "--group", "autotune-autotune", "-o", str(tmp_path / "r.html"),
+        report = run_here(["runs", "report", "--group", group, "-o", str(tmp_path / "r.html"),
                            "--store", str(tmp_path / "runs.db")], tmp_path)
         assert report.returncode == 0, report.stderr
         page = (tmp_path / "r.html").read_text()
@@ -534,3 +536,11 @@ def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):
     assert len(given_runs) == 3
     for config in given_runs:
         assert load_toml(config)["optim"].get("grad_accum_steps", 1) == given["params"]["optim.grad_accum_steps"]
+
+
+def test_studies_of_one_name_in_two_folders_never_share_a_store_group(tmp_path):
+    from scaletrain.experiments.autotune.search import study_group
+    store = str(tmp_path / "runs" / "runs.db")
+    assert study_group("autotune", tmp_path / "runs" / "autotune" / "autotune", store) == "autotune-autotune"
+    a, b = study_group("autotune", tmp_path / "a", store), study_group("autotune", tmp_path / "b", store)
+    assert a != b and a.startswith("autotune-autotune-") and study_group("autotune", tmp_path / "a", store) == a

@@ -23,6 +23,7 @@ failed and asked again).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -174,6 +175,16 @@ class Row:
     test_delta: float | None = None   # time to target: its median final test metric minus the given's
 
 
+def study_group(study: str, out: Path, store: str) -> str:
+    """The run-store group of a study's trials: `autotune-<study name>` for a study in its default
+    folder (<store folder>/autotune/<name>); one in a folder of its own (--out) gets the folder's
+    mark too, so two studies of one name in two folders never share a group (issue 66)."""
+    out = Path(out).resolve()
+    if out == (Path(store).parent / "autotune" / study).resolve():
+        return f"autotune-{study}"
+    return f"autotune-{study}-{hashlib.sha256(str(out).encode()).hexdigest()[:8]}"
+
+
 def _key(params: dict) -> str:
     return json.dumps(params, sort_keys=True)
 
@@ -217,7 +228,7 @@ class AutoTuner:
         self.noise: list[float] = []           # the confirmation's given-against-itself ratios (the noise floor)
         self.baseline_s: float | None = None   # the baseline's whole run, in seconds: what caps the others
         self.run_seconds: list[float] = []     # every finished candidate's whole run: what a confirmation run costs
-        self.group = f"autotune-{settings.study_name}"
+        self.group = study_group(settings.study_name, settings.out, base.tracking.store)
         self.me = f"{socket.gethostname()}:{os.getpid()}"
         self.device = resolve_device(base.device)
         if self.device.type == "cpu" and base.threads is None and base.distributed.nproc == 1:
