@@ -301,3 +301,14 @@ def test_host_indexed_counters_equal_device_indexed(tmp_path, digits, accumulati
         histories.append([{k: e[k] for k in ("train_loss", "train_accuracy", "lr", "optimizer_steps")}
                           for e in trainer.history])
     assert histories[0] == histories[1]
+
+
+def test_gradient_compression_on_one_process_is_said_to_change_nothing(tmp_path, digits):
+    """A configuration made for several processes runs on one unchanged, and says so (issue 66:
+    --grad-compression powersgd on one process was accepted in silence)."""
+    from scaletrain.config import DistributedConfig
+    cfg = small_config(tmp_path, epochs=1, distributed=DistributedConfig(grad_compression="powersgd"))
+    trainer = fit(cfg, digits)
+    assert any("--grad-compression powersgd" in a and "one process" in a for a in trainer.advice)
+    plain = fit(small_config(tmp_path, epochs=1), digits)
+    assert not any("--grad-compression" in a for a in plain.advice)

@@ -119,3 +119,19 @@ def test_predict_splits_the_samples_over_the_replicas_and_equals_one_device(trai
     assert bad.returncode == 2 and "samples of shape (4,)" in bad.stderr and not (cwd / "w.npy").exists()
     again = run_here(["predict", "src", "--split", "test", "--out", "one.npy"], cwd)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_a_damaged_model_pt_is_named_as_the_runs_not_as_a_flag_never_given(tmp_path):
+    """predict, export and ensemble read a run's model.pt without the user naming a flag: a damaged
+    one is one line naming that run's saved model (issue 66: it blamed --init-from)."""
+    made = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-id", "dmg", "--run-dir", "r"], tmp_path)
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "r" / "model.pt").write_bytes(b"not a model")
+    for argv in (["predict", "dmg", "--split", "test", "--out", "p.npy"], ["export", "dmg"]):
+        result = run_here(argv, tmp_path)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert "--init-from" not in lines[0] and "r/model.pt" in lines[0], lines[0]
+        assert "saved model of run folder r" in lines[0] or "run dmg's model" in lines[0], lines[0]
+    twice = run_here(["ensemble", "dmg", "dmg"], tmp_path)
+    assert twice.returncode == 2 and "dmg" in twice.stderr and "twice" in twice.stderr, twice.stderr

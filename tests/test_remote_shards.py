@@ -203,3 +203,45 @@ def test_shard_writes_to_an_fsspec_url_and_refuses_a_server_or_a_used_location(t
     for target, message in ((out, "already holds files"), ("http://127.0.0.1:9/s", "not written to one")):
         refused = run(["shard", "--data", "digits", "--out", target], tmp_path)
         assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_cached_shard_damaged_on_disk_is_fetched_again_not_fatal(tmp_path, shard_folder, monkeypatch):
+    """A shard kept in the cache, then damaged on this disk: the next read notices before it reads
+    a sample, drops the copy and fetches the shard anew (issue 66: the run stopped instead)."""
+    monkeypatch.setenv("SCALETRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    manifest = Manifest.read(f"file://{shard_folder}", Fetch(cache_mb=100))
+    first = read_split(manifest, "train")
+    cached = sorted((tmp_path / "cache" / "shards").glob("*.tar"))
+    assert cached
+    data = bytearray(cached[0].read_bytes())
+    data[700] ^= 0xFF
+    cached[0].write_bytes(bytes(data))
+    again = read_split(Manifest.read(f"file://{shard_folder}", Fetch(cache_mb=100)), "train")
+    assert torch.equal(first.x, again.x) and torch.equal(first.y, again.y)
+    assert cached[0].read_bytes() != bytes(data)      # the copy kept now is the verified one
+
+
+def test_a_redirect_loop_at_the_manifest_url_is_one_line(tmp_path):
+    """A server that redirects every request to itself: one line naming the URL (issue 66: three)."""
+    import http.server
+    import threading
+
+    class Loop(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Loop)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/shards"
+        with pytest.raises(DataError) as caught:
+            Manifest.read(url, Fetch(timeout_s=5))
+        assert "\n" not in str(caught.value) and "redirects in a loop" in str(caught.value), str(caught.value)
+        assert url in str(caught.value)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 
 import numpy as np
@@ -189,6 +190,30 @@ def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     result = train(str(folder))
     assert result.returncode == 2 and "lists no training shards" in result.stderr
+
+
+def test_a_damaged_array_header_names_its_shard_and_leaves_no_folder(tmp_path):
+    """An array's .npy header altered in every training shard, the manifest's size and checksum
+    rewritten to match (so only the header gives it away): the line names a shard and the sample,
+    and a run that never stepped leaves no folder (issue 66: it named the folder, and left one)."""
+    import hashlib
+    write_shards(_numbered(2 * 48), tmp_path / "s", samples_per_shard=48)
+    folder = tmp_path / "s"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        shard = folder / entry["name"]
+        data = bytearray(shard.read_bytes())
+        at = data.index(b"\x93NUMPY") + 20        # inside the first array's header text
+        data[at] = ord("?")
+        shard.write_bytes(bytes(data))
+        entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    result = run(["train", "--model", "mlp", "--data", "shards", "--data-dir", str(folder), "--no-progress",
+                  "--epochs", "1", "--batch-size", "16", "--run-dir", str(tmp_path / "r")], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert re.search(r"shard \S+-000\d\.tar cannot be read as a shard tar \(sample \S+'s x\.npy is not a float32",
+                     result.stderr), result.stderr
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("field, value, problem", [

@@ -17,6 +17,16 @@ from torch import nn
 from scaletrain.errors import UserError
 
 
+def weights_flag(path: str | Path) -> str:
+    """How an error names the weights a configuration starts from (`model.init_from`): a run's own
+    model.pt by its run folder (predict, export and ensemble read one without the user naming a
+    flag), any other file as the flag that names it."""
+    path = Path(path)
+    if path.name == "model.pt" and (path.parent / "run.json").is_file():
+        return f"the saved model of run folder {path.parent}:"
+    return "--init-from"
+
+
 def read_weights(path: str | Path, flag: str = "the weights file") -> dict[str, torch.Tensor]:
     """The state dict saved at `path`, on the host. `weights_only=True`: tensors and plain
     containers only, so a crafted file cannot run code on load."""

@@ -68,6 +68,10 @@ def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.tracking.store import RunStore
     with RunStore(args.store, create=False) as store:
         records = [store.get(i) for i in args.run_ids]
+    twice = sorted({r.id for r in records if sum(o.id == r.id for o in records) > 1})
+    if twice:
+        raise UserError(f"run {twice[0]} is named twice: an ensemble's members are distinct runs (each counted once); "
+                        "name each run once")
     # The processes' settings, checked by their owner (config.py; Layout: several devices for one process).
     processes = from_mapping(TrainConfig, {"distributed": given_overrides(args).get("distributed", {})})
     processes.validate()

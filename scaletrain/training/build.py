@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scaletrain.checkpoint.weights import load_weights
+from scaletrain.checkpoint.weights import load_weights, weights_flag
 from scaletrain.config import TrainConfig
 from scaletrain.data import Dataset, load_dataset
 from scaletrain.distributed import Strategy, resolve_device
@@ -98,7 +98,7 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     # A model with its own loss trains on it; one that brings its task (a LightningModule) on that.
     task = given or build_task(cfg.task, dataset.task, model, dataset.example)
     if cfg.model.init_from is not None:   # before the strategy wraps or shards it: every rank reads the whole file
-        load_weights(model, cfg.model.init_from, "--init-from")
+        load_weights(model, cfg.model.init_from, weights_flag(cfg.model.init_from))
     # A count chosen from the load follows it epoch by epoch; first, so the epoch's logs say it.
     callbacks = [AdaptiveThreads(threads.setting.value), *callbacks] if threads.adaptive else list(callbacks)
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)

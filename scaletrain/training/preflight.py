@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from scaletrain.checkpoint.weights import check_fits, read_weights
+from scaletrain.checkpoint.weights import check_fits, read_weights, weights_flag
 from scaletrain.config import TrainConfig
 from scaletrain.data.registry import sample_and_example, sample_shape
 from scaletrain.distributed.batching import divide_batch
@@ -131,7 +131,8 @@ def preflight(cfg: TrainConfig, world: int, checkpointer=None) -> Layout:
     model = meta_model(cfg)
     layout = check_job(cfg, world, model)
     if cfg.model.init_from is not None:   # the weights fit the model (names and shapes), read on the host
-        check_fits(model, read_weights(cfg.model.init_from, "--init-from"), cfg.model.init_from, "--init-from")
+        flag = weights_flag(cfg.model.init_from)
+        check_fits(model, read_weights(cfg.model.init_from, flag), cfg.model.init_from, flag)
     if checkpointer is not None:
         checkpointer.find()   # verified against its manifest: raises UserError when none can be trusted
     return layout

@@ -109,7 +109,10 @@ class Trainer:
         # run_training prints these once.
         self.advice = (precision_warnings(self.policy, facts)
                        + alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps)
-                       + ([model.describe_optimizer(cfg.optim)] if own_optim else []))
+                       + ([model.describe_optimizer(cfg.optim)] if own_optim else [])
+                       + ([f"--grad-compression {cfg.distributed.grad_compression} compresses what processes "
+                           "exchange; this run has one process, so nothing is compressed (it applies under --nproc)"]
+                          if cfg.distributed.grad_compression != "none" and self.layout.world == 1 else []))
         self.callbacks = CallbackList(callbacks)
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)

@@ -15,6 +15,7 @@ hang the others at the next collective.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 from typing import Iterator
@@ -71,6 +72,7 @@ def raw_samples(manifest: Manifest, shard: ShardFile) -> Iterator[RawSample]:
     the last sample has still had the whole shard checked."""
     count, held, digest = 0, None, hashlib.sha256()
     key, parts = None, {}
+    x_header, y_header = _headers(manifest)
     file, cached = _open(manifest, shard)
     with file:
         try:
@@ -82,6 +84,13 @@ def raw_samples(manifest: Manifest, shard: ShardFile) -> Iterator[RawSample]:
                 if len(parts) == 2:
                     if "x.npy" not in parts or "y.npy" not in parts:
                         raise ValueError(f"sample {key} holds {sorted(parts)}, not x.npy and y.npy")
+                    # Each array's header checked here, where the shard is known (the decoder checks
+                    # it again, where only the folder is).
+                    for part, header, shape, dtype in (("x.npy", x_header, manifest.sample_shape, manifest.x_dtype),
+                                                       ("y.npy", y_header, manifest.y_shape, manifest.y_dtype)):
+                        if parts[part][:len(header)] != header:
+                            raise ValueError(f"sample {key}'s {part} is not a {dtype} array of shape {shape} as "
+                                             "its manifest records")
                     count += 1
                     if held is not None:
                         yield held
@@ -104,7 +113,13 @@ def raw_samples(manifest: Manifest, shard: ShardFile) -> Iterator[RawSample]:
         yield held
 
 
-def _npy_header(shape: list[int], dtype: str) -> bytes:
+def _headers(manifest: Manifest) -> tuple[bytes, bytes]:
+    return (_npy_header(tuple(manifest.sample_shape), manifest.x_dtype),
+            _npy_header(tuple(manifest.y_shape), manifest.y_dtype))
+
+
+@functools.lru_cache(maxsize=16)
+def _npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
     """The .npy header `np.save` writes for one array of this shape and dtype."""
     array = np.zeros(shape, dtype=dtype)
     buffer = io.BytesIO()
@@ -119,8 +134,7 @@ class BatchDecoder:
 
     def __init__(self, manifest: Manifest):
         self.manifest = manifest
-        self.x_header = _npy_header(manifest.sample_shape, manifest.x_dtype)
-        self.y_header = _npy_header(manifest.y_shape, manifest.y_dtype)
+        self.x_header, self.y_header = _headers(manifest)
 
     def _stack(self, arrays: list[bytes], header: bytes, shape: list[int], dtype: str) -> torch.Tensor:
         n = len(header)

@@ -81,7 +81,10 @@ def _open_at(url: str, offset: int) -> tuple[BinaryIO, int | None]:
         except urllib.error.HTTPError as exc:
             if exc.code >= 500 or exc.code in (408, 429):
                 raise ConnectionError(f"HTTP {exc.code}") from None
-            raise _Gone(f"HTTP {exc.code} {exc.reason}") from None
+            if 300 <= exc.code < 400:    # urllib's own text for this spans three lines
+                raise _Gone(f"HTTP {exc.code}: the server redirects in a loop (or more times than urllib follows)") \
+                    from None
+            raise _Gone(f"HTTP {exc.code} {' '.join(str(exc.reason).split())}") from None
         size = None
         if response.status == 206:
             total = (response.headers.get("Content-Range") or "").rsplit("/", 1)[-1]
@@ -300,9 +303,26 @@ def open_remote(url: str, size: int, sha256: str, fetch: Fetch):
     cache = ShardCache.for_fetch(fetch)
     if cache is not None:
         entry = cache.entry(sha256)
-        if entry is not None:
+        if entry is not None and _intact(entry, size, sha256):
             return open(entry, "rb", buffering=CHUNK), entry
+        if entry is not None:    # damaged on this disk since it was verified: fetched anew, never read
+            entry.unlink(missing_ok=True)
     return RemoteFile(url, size, sha256, fetch, cache), None
+
+
+def _intact(entry: Path, size: int, sha256: str) -> bool:
+    """Whether a cached shard still has the size and SHA-256 it was verified with (read once more
+    before it is used: a local read, where a damaged copy found halfway would have cost the run)."""
+    try:
+        if entry.stat().st_size != size:
+            return False
+        digest = hashlib.sha256()
+        with open(entry, "rb") as fh:
+            for block in iter(lambda: fh.read(CHUNK), b""):
+                digest.update(block)
+        return digest.hexdigest() == sha256
+    except OSError:
+        return False
 
 
 def destination(url: str):
