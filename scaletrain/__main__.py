@@ -3,7 +3,7 @@ import sys
 
 try:
     from scaletrain.cli.main import main
-    from scaletrain.distributed.env import under_launcher
+    from scaletrain.distributed.env import die_with_launcher, under_launcher
 except KeyboardInterrupt:   # Ctrl-C (or a launcher stopping its workers) while Python imports: no traceback
     sys.exit(130)
 
@@ -15,6 +15,7 @@ if not under_launcher():
 import faulthandler  # noqa: E402
 
 faulthandler.enable()
+die_with_launcher()
 code = main()
 # The command has finished and torn its process group down. Gloo's C++ threads can still hold
 # tensors at interpreter teardown, and destroying them then aborted a rank that had already done

@@ -77,6 +77,30 @@ def under_launcher() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
+# Set by our launcher for its workers: the process whose death ends them (die_with_launcher).
+LAUNCHER_PID_ENV = "SCALETRAIN_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher() -> None:
+    """A worker of our launcher is sent SIGTERM when the launcher dies, however it dies (SIGKILL
+    included: its agent can then stop nobody), so no worker trains on as an orphan and each records
+    its run as interrupted (issue 66: workers of a killed launcher trained to the last step). A
+    launcher already gone before this ran: the worker ends at once. Linux only (prctl); elsewhere,
+    and under a plain torchrun, the agent alone stops its workers."""
+    expected = os.environ.get(LAUNCHER_PID_ENV, "")
+    if not expected.isdigit():
+        return
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(expected):
+        os._exit(143)
+
+
 def hand_to_launcher(line: str) -> bool:
     """Inside a worker of torchrun's elastic agent: leaves the line this process ends with in the
     agent's error file for this worker (TORCHELASTIC_ERROR_FILE) instead of printing it, and says

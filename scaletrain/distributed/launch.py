@@ -18,7 +18,7 @@ import sys
 import torch
 
 from scaletrain.distributed.cluster import cluster_from_env
-from scaletrain.distributed.env import under_launcher
+from scaletrain.distributed.env import LAUNCHER_PID_ENV, under_launcher
 from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, ConfigError
 
 # Whether this process is one of the agent's workers (which must not launch again).
@@ -87,6 +87,8 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
     # new workers can read the dead ones' addresses from it (pytorch/pytorch#135712, #167288:
     # gloo/NCCL then fail with "connection refused"). A store per attempt avoids that.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # The workers end with this process, whatever ends it (env.die_with_launcher).
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     # Stopping the job (Ctrl-C, SIGTERM, a failed peer), the agent gives each worker this long to
     # end on SIGTERM before SIGKILL (torch's default is 30 s). A worker's own ending (recording
     # the run as interrupted) takes well under a second; one blocked inside a collective cannot

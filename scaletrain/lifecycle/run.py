@@ -260,8 +260,10 @@ def record_job_end(plan: RunPlan, cfg: TrainConfig, status: str, error: str | No
     "failed": a worker the agent stopped after another failed recorded the run as interrupted (or
     could not record it at all). "interrupted": a signal stopped the job, and a worker killed
     before its handler ran (blocked in a collective when the agent's grace ran out) left the run
-    "running"."""
-    stale = ("running", "interrupted") if status == "failed" else ("running",)
+    "running". Likewise "interrupted" replaces "failed": a stopped launcher stops its workers one by
+    one, and one whose peer ended first failed in a collective (seen: the launcher SIGTERMed, its
+    chief recorded "failed")."""
+    stale = ("running", "interrupted") if status == "failed" else ("running", "failed")
     folder = plan.folder
     if folder.holds_run() and folder.status in stale:
         folder.set_status(status)
