@@ -649,11 +649,13 @@ def config_digest(mapping: dict) -> str:
 
 def identity_digest(cfg: TrainConfig) -> str:
     """The SHA-256 of what a run *is*: its configuration without the keys a resume may change
-    (`resumable`: epochs, the checkpoint settings, the process count...). A checkpoint records it,
-    and a run resumes only a checkpoint whose digest is its own (another run's weights are never
-    adopted, whatever folder they were found in)."""
+    (`resumable`: epochs, the checkpoint settings...) and without the process layout (`distributed`:
+    a checkpoint reshards onto another strategy, process count and its options). A checkpoint
+    records it, and a run resumes only a checkpoint whose digest is its own (another run's weights
+    are never adopted, whatever folder they were found in)."""
     changeable = resumable_keys()
-    return config_digest({k: _canonical(v) for k, v in flatten_mapping(to_mapping(cfg)).items() if k not in changeable})
+    return config_digest({k: _canonical(v) for k, v in flatten_mapping(to_mapping(cfg)).items()
+                          if k not in changeable and not k.startswith("distributed.")})
 
 
 def _canonical(value: Any) -> Any:

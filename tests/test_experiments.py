@@ -82,9 +82,9 @@ def test_multi_trains_side_by_side_and_ensemble_averages_them(tmp_path):
     assert side_by_side["processes"] == 2
     assert side_by_side["members"] == result["members"] and side_by_side["ensemble"] == pytest.approx(
         result["ensemble"], abs=1e-6)
-    # An ensemble of one model with itself is that model.
-    twice = json.loads(run(["ensemble", ids[0], ids[0], "--json"], tmp_path).stdout)
-    assert twice["ensemble"]["accuracy"] == pytest.approx(by_run[ids[0]], abs=1e-6)
+    # A run named twice is refused: its members are distinct runs, each counted once (issue 66).
+    twice = run(["ensemble", ids[0], ids[0], "--json"], tmp_path)
+    assert twice.returncode == 2 and f"run {ids[0]} is named twice" in twice.stderr
     pinned = json.loads(run(["ensemble", *ids, "--json", "--nproc", "2", "--devices", "1,0"], tmp_path).stdout)
     assert pinned["members"] == result["members"]      # each process on its own core: the same predictions
     out = run(["ensemble", *ids, "--nproc", "2", "--devices", "0"], tmp_path)

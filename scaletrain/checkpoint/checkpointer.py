@@ -215,6 +215,10 @@ class Checkpointer:
             return Position()
         meta = CheckpointStore.read_meta(path)
         position = trainer.position()
+        for key in ("global_batch", "steps_per_epoch"):
+            if meta[key] != position[key]:
+                raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {position[key]}; "
+                                  "resume with the same global batch and data")
         # Only the run's own checkpoint: its configuration (less what a resume may change) is this
         # run's. Checked whether or not the folder names an owner (a foreign checkpoint copied in).
         saved_identity = meta.get("config_identity")
@@ -223,10 +227,6 @@ class Checkpointer:
             raise ConfigError(f"checkpoint {path} was taken{taken_by} with another configuration than this run's "
                               "(its digest differs): a run resumes only its own checkpoints; pass the run's own "
                               "--run-dir, or start afresh (--overwrite, or without --resume)")
-        for key in ("global_batch", "steps_per_epoch"):
-            if meta[key] != position[key]:
-                raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {position[key]}; "
-                                  "resume with the same global batch and data")
         # Checkpoints from before model parallelism have one replica per process.
         saved_world, saved_replicas = meta["world_size"], meta.get("replicas", meta["world_size"])
         if position["replica_seeded_data"] and saved_replicas != position["replicas"]:

@@ -53,14 +53,13 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     strategies = _choices(strategy_list, PLAN_STRATEGIES)
     cfg = _config_for_any(args, [name for name in strategies if name in PLAN_STRATEGIES])
     precisions = [t.strip() for t in (precision_list or cfg.precision.policy).split(",") if t.strip()]
+    auto_note = None
     if "auto" in precisions:
         # The device this machine would train on; a plan for another device names its policy.
         settled = settle_precision_here(cfg)
         precisions = [settled.value if p == "auto" else p for p in precisions]
-        if not args.json:
-            print(f"scaletrain: note: --precision auto is {settled.value} here ({settled.why.removeprefix('auto: ')}); "
-                  "on a GPU of compute capability 8.0 or newer it is bf16-mixed: name --precision to plan for "
-                  "another device", file=sys.stderr)
+        auto_note = (f"--precision auto is {settled.value} here ({settled.why.removeprefix('auto: ')}); on a GPU of "
+                     "compute capability 8.0 or newer it is bf16-mixed: name --precision to plan for another device")
     for name in strategies:
         if name not in PLAN_STRATEGIES:
             raise ConfigError(f"unknown strategy '{name}' for plan-memory; choose from: {', '.join(PLAN_STRATEGIES)}, "
@@ -86,6 +85,8 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
         print(json.dumps([p.to_dict() for p in plans], indent=2))
         return 0
     _print_table(plans, cfg, args.devices, memory)
+    if auto_note:        # after the plan: a refusal stays the one line it is
+        print(f"note: {auto_note}")
     return 0
 
 
