@@ -223,6 +223,22 @@ def test_plan_memory_and_autotune_on_a_hugging_face_model(tmp_path, hf_gpt):
     assert rows[0]["devices"] == 1 and rows[0]["step_time_s"] > 0
 
 
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_find_batch_size_on_named_inputs(tmp_path, hf_gpt, nproc):
+    """Dict rows whose labels the model takes by name: the finder draws its trial batches as the
+    loaders deliver them (each named input, the labels among them) and counts every input's bytes
+    against the budget, on one process and on two."""
+    found = run(["find-batch-size", "--model", "hf_gpt:build", "--data", "hf_gpt:splits", "--memory-limit", "40MB",
+                 "--nproc", str(nproc), "--json"], tmp_path)
+    assert found.returncode == 0 and "Traceback" not in found.stderr, found.stderr[-2000:]
+    result = json.loads(found.stdout)
+    fitting = [t for t in result["trials"] if t["fits"]]
+    assert result["max_batch_size"] >= 32 and all(t["peak_bytes"] <= 40e6 for t in fitting)
+    assert any(not t["fits"] and "--memory-limit" in t["reason"] for t in result["trials"])
+    peaks = [t["peak_bytes"] for t in sorted(fitting, key=lambda t: t["batch_size"])]
+    assert peaks == sorted(peaks)
+
+
 def test_gradient_accumulation_cuts_named_inputs_into_micro_batches(tmp_path, hf_gpt):
     """Two micro-batches of 16 dict rows (each input and the labels cut alike) give the step of one
     batch of 32: the same losses, epoch after epoch (fp32, no dropout)."""

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from scaletrain.data.inputs import first_rows, map_inputs, tensors
 from scaletrain.errors import ConfigError
 from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.tracker import LiveBytes
@@ -134,11 +135,14 @@ class BatchSizeFinder:
 
     # ----------------------------------------------------------------- trial
     def _batch(self, size: int):
-        train = self.dataset.examples
-        idx = torch.randint(len(train), (size,), generator=self.generator).numpy()
-        x = torch.as_tensor(train.x[idx]).to(self.trainer.device)
-        y = torch.as_tensor(train.y[idx]).to(self.trainer.device)
-        return self.trainer.normalizer(x), y
+        """`size` samples drawn from the in-memory examples, on the device as the loaders deliver
+        them: normalised, then given to the task's `model_inputs` (a model's own loss takes the
+        targets among its named inputs)."""
+        train, device = self.dataset.examples, self.trainer.device
+        idx = torch.randint(len(train), (size,), generator=self.generator)
+        x = map_inputs(lambda t: t[idx].to(device), train.x)
+        y = train.y[idx].to(device)
+        return self.trainer.task.model_inputs(self.trainer.normalizer(x), y), y
 
     def _probe(self, x, y) -> str:
         """One forward/backward with gradient communication off (DDP's no_sync): a rank that runs
@@ -176,9 +180,9 @@ class BatchSizeFinder:
 
     def _input_bytes(self, size: int) -> int:
         """Bytes of one trial batch as the step sees it (normalised inputs and labels)."""
-        train = self.dataset.examples
-        dtype = self.trainer.normalizer.dtype if self.trainer.normalizer.mean is not None else train.x.dtype
-        per_sample = train.x[0].numel() * torch.empty((), dtype=dtype).element_size()
+        train, normalizer = self.dataset.examples, self.trainer.normalizer
+        sample = normalizer(first_rows(train.x))   # one sample as the step receives it (its dtype)
+        per_sample = sum(t.numel() * t.element_size() for t in tensors(sample))
         return size * (per_sample + train.y[0].numel() * train.y.element_size())
 
     def _run_trial(self, size: int, snapshot: TrainingSnapshot) -> Trial:
@@ -237,8 +241,9 @@ class BatchSizeFinder:
         # CPU: resident state, the batch itself, and everything the steps allocate, counted tensor
         # by tensor (the batch is held for the whole step: leaving it out once let a 3x64x64 MLP
         # search grow past 6 GB of resident memory under a 300 MB budget).
-        resident = _state_bytes(t) + x.untyped_storage().nbytes() + y.untyped_storage().nbytes()
-        tracker = LiveBytes(_state_tensors(t) + [x, y])
+        held = _state_tensors(t) + tensors(x) + [y]   # named inputs may share the labels' storage
+        resident = _unique_bytes(held)
+        tracker = LiveBytes(held)
         with tracker:
             step(x, y)
             start = time.perf_counter()
@@ -264,9 +269,10 @@ def _state_tensors(trainer) -> list[torch.Tensor]:
     return tensors
 
 
-def _state_bytes(trainer) -> int:
+def _unique_bytes(held: list[torch.Tensor]) -> int:
+    """Bytes of the storages under `held`, each counted once."""
     seen, total = set(), 0
-    for t in _state_tensors(trainer):
+    for t in held:
         storage = t.untyped_storage()
         if storage._cdata not in seen:
             seen.add(storage._cdata)
