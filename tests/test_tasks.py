@@ -65,6 +65,20 @@ def test_a_task_is_refused_for_data_of_another_and_names_the_fix():
     assert set(TASKS) == {"classification", "regression", "language-model", "own-loss"}
 
 
+def test_a_task_says_whether_it_scores_a_mean_of_predictions():
+    """What ensemble asks before predicting: every registered task can score predictions but the
+    model's own loss; a user's task that overrides `predictions` must also invert them."""
+    from scaletrain.tasks.base import Task
+    assert [name for name in TASKS if TASKS.get(name).scores_predictions()] == ["own-loss"]
+
+    class Sigmoid(Classification):
+        def predictions(self, output):
+            return torch.sigmoid(output.float())
+    assert "not output_of_predictions" in Sigmoid.scores_predictions()
+    Sigmoid.output_of_predictions = lambda self, p: torch.logit(p)
+    assert Sigmoid.scores_predictions() == "" and Task.scores_predictions() == ""
+
+
 def test_stop_at_target_stops_at_or_below_a_lower_is_better_metric():
     class Loop:
         stop_training = False

@@ -86,6 +86,37 @@ def test_user_task_through_the_cli_on_two_processes(tmp_path):
     assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
 
 
+def test_ensemble_scores_by_the_runs_own_task(tmp_path):
+    """Two runs of a user's multi-label task: the ensemble averages their sigmoid probabilities and
+    reports the task's micro-F1 (its float targets would read as a regression to a guess from the
+    data), each member's F1 being its run's own test F1; on one process and on two alike."""
+    from scaletrain.checkpoint.weights import read_weights
+    ids = []
+    for seed in (1, 2):
+        trained = run(["train", "--model", "multilabel:build", "--data", "multilabel:splits", "--task",
+                       "multilabel:MultiLabel", "--epochs", "2", "--batch-size", "64", "--lr", "0.01", "--seed", str(seed),
+                       "--no-progress", "--run-dir", tmp_path / f"r{seed}", "--run-id", f"ml{seed}"], tmp_path)
+        assert trained.returncode == 0, trained.stderr[-2000:]
+        ids.append(f"ml{seed}")
+    serial = run(["ensemble", *ids, "--json"], tmp_path)
+    assert serial.returncode == 0, serial.stderr[-2000:]
+    result = json.loads(serial.stdout)
+    assert result["task"] == "multilabel:MultiLabel" and result["metric"] == "f1"
+    for member, seed in zip(result["members"], (1, 2)):
+        assert member["metrics"]["f1"] == pytest.approx(summary(tmp_path / f"r{seed}")["test_metrics"]["f1"], abs=1e-9)
+    x, y = multilabel.arrays()["test"]
+    mean = 0
+    for seed in (1, 2):
+        model = multilabel.build((16,), 5)
+        model.load_state_dict(read_weights(str(tmp_path / f"r{seed}" / "model.pt"), "model"))
+        with torch.no_grad():
+            mean = mean + torch.sigmoid(model(x)) / 2
+    assert result["ensemble"]["f1"] == pytest.approx(_micro_f1(mean, y), abs=1e-6)
+    side_by_side = run(["ensemble", *ids, "--json", "--nproc", "2"], tmp_path)
+    assert side_by_side.returncode == 0, side_by_side.stderr[-2000:]
+    assert json.loads(side_by_side.stdout)["ensemble"] == pytest.approx(result["ensemble"], rel=1e-6)
+
+
 @pytest.mark.parametrize("name, words", [
     ("multilabel:PerSampleLoss", "loss must be a scalar floating-point tensor .* got a tensor of shape \\(\\d+,\\)"),
     ("multilabel:NoSums", "lacks eval_metrics, eval_sums")])

@@ -247,6 +247,10 @@ class LightningTask(Task):
         return {m: total / weight if weight else float("nan")
                 for m, total, weight in zip(self.logged, sums[:k], sums[k:])}
 
+    @classmethod
+    def scores_predictions(cls) -> str:
+        return "its metrics are what validation_step logs, which predictions (a mean of several models') do not carry"
+
     def predictions(self, output):
         """The module's forward on the inputs, as the data's task reads outputs (class probabilities
         for classification): what `predict` returns and `export` serves (predict_step is not called)."""

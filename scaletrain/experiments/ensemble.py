@@ -1,9 +1,11 @@
 """`scaletrain ensemble RUN_ID ...`: saved models' predictions combined (seed 002's models trained
 side by side, one per device), scored on their data set's test split.
 
-The members' predictions are averaged in the data's terms: class probabilities for a classifier,
-token distributions for a language model, output values for a regression. The average is scored
-by the data's task (`Task.output_of_predictions`), the same metrics each member's own run reported.
+The members' predictions are averaged in their task's terms: class probabilities for a classifier,
+token distributions for a language model, output values for a regression, whatever a user's own
+task predicts (`Task.predictions`). The average is scored by the runs' own task, rebuilt as each run
+built it (`Task.output_of_predictions`), so the ensemble reports the metrics each member's own run
+reported: never a task guessed from the data.
 
 With several processes (`--nproc N`, or a job started by torchrun) each process predicts its own
 members (member i on process i mod N, on its own device) and the chief gathers every member's
@@ -22,7 +24,7 @@ from scaletrain.data import load_dataset
 from scaletrain.data.registry import sample_shape
 from scaletrain.errors import UserError
 from scaletrain.inference.saved import saved_model_path, saved_run_config
-from scaletrain.tasks import TASKS
+from scaletrain.tasks import TASKS, Task
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
 
@@ -39,7 +41,7 @@ class MemberResult:
 
 @dataclass(slots=True)
 class EnsembleResult:
-    task: str                   # the data's task: what the predictions are and how they are scored
+    task: str                   # the runs' task: what the predictions are and how they are scored
     metric: str                 # the task's headline metric
     members: list[MemberResult]
     ensemble: dict[str, float]  # the combined predictions' metrics
@@ -55,7 +57,7 @@ def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
     first, tasks = records[0], {}
     for record in records:
         saved_model_path(record)
-        tasks[record.id] = sample_shape(saved_run_config(record, "cpu", data_dir).data)[2]
+        tasks[record.id] = recorded_task(record, data_dir)
     if len(set(tasks.values())) > 1:
         named = ", ".join(f"{run} {task}" for run, task in tasks.items())
         raise UserError(f"the runs learned different tasks ({named}); an ensemble combines predictions of one kind: "
@@ -66,7 +68,18 @@ def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
             if a != b:
                 raise UserError(f"runs {first.id} and {record.id} were trained on different data (data.{key}: {a!r} vs "
                                 f"{b!r}); an ensemble combines predictions on one test split")
+    _check_scorable(tasks[first.id], TASKS.get(tasks[first.id]) if tasks[first.id] in TASKS or ":" in tasks[first.id]
+                    else None)
     return tasks[first.id]
+
+
+def _check_scorable(name: str, task: type[Task] | Task | None) -> None:
+    """Refused in one line where the runs' task cannot score a mean of predictions (checked on the
+    registered or user's class before any member is predicted, on the built task after)."""
+    why = task.scores_predictions() if task is not None else ""
+    if why:
+        raise UserError(f"the runs' task {name} cannot score an ensemble: {why}; compare the runs with "
+                        "`scaletrain runs compare` instead")
 
 
 def evaluate_ensemble(records: list[RunRecord], device: str = "auto", data_dir: str | None = None,
@@ -84,13 +97,27 @@ def evaluate_ensemble(records: list[RunRecord], device: str = "auto", data_dir: 
     first = saved_run_config(records[0], device, data_dir)
     dataset = load_dataset(first.data, seed=first.seed)   # the members' one data set (check_members)
     if world == 1:
-        predictions = [_predict_member(r, device, data_dir, dataset) for r in records]
-        return _combine(records, predictions, task_name, dataset, 1)
+        predicted = [_predict_member(r, device, data_dir, dataset) for r in records]
+        return _combine(records, [p for p, _ in predicted], predicted[0][1], dataset, 1)
     return _evaluate_in_job(records, device, data_dir, task_name, dataset, world, list(devices))
 
 
-def _predict_member(record: RunRecord, device: str, data_dir: str | None, dataset) -> torch.Tensor:
-    """The member's predictions on the test split (float32, on the host)."""
+def recorded_task(record: RunRecord, data_dir: str | None = None) -> str:
+    """The task a run learned, by its record: the one its summary names (what its trainer built,
+    a user's own task or a model's own loss among them), else the one its config names, else, for
+    `auto` before any summary, the data's."""
+    recorded = record.summary_value("task")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    configured = record.config.get("task", "auto")
+    if isinstance(configured, str) and configured != "auto":
+        return configured
+    return sample_shape(saved_run_config(record, "cpu", data_dir).data)[2]
+
+
+def _predict_member(record: RunRecord, device: str, data_dir: str | None, dataset) -> tuple[torch.Tensor, Task]:
+    """The member's predictions on the test split (float32, on the host), and its task as its run
+    built it (what scores them)."""
     from scaletrain.checkpoint.weights import load_weights
     from scaletrain.distributed import build_strategy
     from scaletrain.distributed.env import DistEnv
@@ -103,17 +130,18 @@ def _predict_member(record: RunRecord, device: str, data_dir: str | None, datase
             trainer = built.trainer
             load_weights(trainer.model, saved_model_path(record), f"run {record.id}'s model")
             trainer.adopt(dataset)   # the input normalisation from the training split, as in training
-            return trainer.predict(dataset.test)
+            return trainer.predict(dataset.test), trainer.task
     finally:
         strategy.teardown()
 
 
-def _combine(records: list[RunRecord], predictions: list[torch.Tensor], task_name: str, dataset,
+def _combine(records: list[RunRecord], predictions: list[torch.Tensor], scoring: Task, dataset,
              processes: int) -> EnsembleResult:
-    """The members' and the mean prediction's metrics; `predictions` in member order."""
+    """The members' and the mean prediction's metrics by the runs' task; `predictions` in member
+    order."""
+    _check_scorable(scoring.name, scoring)
     split = dataset.test
     targets = split.y if hasattr(split, "y") else split.head(len(split)).y
-    scoring = TASKS.get(task_name)()
     for record, p in zip(records, predictions):
         _check_shape(record, p, tuple(predictions[0].shape), records[0].id)
     members = [MemberResult(r.id, r.config.get("model", {}).get("name", "?"), _score(scoring, p, targets))
@@ -122,7 +150,7 @@ def _combine(records: list[RunRecord], predictions: list[torch.Tensor], task_nam
     for p in predictions[1:]:
         total += p.double()
     mean = (total / len(predictions)).float()
-    return EnsembleResult(task_name, scoring.default_target or next(iter(scoring.metrics)), members,
+    return EnsembleResult(scoring.name, scoring.default_target or next(iter(scoring.metrics)), members,
                           _score(scoring, mean, targets), processes)
 
 
@@ -150,7 +178,8 @@ def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None
     group = build_strategy(DistributedConfig(strategy="ddp", nproc=world, devices=devices), env)
     here = group.setup(device)
     try:
-        mine = [_predict_member(r, str(here), data_dir, dataset) for r in records[env.rank::world]]
+        predicted = [_predict_member(r, str(here), data_dir, dataset) for r in records[env.rank::world]]
+        mine = [p for p, _ in predicted]
         slots = math.ceil(len(records) / world)
         # Every process sends the same shape: its members' predictions, padded to `slots`.
         shape = _shape_of_predictions(mine, group)
@@ -165,7 +194,8 @@ def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None
             return EnsembleResult(task_name, "", [], {}, world, chief=False)
         # Member i was rank (i mod world)'s (i // world)-th.
         predictions = [received[i % world][i // world].cpu() for i in range(len(records))]
-        return _combine(records, predictions, task_name, dataset, world)
+        # The chief predicted member 0: its task scores them all (check_members: one task).
+        return _combine(records, predictions, predicted[0][1], dataset, world)
     finally:
         group.teardown()
 

@@ -90,6 +90,17 @@ class Task(ABC):
         softmax they are. A task whose predictions are its outputs returns them."""
         return torch.log(predictions.float().clamp_min(torch.finfo(torch.float32).tiny))
 
+    @classmethod
+    def scores_predictions(cls) -> str:
+        """'' where `eval_sums(output_of_predictions(p), target)` scores predictions `p`, a mean of
+        several models' among them (an ensemble's); else why not, in a few words. The default
+        softmax and its log do; a task that overrides `predictions` says how to score them by
+        overriding `output_of_predictions` too."""
+        if cls.predictions is not Task.predictions and cls.output_of_predictions is Task.output_of_predictions:
+            return ("it defines predictions but not output_of_predictions, the output eval_sums scores as those "
+                    "predictions (docs/your-task.md)")
+        return ""
+
     def output_size(self, dataset) -> int:
         """The model's output width for this data set: one per real-valued target, else the classes
         (the vocabulary for token ids)."""

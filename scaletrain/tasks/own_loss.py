@@ -81,6 +81,10 @@ class OwnLoss(Task):
             logs["perplexity"] = math.exp(min(mean, 700.0))
         return logs
 
+    @classmethod
+    def scores_predictions(cls) -> str:
+        return "its metric is the model's own loss, which predictions (a mean of several models') do not carry"
+
     def predictions(self, output):
         logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
         if logits is None:

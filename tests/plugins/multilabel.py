@@ -30,6 +30,9 @@ class MultiLabel(Task):
     def predictions(self, output):
         return torch.sigmoid(output.float())
 
+    def output_of_predictions(self, predictions):
+        return torch.logit(predictions.float(), eps=1e-7)
+
 
 def arrays(n=2400, labels=5):
     """Features whose labels are which of `labels` random directions they point along, as
