@@ -231,6 +231,22 @@ def test_data_a_trainer_cannot_take_is_refused_in_one_line(tmp_path, data, probl
             trainer.fit(data)
 
 
+@pytest.mark.parametrize("form", ["arrays", "torch"])
+def test_a_val_split_without_a_test_split_keeps_its_name(form):
+    """A user's val split where there is no test split stands in for the test split: shown and
+    asked for as val, never as a test split it is not, in memory and through a torch Dataset."""
+    x, y = torch.randn(96, 4), torch.randint(0, 3, (96,))
+    pair = (lambda a, b: (a, b)) if form == "arrays" else (lambda a, b: torch.utils.data.TensorDataset(a, b))
+    given = as_dataset(pair(x[:64], y[:64]), val=pair(x[64:], y[64:]), name="mine")
+    assert given.describe_splits() == "64 train / 32 val" and len(given.split("val")) == 32
+    with pytest.raises(DataError, match="mine has no test split \\(it has train, val\\); use --split train or val"):
+        given.split("test")
+    held = as_dataset(pair(x, y), val_fraction=0.25, name="mine")   # val held out of train, no test
+    assert held.describe_splits() == "72 train / 24 val"
+    full = as_dataset(pair(x[:64], y[:64]), val=pair(x[64:80], y[64:80]), test=pair(x[80:], y[80:]), name="mine")
+    assert full.describe_splits() == "64 train / 16 val / 16 test" and len(full.split("test")) == 16
+
+
 def test_classification_asked_of_float_targets_is_refused():
     with pytest.raises(DataError, match="classification needs integer labels"):
         as_dataset([(torch.zeros(8), 0.5)] * 4, task="classification")
@@ -395,7 +411,7 @@ def test_a_stream_by_module_and_function_trains_on_two_ranks_of_two_workers_and_
                    "--num-workers", "2", "--batch-size", "32", "--epochs", "2", "--no-progress",
                    "--checkpoint-every", "4", "--run-dir", "r"], tmp_path)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    assert "on mine:streams (320 train / 0 val / 64 test, classification)" in trained.stdout
+    assert "on mine:streams (320 train / 64 val, classification)" in trained.stdout   # its val, named so
     assert metrics(tmp_path / "r")[-1]["val_accuracy"] >= 0.8
     # Its batches were seeded per replica: another process count cannot resume them exactly.
     other = run(["train", "--run-dir", "r", "--resume", "auto", "--nproc", "1"], tmp_path)

@@ -53,6 +53,31 @@ class Dataset:
     val: ArraySplit | None = None
     # What the targets are for (a registered task's name): classification, regression, language-model.
     task: str = "classification"
+    # The test split was held out as one. False where the data had no test split and its validation
+    # split (given, or held out of train) stands in: it is then named val wherever it is shown or
+    # asked for, and no figure is reported as a test figure.
+    test_held_out: bool = True
+
+    def split_names(self) -> dict[str, "ArraySplit"]:
+        """The splits by the names the user knows them by: train, val (given or held out), test
+        (where one was)."""
+        named = {"train": self.train}
+        if self.val is not None:
+            named["val"] = self.val
+        named["val" if not self.test_held_out else "test"] = self.test
+        return named
+
+    def split(self, name: str):
+        """The split the user calls `name`, or a one-line refusal naming those there are."""
+        named = self.split_names()
+        if name not in named:
+            raise DataError(f"{self.name} has no {name} split (it has {', '.join(named)}); use --split "
+                            f"{' or '.join(named)}")
+        return named[name]
+
+    def describe_splits(self) -> str:
+        """'512 train / 128 val / 64 test' (the start line's), by the user's names."""
+        return " / ".join(f"{len(split)} {name}" for name, split in self.split_names().items())
 
     @property
     def examples(self) -> ArraySplit:

@@ -395,7 +395,8 @@ def _random_parts(split: "TorchSplit", fraction: float, seed: int) -> tuple["Tor
 def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "auto", num_classes: int | None = None,
                val_fraction: float = 0.1, seed: int = 0, name: str | None = None, count_classes: bool = True) -> Dataset:
     """Our Dataset of the user's splits. Without `val`, a seeded `val_fraction` of `train` is held
-    out for validation; without `test`, validation stands in for it (no separate test figure).
+    out for validation; without `test`, validation stands in for it (no separate test figure; it
+    keeps the name val: `Dataset.test_held_out`).
     `count_classes`: read every target to count the classes where the data does not state them
     (a built-in model needs its output width; a user's own model does not)."""
     name = name or split_name(train)
@@ -423,6 +424,7 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
             ds = hold_out_validation(ds, val_fraction, seed)
             if splits["test"] is None:
                 ds.test, ds.val = ds.val, None
+        ds.test_held_out = splits["test"] is not None
         return ds
     parts = {k: (v if isinstance(v, TorchSplit) or v is None else _array_as_torch(v, f"{name} ({k})"))
              for k, v in splits.items()}
@@ -437,7 +439,7 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
         if part is not None and chosen == "classification":
             part.label_bound = classes or None
     return Dataset(name=name, train=parts["train"], test=parts["test"], num_classes=classes, mean=None, std=None,
-                   val=parts["val"], task=chosen)
+                   val=parts["val"], task=chosen, test_held_out=splits["test"] is not None)
 
 
 def _array_as_torch(split: ArraySplit, name: str) -> TorchSplit:

@@ -76,7 +76,7 @@ class SidecarEvaluator:
         self.console = console or Console()
         self.built = build_training(cfg)
         dataset = self.built.dataset
-        self.split = "val" if dataset.val is not None else "test"
+        self.split = "val" if dataset.val is not None or not dataset.test_held_out else "test"
         self.done = {e["step"] for e in read_evaluations(self.folder.path)}
 
     def close(self) -> None:

@@ -75,7 +75,7 @@ def predict_run(cfg: TrainConfig, run_id: str, *, samples: np.ndarray | None = N
         trainer.adopt(dataset)
         if samples is not None:
             check_samples(samples, dataset.input_shape, run_id)
-        x = samples if samples is not None else getattr(dataset, split)   # a split: read as evaluation reads it
+        x = samples if samples is not None else dataset.split(split)   # a split: read as evaluation reads it
         layout = built.strategy.layout
         return Prediction(trainer.predict(x, batch_size), layout.is_chief, layout.world, layout.replicas,
                           layout.strategy)

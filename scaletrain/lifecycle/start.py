@@ -193,8 +193,7 @@ class Run:
         dataset = self.dataset
         n_params = sum(p.numel() for p in trainer.model.parameters())
         console.print(f"scaletrain: {cfg.model.name} ({n_params / 1e6:.2f}M params) on {dataset.name} "
-                      f"({len(dataset.train)} train / {len(dataset.val) if dataset.val is not None else 0} val / "
-                      f"{len(dataset.test)} test, {trainer.task.name}), {cfg.precision.policy} on "
+                      f"({dataset.describe_splits()}, {trainer.task.name}), {cfg.precision.policy} on "
                       f"{trainer.device}, strategy {strategy.name}, {self.plan.describe()} {self.run_id} in "
                       f"{self.plan.folder}", soft_wrap=True)
         console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)

@@ -481,7 +481,7 @@ class Trainer:
             from scaletrain.data.user import as_dataset
             dataset = as_dataset(dataset, val=dataset, test=dataset, task=self.config.task, count_classes=False)
         self.adopt(dataset)
-        logs = self.evaluate_loader(self.loader(getattr(dataset, split), train=False))
+        logs = self.evaluate_loader(self.loader(dataset.split(split), train=False))
         return {k[4:]: v for k, v in logs.items() if k.startswith("val_")}
 
     # --------------------------------------------------------------- predict
