@@ -79,6 +79,14 @@ def test_a_task_says_whether_it_scores_a_mean_of_predictions():
     assert Sigmoid.scores_predictions() == "" and Task.scores_predictions() == ""
 
 
+def test_own_loss_on_a_model_without_labels_names_the_model():
+    """Checked before anything is built, on the meta device's model: its class, not NoneType."""
+    from scaletrain.training.preflight import run_task
+    cfg = TrainConfig(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), task="own-loss")
+    with pytest.raises(ConfigError, match="--task own-loss: MLP's forward takes no labels="):
+        run_task(cfg)
+
+
 def test_stop_at_target_stops_at_or_below_a_lower_is_better_metric():
     class Loop:
         stop_training = False

@@ -44,7 +44,11 @@ class OwnLoss(Task):
 
     @classmethod
     def for_model(cls, model, dataset_task: str) -> "OwnLoss":
-        if model is None or "labels" not in inspect.signature(model.forward).parameters:
+        """The task for `model`, checked to take labels=; with no model yet (what sizes its output
+        before it is built) unchecked: it is checked again once built."""
+        if model is None:
+            return cls(tokens=dataset_task == "language-model")
+        if "labels" not in inspect.signature(model.forward).parameters:
             raise ConfigError(f"--task own-loss: {type(model).__name__}'s forward takes no labels=; the model's own "
                               "loss needs a forward(..., labels=None) returning an output with .loss")
         # No key/value cache: training never reads one, and activation checkpointing's recomputation
