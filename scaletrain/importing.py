@@ -36,6 +36,9 @@ def import_function(name: str, kind: str) -> Callable:
                           "that holds it, or add that folder to PYTHONPATH") from None
     except Exception as exc:   # the module itself failed: its message, not our traceback
         raise ConfigError(f"{kind} '{name}': importing '{module_name}' failed: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:   # a script's exit at import (argparse, sys.exit): our command would end silently
+        raise ConfigError(f"{kind} '{name}': importing '{module_name}' called sys.exit({exc.code!r}); put the "
+                          "module's script code under `if __name__ == \"__main__\":`") from None
     function = getattr(module, attr, None)
     if not callable(function):
         raise ConfigError(f"{kind} '{name}': module '{module_name}' has no function '{attr}'")

@@ -428,9 +428,11 @@ def test_a_stream_by_module_and_function_trains_on_two_ranks_of_two_workers_and_
     ("mine:absent", "module 'mine' has no function 'absent'"),
     ("mine:broken", "raised FileNotFoundError: no such folder: /data/mine"),
     ("mine:splits --data-option colour=3", "bad --data-option"),
+    ("script:splits", "importing 'script' called sys.exit(0); put the module's script code under"),
 ])
 def test_a_data_function_that_cannot_give_data_is_one_line_and_exit_2(tmp_path, data, problem):
     (tmp_path / "mine.py").write_text(USER_MODULE)
+    (tmp_path / "script.py").write_text("import sys\n\ndef splits():\n    pass\n\nsys.exit(0)\n")   # a script's exit
     result = run(["train", "--data", *data.split(), "--run-dir", "r"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert problem in result.stderr and "Traceback" not in result.stderr
