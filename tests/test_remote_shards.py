@@ -4,6 +4,7 @@ mid-epoch and restarted (tests/plugins/shard_server.py); fsspec's file:// for th
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -170,6 +171,9 @@ def test_fsspec_schemes_read_the_same_samples_and_unknown_ones_are_one_line(shar
     assert len(back.y) == sum(s.samples for s in manifest.split("train"))
     with pytest.raises(DataError, match="nosuch://"):
         Manifest.read("nosuch://host/shards")
+    if importlib.util.find_spec("s3fs") is None:   # a scheme whose package is missing: that package named
+        with pytest.raises(DataError, match="reading s3:// needs the package s3fs \\(pip install s3fs\\)"):
+            Manifest.read("s3://bucket/shards")
     with pytest.raises(DataError, match="FileNotFoundError"):   # an answer, not retried for --fetch-timeout-s
         Manifest.read(f"file://{shard_folder}-missing", Fetch(timeout_s=600))
 

@@ -114,10 +114,21 @@ def _filesystem(url: str):
         import fsspec
         return fsspec.core.url_to_fs(url)
     except ImportError as exc:   # fsspec itself, or the scheme's package (s3fs, gcsfs, ...)
-        raise DataError(f"{url}: reading {_scheme(url)}:// needs the package {exc.name or 'for it'} "
-                        f"(pip install {exc.name or 'fsspec'}); http(s) needs none") from None
+        package = exc.name or _scheme_package(_scheme(url)) or "fsspec"
+        raise DataError(f"{url}: reading {_scheme(url)}:// needs the package {package} "
+                        f"(pip install {package}); http(s) needs none") from None
     except ValueError as exc:
         raise DataError(f"{url}: {exc}; use http(s):// or a scheme fsspec knows (s3://, gs://, ...)") from None
+
+
+def _scheme_package(scheme: str) -> str | None:
+    """The package fsspec implements `scheme` in (s3 -> s3fs), from its own table: its ImportError
+    for a missing one names no module, only a sentence."""
+    try:
+        from fsspec.registry import known_implementations
+    except ImportError:
+        return None
+    return known_implementations.get(scheme, {}).get("class", "").partition(".")[0] or None
 
 
 def _say_once(url: str, exc: BaseException, said: set) -> None:
