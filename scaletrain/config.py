@@ -73,13 +73,15 @@ class Check:
 
 
 def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, pattern=None, rule="",
-       resumable: bool = False) -> Any:
-    """A config field: its default, a one-line doc (also the CLI help), the values it admits, and
-    whether a resume may change it (`resumable`: it changes how the run goes on, not what it is)."""
+       resumable: bool = False, training_only: bool = False) -> Any:
+    """A config field: its default, a one-line doc (also the CLI help), the values it admits,
+    whether a resume may change it (`resumable`: it changes how the run goes on, not what it is),
+    and whether only training reads it (`training_only`: how gradients and updates travel; a
+    command that runs a saved model's forward, such as `predict`, offers no flag for it)."""
     if choices is not None and not isinstance(choices, Choices):
         choices = tuple(choices)
     check = Check(ge=ge, gt=gt, le=le, lt=lt, choices=choices, pattern=pattern, rule=rule)
-    meta = {"doc": doc, "check": check, "resumable": resumable}
+    meta = {"doc": doc, "check": check, "resumable": resumable, "training_only": training_only}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -220,13 +222,13 @@ class DistributedConfig:
     grad_compression: str = _f("none", "how gradients cross the links: none (plain all-reduce), bf16 or fp16 (16 bits on "
                                        "the wire: half the bytes), or powersgd (a low-rank approximation, DDP only: "
                                        "see --powersgd-rank; `scaletrain scaling` prices each)",
-                               choices=("none", "bf16", "fp16", "powersgd"))
+                               choices=("none", "bf16", "fp16", "powersgd"), training_only=True)
     powersgd_rank: int = _f(1, "with --grad-compression powersgd: the rank of each gradient matrix's approximation "
-                               "(higher: closer to the exact all-reduce, more bytes)", ge=1)
+                               "(higher: closer to the exact all-reduce, more bytes)", ge=1, training_only=True)
     powersgd_warmup: int = _f(10, "with --grad-compression powersgd: optimizer steps with the plain all-reduce before "
-                                  "compression starts (at least 2: DDP's first steps rebuild its buckets)", ge=2)
-    sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm on CUDA, an all-reduce batch norm on CPU)")
-    bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0, resumable=True)
+                                  "compression starts (at least 2: DDP's first steps rebuild its buckets)", ge=2, training_only=True)
+    sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm on CUDA, an all-reduce batch norm on CPU)", training_only=True)
+    bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0, resumable=True, training_only=True)
     init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)", gt=0,
                                resumable=True)
     rendezvous_timeout_s: float = _f(300.0, "how long a process waits for every other process of the job to join "
@@ -476,6 +478,11 @@ def set_path(obj: Any, dotted: str, value: Any) -> None:
 def field_docs(cls: type, prefix: str = "") -> dict[str, tuple[Any, str]]:
     """Maps each dotted leaf key of a config class to (type, doc)."""
     return {key: (tp, f.metadata.get("doc", "")) for key, f, tp in _leaf_fields(cls, prefix)}
+
+
+def training_only_keys(cls: type) -> tuple[str, ...]:
+    """The dotted keys only training reads (`_f(training_only=True)`)."""
+    return tuple(key for key, f, _ in _leaf_fields(cls) if f.metadata.get("training_only"))
 
 
 def _type_name(tp: Any) -> str:

@@ -50,6 +50,16 @@ def test_toml_config_with_flag_override(tmp_path):
     assert cfg.model.options == {"hidden": [16]}
 
 
+def test_predict_offers_the_layout_flags_and_none_that_only_training_reads():
+    parser = build_parser(only="predict").command_parsers["predict"]
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    assert {"--nproc", "--strategy", "--stages", "--tensor-parallel", "--num-ps", "--device"} <= flags
+    assert not flags & {"--grad-compression", "--powersgd-rank", "--sync-batchnorm", "--bucket-cap-mb", "--ps-mode",
+                        "--backup-workers", "--stale-lr", "--ps-worker-delay-s"}
+    train = build_parser(only="train").command_parsers["train"]
+    assert "--grad-compression" in {flag for action in train._actions for flag in action.option_strings}
+
+
 def test_no_arguments_means_the_default_recipe():
     cfg = config_from_args(build_parser().parse_args(["train"]))
     assert (cfg.model.name, cfg.data.name, cfg.target, cfg.target_metric) == ("cnn1d", "mnist1d", 0.94, "accuracy")

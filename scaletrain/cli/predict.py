@@ -13,6 +13,7 @@ from scaletrain.tracking.store import DEFAULT_STORE
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
+    from scaletrain.config import TrainConfig, training_only_keys
     parser.add_argument("run_id", metavar="RUN_ID", help="a run with a saved model (model.pt)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", metavar="FILE.npy", help="samples shaped like the run's data (numpy.save)")
@@ -22,9 +23,10 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
                help="samples per forward (default: the run's)")
     parser.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default {DEFAULT_STORE})")
     parser.add_argument("--data-dir", help="where the run's data set's files are now (default: as the run recorded)")
-    # --nproc, --strategy and every strategy option (--stages, ...), and --device: as `train` has them.
+    # --nproc, --strategy and every strategy option that lays out the model (--stages, ...), and
+    # --device: as `train` has them; none of the ones only training reads (gradient compression, ...).
     add_train_arguments(parser.add_argument_group("processes and strategy (as for train; default: one process)"),
-                        only=("distributed.", "device"))
+                        exclude=training_only_keys(TrainConfig), only=("distributed.", "device"))
 
 
 def run_predict(args: argparse.Namespace, argv: list[str]) -> int:

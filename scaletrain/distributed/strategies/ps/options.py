@@ -14,20 +14,20 @@ class PSOptions:
     num_ps: int = _f(1, "--strategy ps: parameter-server processes (the parameters are sharded over them by size)",
                      ge=1)
     ps_mode: str = _f("sync", "--strategy ps: sync (every step waits for the workers' gradients) or async (each "
-                      "gradient is applied as it arrives)", choices=("sync", "async"))
+                      "gradient is applied as it arrives)", choices=("sync", "async"), training_only=True)
     backup_workers: int = _f(0, "--strategy ps: an epoch ends once all but B workers have finished their share (the "
                              "rest of the others' is dropped); in sync mode each step also applies the first "
-                             "workers - B gradients and drops the late ones. Nothing waits for the slowest B", ge=0)
+                             "workers - B gradients and drops the late ones. Nothing waits for the slowest B", ge=0, training_only=True)
     max_staleness: int | None = _f(None, "--ps-mode async: drop gradients computed on parameters more than this many "
-                                   "updates old", ge=0)
-    stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness")
+                                   "updates old", ge=0, training_only=True)
+    stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness", training_only=True)
     sync_warmup_epochs: int = _f(0, "--ps-mode async: train the first N epochs in sync mode (a warm-up on one "
-                                 "consistent model before gradients can be stale)", ge=0)
+                                 "consistent model before gradients can be stale)", ge=0, training_only=True)
     ps_roll_call_s: float = _f(5.0, "--strategy ps, async or backups: after a failed collective of the workers, how "
                                "long the survivors wait for each other at the roll call before going on without "
-                               "the missing", gt=0)
+                               "the missing", gt=0, training_only=True)
     ps_worker_delay_s: float = _f(0.0, "testing and benchmarks: worker 1 sleeps this long before each push (a slow "
-                                  "worker on purpose)", ge=0)
+                                  "worker on purpose)", ge=0, training_only=True)
 
     @property
     def survives_lost_workers(self) -> bool:
