@@ -53,7 +53,9 @@ def test_user_task_contract_is_checked_in_one_line():
                         ("multilabel:NoSums", "lacks eval_metrics, eval_sums"),
                         ("multilabel:Colliding", "collides with the logs' own train_loss"),
                         ("multilabel:Missing", "has no function 'Missing'"),
-                        ("nowhere:Task", "cannot import module 'nowhere'")]:
+                        ("nowhere:Task", "cannot import module 'nowhere'"),
+                        ("multilabel:NoDefaultTarget", "the class sets no default_target, and the inherited 'loss' is "
+                                                       "not one of its metrics \\(f1\\); set default_target = 'f1'")]:
         with pytest.raises(ConfigError, match=words):
             build_task(name, "regression")
     from scaletrain.tasks import TASKS

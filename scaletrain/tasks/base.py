@@ -191,8 +191,11 @@ def user_task(name: str) -> Task:
         raise ConfigError(f"--task {name}: train_metric '{task.train_metric}' collides with the logs' own "
                           f"train_{task.train_metric}; name it otherwise, or leave it empty")
     if task.default_target is not None and task.default_target not in metrics:
-        raise ConfigError(f"--task {name}: default_target '{task.default_target}' is not one of its metrics "
-                          f"({', '.join(metrics)}); name one, or None")
+        stated = any("default_target" in vars(c) for c in cls.__mro__ if c is not Task)
+        said = (f"default_target '{task.default_target}'" if stated else
+                f"the class sets no default_target, and the inherited '{task.default_target}'")
+        raise ConfigError(f"--task {name}: {said} is not one of its metrics ({', '.join(metrics)}); set "
+                          f"default_target = '{next(iter(metrics))}' (what --target refers to), or None")
     if not isinstance(task.n_sums, int) or task.n_sums < 1:
         raise ConfigError(f"--task {name}: n_sums must be the length of the vector eval_sums returns (>= 1)")
     return task

@@ -74,3 +74,9 @@ class Colliding(MultiLabel):
 class PerSampleLoss(MultiLabel):
     def loss(self, output, target):   # forgot the mean: a loss per sample
         return F.binary_cross_entropy_with_logits(output.float(), target, reduction="none").mean(1)
+
+
+class NoDefaultTarget(Task):   # metrics without a loss, and no default_target of its own
+    metrics = {"f1": True}
+    n_sums = 5
+    loss, eval_sums, eval_metrics = MultiLabel.loss, MultiLabel.eval_sums, MultiLabel.eval_metrics
