@@ -407,11 +407,14 @@ def _stopped_within(tmp_path, run_dir: Path, extra: list[str], stop) -> float:
     argv = ["train", "--model", "mlp", "--data", "hung_stream:splits", "--data-option", "n=2048",
             "--data-option", "reads=80", "--num-workers", "2", "--epochs", "2", "--batch-size", "16",
             "--no-progress", "--no-record", "--run-dir", str(run_dir), *extra]
-    proc = start(argv, tmp_path, tmp_path / f"{run_dir.name}.log")
+    log = tmp_path / f"{run_dir.name}.log"
+    proc = start(argv, tmp_path, log)
     try:
-        wait_for(lambda: (run_dir / "run.json").is_file() or proc.poll() is not None, 90, "the run to start")
-        assert proc.poll() is None, (tmp_path / f"{run_dir.name}.log").read_text()[-2000:]
-        time.sleep(2.0)                       # its loader workers are hung by now
+        # Started: past the class count (a run stopped before its first step leaves no folder), its
+        # settings said, the loader workers reading (unbuffered: tests/processes.py).
+        wait_for(lambda: "settings:" in log.read_text() or proc.poll() is not None, 90, "the run to start")
+        assert proc.poll() is None, log.read_text()[-2000:]
+        time.sleep(2.5)                       # its first steps taken, its loader workers hung by now
         stop(proc)
         began = time.monotonic()
         while _processes_of(str(run_dir)) and time.monotonic() - began < 60:
