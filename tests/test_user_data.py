@@ -83,6 +83,23 @@ def test_dict_samples_through_a_dataloader_with_workers_train_exactly_like_the_s
     assert [[e[k] for k in keys] for e in got] == [[e[k] for k in keys] for e in expected]
 
 
+def test_a_dataloaders_batch_size_is_adopted_as_the_per_process_batch(tmp_path):
+    """A DataLoader of 16 under a configuration of 32 trains as a configuration of 16 would, to the
+    bit, and says where its batch came from; a per-process batch the configuration names is not
+    overridden but refused in one line."""
+    with Trainer(_model(), _config(tmp_path, batch_size=16)) as configured:
+        expected = configured.fit(Pairs(noise=True))
+    with Trainer(_model(), _config(tmp_path)) as given:
+        got = given.fit(DataLoader(Pairs(noise=True), batch_size=16))
+        assert (given.batch.per_replica, given.batch.global_batch) == (16, 16)
+        assert given.batch.describe().endswith("16 per process: the training DataLoader's batch_size")
+    keys = ("train_loss", "val_loss", "val_accuracy")
+    assert [[e[k] for k in keys] for e in got] == [[e[k] for k in keys] for e in expected]
+    with Trainer(_model(), _config(tmp_path, per_replica_batch_size=32)) as named:
+        with pytest.raises(ConfigError, match="batch_size is 16 but per_replica_batch_size is 32; leave"):
+            named.fit(DataLoader(Pairs(), batch_size=16))
+
+
 def test_float_targets_train_as_regression(tmp_path):
     class Linear(Dataset):
         def __init__(self):
@@ -209,7 +226,6 @@ class ThreeClasses(Pairs):
 
 
 @pytest.mark.parametrize("data, problem", [
-    (DataLoader(Pairs(), batch_size=16), "batch_size is 16 but this trainer's batch per replica is 32"),
     (DataLoader(Pairs(), batch_size=32, sampler=WeightedRandomSampler([1.0] * 480, 480)), "sampler of its own"),
     (Counted(), "a stream cannot be split at random for validation; give val="),
     (DataLoader(Counted(), batch_size=None), "batch_size=None"),

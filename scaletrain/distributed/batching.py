@@ -19,6 +19,7 @@ class BatchDivision:
     per_replica: int    # samples one replica processes per optimizer step
     accum_steps: int    # micro-batches per replica per optimizer step
     replicas: int
+    source: str = ""    # where the per-replica batch came from, where not the configuration
 
     @property
     def micro_batch(self) -> int:
@@ -28,6 +29,8 @@ class BatchDivision:
         text = f"global batch {self.global_batch} = {self.replicas} replica(s) x {self.per_replica}"
         if self.accum_steps > 1:
             text += f" (micro-batch {self.micro_batch} x {self.accum_steps} accumulation steps)"
+        if self.source:
+            text += f"; {self.per_replica} per process: {self.source}"
         return text
 
 

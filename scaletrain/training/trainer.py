@@ -12,6 +12,7 @@ the end of a `with` block), so the Python API never leaks a process group.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from itertools import islice
@@ -27,6 +28,7 @@ from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, Strea
 from scaletrain.data.inputs import Inputs, first_rows, map_inputs
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
+from scaletrain.distributed.batching import BatchDivision
 from scaletrain.distributed.capabilities import Serving, epoch_control
 from scaletrain.errors import ConfigError, NonFiniteLossError
 from scaletrain.optim import LRSchedule, build_schedule, current_lr
@@ -158,11 +160,27 @@ class Trainer:
         self.settings = [s for s in self.settings if s.name != setting.name] + [setting]
 
     def settle_for_data(self, dataset: Dataset) -> None:
-        """The settings that follow from the data (cudnn.benchmark: whether every batch has one
-        shape), chosen and applied; a run does it before its start line, `fit` again (the same)."""
+        """The settings that follow from the data (a DataLoader's batch size; cudnn.benchmark:
+        whether every batch has one shape), chosen and applied; a run does it before its start
+        line, `fit` again (the same)."""
+        given = getattr(dataset.train, "batch_size", None)   # a DataLoader's: the data as given
+        if given is not None and given != self.batch.per_replica:
+            self.batch = self._batch_of_loader(given)
         self.settle_setting(choose_cudnn_benchmark(self.config.cudnn_benchmark, self.device,
                                                    fixed_batch_shapes(dataset.train)))
         torch.backends.cudnn.benchmark = self.setting("cudnn.benchmark")
+
+    def _batch_of_loader(self, given: int) -> BatchDivision:
+        """The batch plan with a training DataLoader's batch_size as the per-process batch (each
+        process reads its own batches of that size); refused where the configuration named
+        another per-process batch."""
+        cfg = self.config
+        if cfg.per_replica_batch_size is not None:
+            raise ConfigError(f"the training DataLoader's batch_size is {given} but per_replica_batch_size is "
+                              f"{cfg.per_replica_batch_size}; leave per_replica_batch_size unset to take the "
+                              "DataLoader's, or pass the Dataset and let the trainer batch it")
+        batch = divide_batch(given * self.layout.replicas, given, self.layout.replicas, cfg.optim.grad_accum_steps)
+        return dataclasses.replace(batch, source="the training DataLoader's batch_size")
 
     # ------------------------------------------------------------- lifecycle
     def close(self, clean: bool = True) -> None:
@@ -271,13 +289,7 @@ class Trainer:
         dataset = self.as_dataset(data, val, test)
         self.normalizer = None   # this data set's statistics
         self.adopt(dataset)
-        given_batch = getattr(dataset.train, "batch_size", None)   # a DataLoader's
-        if given_batch is not None and given_batch != self.batch.per_replica:
-            raise ConfigError(f"the training DataLoader's batch_size is {given_batch} but this trainer's batch per replica "
-                              f"is {self.batch.per_replica}; set --batch-size {given_batch * self.layout.replicas} (TrainConfig(batch_size="
-                              f"{given_batch * self.layout.replicas}): the global batch), or pass the Dataset and let the "
-                              "trainer batch it")
-        self.settle_for_data(dataset)
+        self.settle_for_data(dataset)   # a DataLoader's batch size adopted among them
         train_loader = self.loader(dataset.train, train=True)
         self.replica_seeded_data = isinstance(dataset.train, TorchSplit)
         val_loader = self.loader(dataset.val if dataset.val is not None else dataset.test, train=False)
