@@ -137,6 +137,10 @@ class DataConfig:
     placement: str = _f("auto", "auto, device (whole set on the device) or stream (DataLoader)",
                         choices=("auto", "device", "stream"), resumable=True)
     augment: list[str] = _f([], "on-device augmentations: shift, flip", choices=("shift", "flip"))
+    drop_last: bool = _f(True, "training: leave out each epoch's last partial batch (every step of one shape, as "
+                         "CUDA graphs, fused steps, gradient accumulation and several processes need; the left-out "
+                         "samples differ each epoch as the order does); false trains on them too, in one smaller "
+                         "step (one process only)")
     shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation", ge=0)
     num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic, friedman1)", ge=2)
     seq_len: int = _f(64, "characters per sample of the char-corpus data set (the model's context)", ge=1)
@@ -420,6 +424,14 @@ class TrainConfig:
         problem = self.distributed.rules_problem() or _table_problem(self.distributed, self)
         if problem:
             raise ConfigError(problem)
+        if not self.data.drop_last:
+            fixed = [flag for flag, on in (("--steps-per-execution", self.steps_per_execution > 1),
+                                           ("--cuda-graphs", bool(self.cuda_graphs)),
+                                           ("--grad-accum-steps", self.optim.grad_accum_steps > 1),
+                                           ("--nproc", self.distributed.nproc > 1)) if on]
+            if fixed:
+                raise ConfigError(f"config key 'data.drop_last' false trains a smaller last step, but {fixed[0]} needs "
+                                  "every step of one shape; keep drop_last (the default) or leave that off")
 
     def _check_files(self) -> None:
         if self.model.init_from is not None and not Path(self.model.init_from).is_file():

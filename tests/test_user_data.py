@@ -100,6 +100,29 @@ def test_a_dataloaders_batch_size_is_adopted_as_the_per_process_batch(tmp_path):
             named.fit(DataLoader(Pairs(), batch_size=16))
 
 
+@pytest.mark.parametrize("form", ["torch", "arrays"])
+def test_drop_last_off_trains_every_sample_each_epoch(tmp_path, form):
+    """450 training samples in batches of 32: 14 steps of 32 by default (2 left out each epoch),
+    and with drop_last off a 15th step of the 2 (through a DataLoader and on the device alike);
+    what needs one shape refuses it in one line."""
+    seen = []
+    for drop_last in (True, False):
+        model = _model()
+        rows = []
+        model.register_forward_pre_hook(lambda m, args: rows.append(len(args[0])) if m.training else None)
+        cfg = _config(tmp_path, epochs=2)
+        cfg.data.drop_last = drop_last
+        data = Pairs(450) if form == "torch" else (Pairs(450).x, Pairs(450).y)
+        with Trainer(model, cfg) as trainer:
+            trainer.fit(data, val=Pairs(64, seed=1))
+        seen.append(rows[-trainer.steps_per_epoch * 2:])
+    assert seen[0] == [32] * 14 * 2 and seen[1] == ([32] * 14 + [2]) * 2
+    cfg = _config(tmp_path, steps_per_execution=2)
+    cfg.data.drop_last = False
+    with pytest.raises(ConfigError, match="'data.drop_last' false .* but --steps-per-execution needs every step"):
+        cfg.validate()
+
+
 def test_float_targets_train_as_regression(tmp_path):
     class Linear(Dataset):
         def __init__(self):

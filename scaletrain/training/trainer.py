@@ -255,6 +255,9 @@ class Trainer:
         cfg, data, layout = self.config, self.config.data, self.layout
         if train:
             batch, shard = self.batch.per_replica, dict(rank=layout.replica_rank, world_size=layout.replicas)
+            if not data.drop_last and layout.replicas > 1:   # a job of several processes started outside --nproc
+                raise ConfigError(f"config key 'data.drop_last' false trains a smaller last step, but {layout.replicas} "
+                                  "replicas take equal shares of every batch; keep drop_last (the default)")
         else:
             # Each replica evaluates one contiguous range; the sums are all-reduced afterwards.
             start, end = layout.evaluation_range(len(split))
@@ -272,7 +275,7 @@ class Trainer:
             cls, kwargs = DeviceLoader, {}
         else:
             cls, kwargs = StreamingLoader, {"num_workers": data.num_workers}
-        return cls(split, batch, self.device, self.normalizer, shuffle=train, drop_last=train,
+        return cls(split, batch, self.device, self.normalizer, shuffle=train, drop_last=train and data.drop_last,
                    augment=data.augment if train else (), shift=data.shift, seed=cfg.seed,
                    model_inputs=self.task.prediction_inputs if predict else self.task.model_inputs, **shard, **kwargs)
 
