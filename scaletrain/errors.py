@@ -73,3 +73,16 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     it has no message): third-party errors (a database driver, a tracking server) span many."""
     text = str(exc).strip()
     return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+# What scaletrain was doing when a user's code raised (the sample read, the step taken), added to
+# the exception as a note (PEP 678): notes travel with it, out of a DataLoader worker too (its
+# formatted traceback holds them), and the CLI shows them on the failure's one line
+# (user_code/failures.py).
+NOTE_PREFIX = "(scaletrain) "
+USER_CODE_FAILED_EXIT_CODE = 1   # the user's code raised (a user's broken contract is a UserError: 2)
+
+
+def add_context(exc: BaseException, doing: str) -> None:
+    """Notes on `exc` that it was raised while `doing` (e.g. "reading sample 300 of mine (train)")."""
+    exc.add_note(NOTE_PREFIX + doing)

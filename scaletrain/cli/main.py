@@ -19,8 +19,9 @@ from scaletrain.distributed.env import hand_to_launcher, under_launcher
 from scaletrain.lifecycle import stops
 from scaletrain.training import threads
 from scaletrain.errors import (DIVERGED_EXIT_CODE, INTERRUPTED_EXIT_CODE, PRUNED_EXIT_CODE, TERMINATED_EXIT_CODE,
-                               WRITE_FAILED_EXIT_CODE, NonFiniteLossError, RunPruned, Terminated, UserError,
-                               WriteFailed)
+                               USER_CODE_FAILED_EXIT_CODE, WRITE_FAILED_EXIT_CODE, NonFiniteLossError, RunPruned,
+                               Terminated, UserError, WriteFailed)
+from scaletrain.user_code.failures import user_failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +208,13 @@ def _main(argv: list[str], named: str) -> int:
         if under_launcher() and _stopping():
             # A worker of a job its launcher is stopping: the launcher says so, once.
             return INTERRUPTED_EXIT_CODE if signal.SIGINT in _STOPS_RECEIVED else TERMINATED_EXIT_CODE
+        # The user's own code raised: their function named in one line, their frames only, exit 1.
+        failure = user_failure(exc)
+        if failure is not None:
+            if not hand_to_launcher(failure.headline):   # a worker's launcher prints the job's first
+                print(failure.headline, file=sys.stderr)
+            print(failure.frames, file=sys.stderr)
+            return USER_CODE_FAILED_EXIT_CODE
         # A bug keeps its traceback; a worker also tells its launcher when it failed, so the
         # launcher names the rank that failed first, not a peer that failed because of it.
         hand_to_launcher(f"{type(exc).__name__}: {exc}")

@@ -111,7 +111,9 @@ class Dataset:
 def as_features(x: np.ndarray | torch.Tensor, source: str) -> torch.Tensor:
     """Converts features to a tensor; float64 becomes float32 explicitly (seed 000's pitfall:
     a float64 input silently turns a mixed-precision run into a float64 one)."""
-    t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+    t = torch.from_numpy(np.ascontiguousarray(numeric(x, source, "features"))) if isinstance(x, np.ndarray) else x
+    if not isinstance(t, torch.Tensor):
+        raise DataError(f"{source}: features must be an array or a tensor, got {type(t).__name__}")
     if t.dtype == torch.uint8:
         return t
     if not (t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64)):
@@ -124,9 +126,19 @@ def as_features(x: np.ndarray | torch.Tensor, source: str) -> torch.Tensor:
     return t
 
 
+def numeric(x: np.ndarray, source: str, what: str) -> np.ndarray:
+    """`x`, refused in one line where NumPy holds Python objects in it (dtype object: rows of
+    different lengths, or arrays inside an array), which no tensor can hold."""
+    if x.dtype == object:
+        raise DataError(f"{source}: the {what} are a NumPy array of Python objects (dtype object: rows of different "
+                        "lengths, or arrays inside an array); stack them into one numeric array (np.stack), or give "
+                        "a torch Dataset whose samples are tensors")
+    return x
+
+
 def as_labels(y: np.ndarray | torch.Tensor, n: int, num_classes: int | None, source: str) -> torch.Tensor:
     """Checks labels are integers in [0, num_classes) and match the sample count."""
-    t = torch.from_numpy(np.ascontiguousarray(y)) if isinstance(y, np.ndarray) else y
+    t = torch.from_numpy(np.ascontiguousarray(numeric(y, source, "labels"))) if isinstance(y, np.ndarray) else y
     if t.ndim != 1:
         raise DataError(f"{source}: labels must be a 1-D array, got shape {tuple(t.shape)}")
     if len(t) != n:

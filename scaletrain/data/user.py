@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 from torch.utils.data import Dataset as TorchDataset
 
 from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, held_out, hold_out_validation,
-                                     infer_num_classes, make_dataset)
-from scaletrain.errors import DataError
+                                     infer_num_classes, make_dataset, numeric)
+from scaletrain.errors import DataError, add_context
 
 # The keys a dict sample's target goes by (Hugging Face's `labels`/`label`, and the usual others).
 TARGET_KEYS = ("labels", "label", "targets", "target", "y")
@@ -140,7 +140,37 @@ class SeededSamples(TorchDataset):
         # A set that reads many samples at once (`__getitems__`: Hugging Face's, torch's Subset) does
         # so, as torch's DataLoader would: a Hugging Face row read alone costs its whole formatting.
         getitems = getattr(self.dataset, "__getitems__", None)
-        return list(getitems(indices)) if getitems is not None else [self.dataset[i] for i in indices]
+        if getitems is None:
+            return [read_sample(self.dataset, i) for i in indices]
+        try:
+            return list(getitems(indices))
+        except Exception as exc:
+            add_context(exc, f"reading samples {indices[0]}..{indices[-1]} of {len(self.dataset)}")
+            raise
+
+
+def read_sample(dataset, i: int):
+    """`dataset[i]`; what the user's __getitem__ raises says which sample it was reading."""
+    try:
+        return dataset[i]
+    except Exception as exc:
+        add_context(exc, f"reading sample {i} of the {len(dataset)} its __len__ gives")
+        raise
+
+
+def counted_records(stream, first: int = 0) -> Iterator:
+    """The samples of a stream; what the user's __iter__ raises says which record it was reading."""
+    records, position = iter(stream), first
+    while True:
+        try:
+            sample = next(records)
+        except StopIteration:
+            return
+        except Exception as exc:
+            add_context(exc, f"reading record {position} of the stream")
+            raise
+        yield sample
+        position += 1
 
 
 def batch_seed(seed: int, epoch: int, first: int) -> int:
@@ -172,7 +202,7 @@ class TorchSplit:
 
     def samples(self) -> Iterator:
         """Every sample in order, as the user's set returns it (read in this process)."""
-        return (self.dataset[i] for i in range(len(self)))
+        return (read_sample(self.dataset, i) for i in range(len(self)))
 
     def part(self, start: int, end: int) -> "TorchSplit":
         """Samples [start, end): one replica's evaluation range."""
@@ -206,8 +236,8 @@ class TorchSplit:
                 return ArraySplit(*collate_pairs(self.collate_fn)(list(itertools.islice(samples, n))))
         except DataError as exc:
             raise DataError(f"{self.name}: {exc}") from None
-        except Exception as exc:   # the user's __getitem__ or collate: their message, one line
-            raise DataError(f"{self.name}: reading its samples failed: {type(exc).__name__}: {exc}") from None
+        # Anything else the user's __getitem__ or collate raised is theirs: shown with their frames
+        # (user_code/failures.py), the sample named.
 
 
 class StreamSplit(TorchSplit):
@@ -234,7 +264,7 @@ class StreamSplit(TorchSplit):
         return self.end - self.start
 
     def samples(self) -> Iterator:
-        return itertools.islice(iter(self.dataset), self.start, self.start + len(self))
+        return itertools.islice(counted_records(self.dataset), self.start, self.start + len(self))
 
     def part(self, start: int, end: int) -> "StreamSplit":
         part = StreamSplit(self.dataset, self.name, self.collate_fn, self.num_workers, self.batch_size,
@@ -322,7 +352,7 @@ def as_split(data: Any, name: str):
         return _nonempty(TorchSplit(data, name))
     if isinstance(data, tuple) and len(data) == 2:
         x = as_features(data[0], f"{name} inputs")
-        y = torch.as_tensor(np.asarray(data[1]) if not isinstance(data[1], torch.Tensor) else data[1])
+        y = data[1] if isinstance(data[1], torch.Tensor) else torch.as_tensor(numeric(np.asarray(data[1]), name, "targets"))
         if len(x) != len(y):
             raise DataError(f"{name}: {len(x)} inputs but {len(y)} targets")
         if len(x) == 0:
@@ -400,6 +430,9 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
     `count_classes`: read every target to count the classes where the data does not state them
     (a built-in model needs its output width; a user's own model does not)."""
     name = name or split_name(train)
+    if train is None:
+        raise DataError(f"{name}: the training split is None; give the samples (a torch Dataset or DataLoader, "
+                        "(inputs, targets) arrays, a Hugging Face dataset)")
     splits = {key: as_split(value, f"{name} ({key})") if value is not None else None
               for key, value in (("train", train), ("val", val), ("test", test))}
     y = splits["train"].examples.y if isinstance(splits["train"], TorchSplit) else splits["train"].y

@@ -33,6 +33,9 @@ def load_user_data(name: str, cfg) -> Dataset:
         raise
     except Exception as exc:   # the user's function failed: its message, one line
         raise DataError(f"data '{name}' raised {type(exc).__name__}: {exc}") from None
+    if result is None:
+        raise DataError(f"data '{name}' returned None; it must return the splits: a dict with 'train' (and "
+                        "optionally 'val', 'test'), the training split alone, or a LightningDataModule")
     if is_lightning_data_module(result):
         result = data_module_splits(result, name)
     if isinstance(result, Mapping):

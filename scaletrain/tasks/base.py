@@ -20,7 +20,7 @@ import torch
 
 from scaletrain.config import TASKS as TASK_CHOICES
 from scaletrain.data.inputs import Inputs, call_model
-from scaletrain.errors import ConfigError
+from scaletrain.errors import ConfigError, add_context
 from scaletrain.registry import Registry
 
 TASKS = Registry("task", "--task", choices=TASK_CHOICES)
@@ -175,7 +175,11 @@ def user_task(name: str) -> Task:
     if missing:
         raise ConfigError(f"--task {name}: the class lacks {', '.join(missing)}; a task defines loss, "
                           "eval_sums and eval_metrics (docs/your-task.md)")
-    task = cls()
+    try:
+        task = cls()
+    except Exception as exc:   # the user's __init__: theirs to see (user_code/failures.py)
+        add_context(exc, f"building your task {name}")
+        raise
     task.name = name
     metrics = task.metrics
     if not (isinstance(metrics, dict) and metrics and all(isinstance(k, str) and isinstance(v, bool)
@@ -199,6 +203,16 @@ def user_task(name: str) -> Task:
     if not isinstance(task.n_sums, int) or task.n_sums < 1:
         raise ConfigError(f"--task {name}: n_sums must be the length of the vector eval_sums returns (>= 1)")
     return task
+
+
+def checked_sums(sums: Any, task: Task) -> torch.Tensor:
+    """A batch's evaluation sums, refused in one line unless a vector of the task's `n_sums` (a
+    check of their metadata: no device synchronisation)."""
+    if not isinstance(sums, torch.Tensor) or tuple(sums.shape) != (task.n_sums,):
+        what = f"a tensor of shape {tuple(sums.shape)}" if isinstance(sums, torch.Tensor) else type(sums).__name__
+        raise ConfigError(f"the {task.name} task's eval_sums must return a vector of n_sums = {task.n_sums} sums, "
+                          f"got {what}; make n_sums the length of what eval_sums returns")
+    return sums
 
 
 def checked_loss(loss: Any, task: Task) -> torch.Tensor:

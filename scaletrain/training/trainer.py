@@ -30,12 +30,12 @@ from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
 from scaletrain.distributed.batching import BatchDivision
 from scaletrain.distributed.capabilities import Serving, epoch_control
-from scaletrain.errors import ConfigError, NonFiniteLossError
+from scaletrain.errors import ConfigError, NonFiniteLossError, add_context
 from scaletrain.optim import LRSchedule, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
 from scaletrain.precision.hardware import device_facts, precision_warnings, settle_precision
-from scaletrain.tasks import Task, build_task
+from scaletrain.tasks import Task, build_task, checked_sums
 from scaletrain.training.clock import DeviceClock
 from scaletrain.training.counters import DeviceCounters
 from scaletrain.training.defaults import (Setting, choose_channels_last, choose_cudnn_benchmark,
@@ -321,10 +321,15 @@ class Trainer:
             train_loader.set_epoch(epoch, start_step)
             self.epoch_control.begin_epoch(epoch)
             self.callbacks.call("on_epoch_begin", self, epoch)
-            logs = self._train_epoch(train_loader, epoch, start_step)
-            start_step = 0
-            if cfg.eval_each_epoch:
-                logs.update(self.evaluate_loader(val_loader))
+            try:
+                logs = self._train_epoch(train_loader, epoch, start_step)
+                start_step = 0
+                if cfg.eval_each_epoch:
+                    logs.update(self.evaluate_loader(val_loader))
+            except Exception as exc:   # where it was, for a failure of the user's code (user_code/failures.py)
+                add_context(exc, f"in epoch {epoch + 1}, " + (f"training step {self.epoch_step + 1}" if start_step
+                                 or self.epoch_step < self.steps_per_epoch else "evaluating the validation split"))
+                raise
             self.callbacks.call("on_epoch_end", self, epoch, logs)
             self.history.append(logs)
         self.epoch, self.epoch_step = len(self.history), 0
@@ -472,7 +477,7 @@ class Trainer:
         counts = self.layout.records   # each replica's outputs are counted by one process
         for output, y in self.strategy.evaluate(islice(loader, max_batches), self._eval_forward, self._pad_input):
             if counts:
-                sums += self.task.eval_sums(output, y)
+                sums += checked_sums(self.task.eval_sums(output, y), self.task)
         self.model.train(was_training)
         if reduce and self.strategy.world_size > 1:
             self.strategy.all_reduce_sum_(sums)
