@@ -104,7 +104,7 @@ def test_a_lightning_module_through_the_cli(tmp_path):
 
     # predict and export run the module's own forward (class probabilities): the same as loading
     # model.pt into the class by hand.
-    predicted = run(["predict", reported["run_id"], "--split", "test", "--out", tmp_path / "p.npy"], tmp_path)
+    predicted = run(["predict", reported["run_id"], "--split", "val", "--out", tmp_path / "p.npy"], tmp_path)
     assert predicted.returncode == 0, predicted.stderr[-2000:]
     exported = run(["export", reported["run_id"]], tmp_path)
     assert exported.returncode == 0 and "max |difference| 0" in exported.stdout, exported.stderr[-2000:]

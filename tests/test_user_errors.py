@@ -73,9 +73,12 @@ def test_a_tasks_init_that_raises_is_named(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_a_lightning_training_step_that_raises_is_named_with_its_step(tmp_path):
+@pytest.mark.parametrize("model", ["user_faults:LitRaising", "user_faults:lit_raising"], ids=["class", "builder"])
+def test_a_lightning_training_step_that_raises_is_named_with_its_step(tmp_path, model):
+    """The LightningModule named by its class or returned by a builder function: its own step trains
+    (a builder's module was once trained as a plain model, its training_step never called)."""
     pytest.importorskip("lightning")
-    result = run(["train", "--model", "user_faults:LitRaising", "--data", "user_faults:raising_reads", "--data-option",
+    result = run(["train", "--model", model, "--data", "user_faults:raising_reads", "--data-option",
                   "bad=-1", *QUICK, "--run-dir", tmp_path / "r"], tmp_path)
     _failed_as_theirs(result, r"LitRaising\.training_step", "the loss went the wrong way on purpose, in epoch 1, "
                       "training step")

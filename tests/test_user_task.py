@@ -173,7 +173,7 @@ def test_a_hugging_face_model_under_ddp_and_fsdp_with_checkpointing(tmp_path, hf
     for name in ("ddp", "fsdp"):
         assert np.allclose(losses[name], losses["single"], rtol=2e-4), (name, losses)
     # predict gives the token distributions; export (one input tensor) refuses named inputs in one line.
-    predicted = run(["predict", "gpt-fsdp", "--split", "test", "--out", tmp_path / "p.npy"], tmp_path)
+    predicted = run(["predict", "gpt-fsdp", "--split", "val", "--out", tmp_path / "p.npy"], tmp_path)
     assert predicted.returncode == 0, predicted.stderr[-2000:]
     probabilities = np.load(tmp_path / "p.npy")
     assert probabilities.shape == (128, hf_gpt.LENGTH, hf_gpt.VOCAB)

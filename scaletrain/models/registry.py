@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from scaletrain.adapters import is_lightning_module
+from scaletrain.adapters import adapted, is_lightning_module
 from scaletrain.errors import ConfigError
 from scaletrain.importing import import_function
 from scaletrain.models.builder import MODEL_BUILDERS
@@ -35,7 +35,9 @@ def _build(name: str, shape: tuple[int, ...], classes: int, options: dict) -> nn
         model = builder(shape, classes, **options)
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model '{name}' returned {type(model).__name__}, not a torch.nn.Module")
-        return model
+        # A builder that returns a LightningModule: adapted here, as its class would be, so its own
+        # task and steps train (the trainer's adapted() would see it only after the task was chosen).
+        return adapted(model)
     family, _, variant = (name, "", "") if name in MODEL_BUILDERS else name.partition("-")
     if family not in MODEL_BUILDERS:
         raise ConfigError(f"unknown model '{name}'; choose one of: {', '.join(model_names())}")
