@@ -379,8 +379,9 @@ def test_fsdp2s_copies_are_timed_and_blocks_counted():
     assert count_blocks(blocked) == 3
     assert count_blocks(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))) == 0
     per_byte = shard_copy_seconds_per_byte([4 * MiB, 4096, MiB], 2, repeats=3)
-    # Memory copies: more than nothing, less than 10 ns a byte (100 MB/s) on any machine this runs on.
-    assert math.isfinite(per_byte) and 0 < per_byte < 1e-8
+    # A measured time per byte: finite and more than nothing. (How fast a copy is, is the machine's,
+    # not a unit test's claim: at load 8 a 2-core CPU read 1.17e-8 s a byte against a 1e-8 bound.)
+    assert math.isfinite(per_byte) and per_byte > 0
 
 
 @pytest.mark.parametrize("argv, says", [
