@@ -131,9 +131,13 @@ def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tm
     logs = metrics(tmp_path / "r")
     assert [m["optimizer_steps"] for m in logs] == [19]            # positions agree: 19 steps an epoch
     for m in logs:
-        assert m["epoch_train_time_s"] < 2 * 1.5
-        assert (m["ps_pushes"], m["ps_dropped"]) == (2 * 19 + 1, 1)
-        assert m["samples"] == (2 * 19 + 1) * 22                   # what was trained, worker 1's one batch included
+        # Worker 1's pushes within the epoch (1 on a quiet machine; 2 once the fast workers' 19 steps
+        # outlasted its 1.5 s under load) are every one dropped, and the epoch never waits for the
+        # rest of its share: well under its 19 steps (28.5 s).
+        late = m["ps_dropped"]
+        assert late >= 1 and m["ps_pushes"] == 2 * 19 + late
+        assert m["samples"] == (2 * 19 + late) * 22                # what was trained, worker 1's batches included
+        assert m["epoch_train_time_s"] < (late + 1) * 1.5 < 19 * 1.5 / 2
 
 
 def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_dead_server(tmp_path):
