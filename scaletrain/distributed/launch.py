@@ -20,6 +20,7 @@ import torch
 from scaletrain.distributed.cluster import cluster_from_env
 from scaletrain.distributed.env import LAUNCHER_PID_ENV, under_launcher
 from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, ConfigError
+from scaletrain.user_code.failures import HEADLINE_START
 
 # Whether this process is one of the agent's workers (which must not launch again).
 inside_worker = under_launcher
@@ -150,7 +151,9 @@ def _report_failure(who: str, failure, max_restarts: int) -> int:
     worker failed and how."""
     code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode   # a signal: 128 + its number
     message = failure.message if isinstance(failure.message, str) else ""
-    if message.startswith("scaletrain:"):
+    if message.startswith(HEADLINE_START):   # the user's code raised in that worker: which one, then where
+        print(f"scaletrain: error: {who} failed: {message.removeprefix('scaletrain: ')}", file=sys.stderr)
+    elif message.startswith("scaletrain:"):
         print(message, file=sys.stderr)
     else:
         print(f"scaletrain: error: {who} failed with exit code {failure.exitcode} "

@@ -23,6 +23,8 @@ _PACKAGE = str(Path(__file__).resolve().parents[1])
 _NOT_USERS = tuple(sorted({os.path.realpath(p) for p in (
     _PACKAGE, sys.prefix, sys.base_prefix, sys.exec_prefix,
     *(sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))) if p}))
+# How a user's failure's line begins (a launcher puts the failing worker's role before the rest).
+HEADLINE_START = "scaletrain: your code failed: "
 _WORKER_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$')
 _WORKER_HEADER = re.compile(r"^Caught (?P<type>\S+) in DataLoader worker process \d+\.")
 
@@ -112,8 +114,7 @@ def _failure(frames: list[Frame], exc_name: str, message: str, notes: list[str])
     last = mine[-1]
     said = f"{exc_name}: {message}" if message else exc_name
     where = f", {'; '.join(dict.fromkeys(notes))}" if notes else ""
-    headline = (f"scaletrain: your code failed: {last.name} ({Path(last.file).name}:{last.line}) raised "
-                f"{said}{where}")
+    headline = f"{HEADLINE_START}{last.name} ({Path(last.file).name}:{last.line}) raised {said}{where}"
     cut = "".join(f'  File "{f.file}", line {f.line}, in {f.name}\n' + (f"    {f.code}\n" if f.code else "")
                   for f in mine)
     return UserFailure(headline, f"Traceback (your code's frames only, most recent call last):\n{cut}{said}")
