@@ -22,7 +22,9 @@ def _failed_as_theirs(result, function: str, where: str) -> str:
     """The user's failure: exit 1, the headline, then only the user's frames."""
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     err = result.stderr
-    headline = next(line for line in err.splitlines() if line.startswith("scaletrain: your code failed: "))
+    # One process: the line itself; under a launcher, the failing worker's role before it.
+    headline = next(line for line in err.splitlines()
+                    if re.match(r"scaletrain: (error: worker rank \d+ failed: )?your code failed: ", line))
     assert re.search(rf"your code failed: {function} \(user_faults\.py:\d+\) raised ", headline), headline
     assert where in headline, headline
     frames = err.split("Traceback (your code's frames only, most recent call last):\n", 1)[1]
