@@ -7,8 +7,16 @@ try:
 except KeyboardInterrupt:   # Ctrl-C (or a launcher stopping its workers) while Python imports: no traceback
     sys.exit(130)
 
+
+def _run() -> int:
+    try:
+        return main()
+    except KeyboardInterrupt:   # in the instant before main() installs its own handlers
+        return 130
+
+
 if not under_launcher():
-    sys.exit(main())
+    sys.exit(_run())
 
 # A worker of a launched job. A fatal signal shows every thread's Python stack (a C++ abort would
 # otherwise say only "terminate called without an active exception").
@@ -16,7 +24,7 @@ import faulthandler  # noqa: E402
 
 faulthandler.enable()
 die_with_launcher()
-code = main()
+code = _run()
 # The command has finished and torn its process group down. Gloo's C++ threads can still hold
 # tensors at interpreter teardown, and destroying them then aborted a rank that had already done
 # its work (seen once in CI, exit -6 after `predict` under fsdp). Nothing is left to run: flush

@@ -222,9 +222,18 @@ def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_be
 def test_a_budget_leaves_the_confirmation_its_share(tmp_path):
     """Under --budget-s the search stops starting candidates once the rest of the budget is what
     the confirmation will take (its rounds at the candidates' median run): 4 candidates, but after
-    the baseline and one more, 20 rounds cannot fit the 40 s, so the search stops there and the
-    confirmation measures what the budget allows; the winner comes from confirmed rounds."""
-    out, budget = tmp_path / "tuned", 40
+    the baseline and one more, 20 rounds cannot fit, so the search stops there and the confirmation
+    measures what the budget allows; the winner comes from confirmed rounds. The budget is 3.5 of
+    this machine's one-candidate studies, timed first (a study's start-up plus one run): the start-up,
+    two candidates and one round of three runs fit it on a quiet laptop and on a loaded 2-core CI
+    runner alike (a fixed 40 s left a loaded runner no round at all, which is the budget working,
+    not the claim under test)."""
+    started = time.perf_counter()
+    one = run(["autotune", *SMALL, "--knobs", "threads", "--trials", "1", "--out", str(tmp_path / "one"),
+               "--store", str(tmp_path / "one.db")], tmp_path, OMP_NUM_THREADS="2")
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    study_s = time.perf_counter() - started
+    out, budget = tmp_path / "tuned", round(3.5 * study_s)
     started = time.perf_counter()
     done = run(["autotune", *SMALL[:-2], "--knobs", "threads,steps_per_execution", "--trials", "4",
                 "--confirm-rounds", "20", "--budget-s", str(budget), "--out", str(out),
@@ -236,7 +245,8 @@ def test_a_budget_leaves_the_confirmation_its_share(tmp_path):
     assert len(_rows(out, "not tried")) == 2
     finalist, = [r for r in _rows(out) if r["confirmed"]]
     assert 1 <= len(finalist["confirmed"]) < 20
-    assert took < budget + 30, took
+    # The confirmation starts no run past the deadline: at most the one under way overruns it.
+    assert took < budget + max(30, 2 * study_s), (took, budget)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -494,9 +504,12 @@ def test_a_confirmation_run_that_crawls_is_stopped_at_the_floor_and_counts_its_s
     training forward sleeping 0.2 s: below the fastest contestant's speed / --prune-factor it is
     stopped a second or so in (40 sleeping steps otherwise), recorded as pruned, and the speed it
     trained at is its figure for the round: the finalist beat it by more than the factor. The given
-    configuration's second run of the round (the noise floor) did not crawl, so it read as far from
-    its first as the finalist did: the noise floor makes that win a tie, as it should (one
-    configuration's two runs disagreed by the same factor)."""
+    configuration's second run of the round (the noise floor) did not crawl, so it read about as far
+    from its first as the finalist did: the finalist wins only if its ratio is above the floor's,
+    and a tie says it is inside the noise floor. Which of the two uncrawled runs is faster is the
+    machine's coin flip, so the verdict is checked against the rule (the rule's own cases are
+    test_the_noise_floor_is_the_given_configuration_against_itself_and_a_win_inside_it_is_a_tie,
+    with fixed speeds)."""
     out = tmp_path / "tuned"
     done = run(["autotune", *SMALL[:-7], "--steps", "20", "--window-epochs", "2", "--no-progress",
                 "--model", "faulty_models:loaded_mlp", "--model-option", f"counter={tmp_path / 'load'}",
@@ -509,7 +522,9 @@ def test_a_confirmation_run_that_crawls_is_stopped_at_the_floor_and_counts_its_s
     finalist, = [r for r in _rows(out) if r["confirmed"]]
     assert len(finalist["confirmed"]) == 1 and finalist["confirmed"][0] > 3, finalist
     noise, = _result(out)["noise_floor"]
-    assert noise > 3 and finalist["wins"] is False and "inside the noise floor" in done.stdout
+    assert noise > 3
+    assert finalist["wins"] is (finalist["confirmed"][0] > noise)
+    assert finalist["wins"] or "inside the noise floor" in done.stdout, done.stdout[-3000:]
 
 
 def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):

@@ -820,6 +820,20 @@ def test_the_launchers_word_on_a_stopped_job_never_overwrites_a_finished_run(tmp
             assert store.get(run_id).status == after
 
 
+def test_an_interrupt_while_the_command_measures_the_machines_load_is_one_line(monkeypatch, capsys):
+    """A launcher stopping its workers the instant they start lands in the first thing main() does,
+    sampling the machine's load (psutil's import): the command's own handler ends it in one line
+    (CI once printed two workers' tracebacks from there)."""
+    from scaletrain.cli import main as cli
+    from scaletrain.training import threads
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(threads, "mark_start", interrupted)
+    assert cli.main(["runs", "list"]) == 130
+    assert capsys.readouterr().err.strip() == "scaletrain: interrupted"
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130)])   # SIGTERM takes the same path (test above, and the launcher's)
 def test_a_signal_while_parameter_servers_start_is_one_line_no_traceback(tmp_path, sig, code):
     """The launcher (torchrun's agent) takes the signal, stops workers and servers, and the job

@@ -164,8 +164,6 @@ def _stopping() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # The machine's load from here on, before torch is imported: a training's thread count reads it.
-    threads.mark_start()
     argv = sys.argv[1:] if argv is None else argv
     named = argv[0] if argv and any(c.name == argv[0] for c in COMMANDS) else ""    # `--help`: no command's arguments
     if threading.current_thread() is not threading.main_thread():
@@ -183,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str], named: str) -> int:
     try:
+        # The machine's load from here on, before torch is imported: a training's thread count
+        # reads it. Inside the handlers: a launcher stopping its workers this early (psutil's
+        # import) ends them in one line too.
+        threads.mark_start()
         # A flag's own check (cli/flags.py) raises a ConfigError while parsing: one line, exit 2.
         args = build_parser(only=named).parse_args(argv)
         command = next(c for c in COMMANDS if c.name == args.command)
