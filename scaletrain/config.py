@@ -171,8 +171,9 @@ class OptimConfig:
     momentum: float = _f(0.9, "SGD momentum", ge=0, lt=1)
     nesterov: bool = _f(False, "Nesterov momentum for SGD")
     betas: list[float] = _f([0.9, 0.999], "AdamW betas", ge=0, lt=1)
-    lr_schedule: str = _f("constant", "constant, step, cosine or onecycle",
-                      choices=("constant", "step", "cosine", "onecycle"))
+    lr_schedule: str = _f("constant", "constant, step, cosine or onecycle (module: a LightningModule's own "
+                          "scheduler, set from its configure_optimizers)",
+                      choices=("constant", "step", "cosine", "onecycle", "module"))
     warmup_epochs: float = _f(0.0, "linear warm-up length in epochs", ge=0)
     step_milestones: list[float] = _f([15, 25, 35], "epochs at which the step schedule multiplies the LR by step_gamma",
                           ge=0)

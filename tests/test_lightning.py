@@ -5,6 +5,7 @@ syncs; what is not honoured refused in one line."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -26,16 +27,19 @@ import lit_classifier  # noqa: E402
 LIT = ["--model", "lit_classifier:LitClassifier", "--data", "lit_classifier:Blobs", "--no-progress"]
 
 
-def _lightning_losses(module_class, train, val, epochs: int) -> tuple[list[float], dict]:
-    """Per-step training losses and the last validation metrics under Lightning's own Trainer."""
+def _lightning_losses(module_class, train, val, epochs: int) -> tuple[list[float], dict, list[float]]:
+    """Per-step training losses, the last validation metrics and each step's LR under Lightning's
+    own Trainer."""
     import lightning as L
     from torch.utils.data import DataLoader
 
     class Record(L.Callback):
         losses: list[float] = []
+        lrs: list[float] = []
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             self.losses.append(float(outputs["loss"]))
+            self.lrs.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     L.seed_everything(0, verbose=False)
@@ -46,17 +50,22 @@ def _lightning_losses(module_class, train, val, epochs: int) -> tuple[list[float
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, DataLoader(train, batch_size=len(train)), DataLoader(val, batch_size=64))
-    return record.losses, {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return record.losses, {k: float(v) for k, v in trainer.callback_metrics.items()}, record.lrs
 
 
-@pytest.mark.parametrize("module_class", [lit_classifier.LitClassifier, lit_classifier.LitAdam])
+@pytest.mark.parametrize("module_class", [lit_classifier.LitClassifier, lit_classifier.LitAdam,
+                                          functools.partial(lit_classifier.Scheduled, "onecycle", "step", 1),
+                                          lit_classifier.OnPlateau],
+                         ids=["steplr", "adamw", "onecycle", "plateau"])
 def test_losses_equal_lightnings_own_trainer(tmp_path, module_class):
     """The same module, seed and data (one batch an epoch: the mean loss does not depend on the
     order), four epochs: every step's loss and the validation metrics equal Lightning's Trainer's.
-    SGD with momentum and a StepLR halving the LR after epoch 2; AdamW decaying every parameter."""
+    SGD with momentum and a StepLR halving the LR after epoch 2; AdamW decaying every parameter;
+    SGD under a OneCycleLR stepped every step (lr_schedule 'module'); SGD under a ReduceLROnPlateau
+    on val_loss, which halves the LR within the four epochs."""
     from torch.utils.data import TensorDataset
     train, val = TensorDataset(*lit_classifier.samples(256)), TensorDataset(*lit_classifier.samples(128, seed=1))
-    theirs, their_val = _lightning_losses(module_class, train, val, epochs=4)
+    theirs, their_val, their_lrs = _lightning_losses(module_class, train, val, epochs=4)
     cfg = TrainConfig(epochs=4, batch_size=256, seed=0, run_dir=str(tmp_path / "run"))
     torch.manual_seed(0)
     with Trainer(module_class(), cfg) as trainer:
@@ -68,15 +77,71 @@ def test_losses_equal_lightnings_own_trainer(tmp_path, module_class):
     if module_class is lit_classifier.LitClassifier:
         assert [h["lr"] for h in history] == pytest.approx([0.05, 0.05, 0.025, 0.025])
         assert cfg.optim.optimizer == "sgd" and cfg.optim.momentum == 0.9
-    else:
+    elif module_class is lit_classifier.LitAdam:
         assert cfg.optim.optimizer == "adamw" and cfg.optim.weight_decay == 0.01 and cfg.optim.decay_all
+    elif module_class is lit_classifier.OnPlateau:
+        assert cfg.optim.lr_schedule == "module" and [h["lr"] for h in history] == pytest.approx(their_lrs)
+        assert their_lrs[-1] < their_lrs[0], their_lrs
+    else:
+        assert cfg.optim.lr_schedule == "module" and len({h["lr"] for h in history}) == 4
+
+
+def _lightning_lrs(module, train, epochs: int, batch_size: int) -> list[float]:
+    """The LR each optimizer step of Lightning's own Trainer used."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    class Record(L.Callback):
+        lrs: list[float] = []
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.lrs.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    record = Record()
+    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0, callbacks=[record])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(train, batch_size=batch_size))
+    return record.lrs
+
+
+@pytest.mark.parametrize("kind, interval, frequency", [
+    ("onecycle", "step", 1), ("onecycle", "step", 3), ("cosine", "epoch", 1), ("cosine", "step", 2),
+    ("lambda", "epoch", 2), ("lambda", "step", 1), ("warmup-cosine", "step", 1), ("warmup-cosine", "epoch", 1)])
+def test_the_schedulers_lightning_users_write_set_every_steps_lr_as_lightnings_trainer(kind, interval, frequency):
+    """OneCycleLR (sized by self.trainer.estimated_stepping_batches), CosineAnnealingLR, LambdaLR and
+    a LinearLR warm-up chained to a cosine by SequentialLR, each stepped every `frequency` steps or
+    epochs: the LR every optimizer step applied equals what Lightning's Trainer applied, to 1e-5,
+    over 4 epochs of 5 steps (a frequency that does not divide the epoch restarts with it, as
+    Lightning counts batches within the epoch)."""
+    from torch.utils.data import TensorDataset
+    train = TensorDataset(*lit_classifier.samples(320))
+    theirs = _lightning_lrs(lit_classifier.Scheduled(kind, interval, frequency), train, epochs=4, batch_size=64)
+
+    class Applied:
+        lrs: list[float] = []
+
+        def on_train_batch_end(self, trainer, step, logs):
+            self.lrs.append(float(trainer.train_step.optimizer.param_groups[0]["lr"]))
+    applied = Applied()
+    cfg = TrainConfig(epochs=4, batch_size=64, seed=0)
+    with Trainer(lit_classifier.Scheduled(kind, interval, frequency), cfg, callbacks=[applied]) as trainer:
+        trainer.fit(train, val=TensorDataset(*lit_classifier.samples(64, seed=1)))
+    assert cfg.optim.lr_schedule == "module"
+    assert len(theirs) == 20 and len(set(theirs)) >= 2, theirs
+    assert applied.lrs == pytest.approx(theirs, rel=1e-5, abs=1e-9)
 
 
 @pytest.mark.parametrize("module, words", [
     ("Manual", "uses manual optimisation"),
     ("TwoOptimizers", "returns 2 optimizers; scaletrain trains with one"),
     ("EpochHook", "overrides on_train_epoch_end: scaletrain does not call these Lightning hooks"),
-    ("Cosine", "returns a CosineAnnealingLR; scaletrain reads StepLR and MultiStepLR")])
+    ("CycledMomentum", "returns a OneCycleLR that cycles the momentum too; .* pass cycle_momentum=False"),
+    ("PlateauOnNothing", "ReduceLROnPlateau monitors 'val_f1', which validation_step does not log \\(it logs val_acc, "
+                         "val_loss\\)")])
 def test_what_is_not_honoured_is_refused_in_one_line(tmp_path, module, words):
     from torch.utils.data import TensorDataset
     with pytest.raises(ConfigError, match=words):
@@ -150,8 +215,15 @@ def test_a_lightning_module_through_the_cli(tmp_path):
     assert json.loads(scaled.stdout)[0]["step_time_s"] > 0
 
 
-def test_a_lightning_run_resumed_from_a_checkpoint_equals_the_whole_run(tmp_path):
-    common = ["train", *LIT, "--batch-size", "64", "--epochs", "4", "--no-record", "--checkpoint-every", "10"]
+@pytest.mark.parametrize("model", [[], ["--model", "lit_classifier:Scheduled", "--model-option", "kind=onecycle",
+                                         "--model-option", "interval=step", "--model-option", "frequency=3"],
+                                   ["--model", "lit_classifier:OnPlateau"]],
+                         ids=["steplr", "onecycle-every-3-steps", "plateau"])
+def test_a_lightning_run_resumed_from_a_checkpoint_equals_the_whole_run(tmp_path, model):
+    """Mid-epoch (step 10 of 15 an epoch) under its StepLR, under a OneCycleLR stepped every 3
+    steps, whose LR changes within the epoch, and under a ReduceLROnPlateau, whose state and
+    reductions so far the checkpoint carries: the resumed run's figures equal the whole run's."""
+    common = ["train", *LIT, *model, "--batch-size", "64", "--epochs", "4", "--no-record", "--checkpoint-every", "10"]
     full = run([*common, "--run-dir", tmp_path / "full"], tmp_path)
     assert full.returncode == 0, full.stderr[-2000:]
     steps = committed_steps(tmp_path / "full" / "checkpoints")

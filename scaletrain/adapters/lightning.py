@@ -26,10 +26,13 @@ to the steps is Lightning's `[inputs, targets]`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import re
+import warnings
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -169,10 +172,29 @@ class LightningAdapter(nn.Module):
         assert set(mine) <= set(OWN_OPTIMIZER_FIELDS), set(mine) - set(OWN_OPTIMIZER_FIELDS)
         return dataclasses.replace(optim, **mine)
 
+    def own_callbacks(self) -> list:
+        """What trains beside the step: a ReduceLROnPlateau's reaction to each validation."""
+        name = f"{type(self.module).__name__}.configure_optimizers"
+        with _attached(self.module, UNKNOWN_STEPS_PER_EPOCH, 1):
+            optimizer, scheduler = _unpack(self.module.configure_optimizers(), name)
+        if scheduler is None:
+            return []
+        config = _scheduler_config(scheduler, name)
+        if not isinstance(config["scheduler"], torch.optim.lr_scheduler.ReduceLROnPlateau):
+            return []
+        return [PlateauSchedule(config["scheduler"], optimizer, config["monitor"], config["frequency"],
+                                config.get("strict", True), name)]
+
+    def scheduled_lrs(self, steps_per_epoch: int, epochs: int) -> torch.Tensor:
+        """Every optimizer step's LR under the module's own scheduler (lr_schedule 'module'),
+        stepped as Lightning's loop steps it: see `simulate_schedule`."""
+        return simulate_schedule(self.module, steps_per_epoch, epochs)
+
     def describe_optimizer(self, optim: OptimConfig) -> str:
         """One line for the run's start: where its optimizer settings came from."""
         schedule = (f", LR x{optim.step_gamma:g} at epochs {', '.join(f'{m:g}' for m in optim.step_milestones)}"
-                    if optim.lr_schedule == "step" else "")
+                    if optim.lr_schedule == "step" else
+                    ", LR from its own scheduler, stepped as Lightning steps it" if optim.lr_schedule == "module" else "")
         return (f"optimizer from {type(self.module).__name__}.configure_optimizers: {optim.optimizer} lr {optim.lr:g}"
                 f"{f' weight decay {optim.weight_decay:g}' if optim.weight_decay else ''}{schedule}")
 
@@ -258,14 +280,118 @@ class LightningTask(Task):
 
 
 # ------------------------------------------------------- configure_optimizers
+# What configure_optimizers reads of `self.trainer` to size a schedule (OneCycleLR's total_steps
+# from estimated_stepping_batches, most often). When the settings are read before the data is
+# (the run's record), the steps per epoch are not known yet: the schedule built then is only
+# looked at for its kind, and the one that trains is simulated with the real count.
+UNKNOWN_STEPS_PER_EPOCH = 1000
+
+
+@contextlib.contextmanager
+def _attached(module: nn.Module, steps_per_epoch: int, epochs: int):
+    """`module.trainer` answers what a fit of `epochs` epochs of `steps_per_epoch` steps would (a
+    LightningModule's trainer property raises when no Trainer is attached)."""
+    stand_in = SimpleNamespace(estimated_stepping_batches=steps_per_epoch * epochs, max_epochs=epochs, max_steps=-1,
+                               num_training_batches=steps_per_epoch, accumulate_grad_batches=1, current_epoch=0,
+                               global_step=0, world_size=1, num_devices=1, num_nodes=1)
+    previous = module.__dict__.get("_trainer")
+    module.__dict__["_trainer"] = stand_in
+    try:
+        yield
+    finally:
+        module.__dict__["_trainer"] = previous
+
+
 def read_optimizers(module: nn.Module, epochs: int) -> dict[str, Any]:
     """The OptimConfig fields equal to what `module.configure_optimizers()` returns, or a one-line
     refusal naming what scaletrain cannot train the same way."""
     name = f"{type(module).__name__}.configure_optimizers"
-    optimizer, scheduler = _unpack(module.configure_optimizers(), name)
+    with _attached(module, UNKNOWN_STEPS_PER_EPOCH, epochs):
+        optimizer, scheduler = _unpack(module.configure_optimizers(), name)
     fields = _optimizer_fields(optimizer, module, name)
     fields.update(_schedule_fields(scheduler, epochs, name))
     return fields
+
+
+def simulate_schedule(module: nn.Module, steps_per_epoch: int, epochs: int) -> torch.Tensor:
+    """Every optimizer step's LR (float64, `steps_per_epoch * epochs` of them) under the scheduler
+    `module.configure_optimizers()` returns, stepped as Lightning's fit loop steps it: interval
+    "step", after each batch whose index in its epoch (from 1) is a multiple of `frequency`;
+    interval "epoch", after each epoch whose number (from 1) is one. The scheduler is run on a
+    throwaway optimizer over the module's parameters (the step's own optimizer is built from the
+    config), so the whole run's LRs are known before the first step and read on the device by the
+    applied-step counter: a resume anywhere, mid-epoch too, continues the same table."""
+    name = f"{type(module).__name__}.configure_optimizers"
+    with _attached(module, steps_per_epoch, epochs):
+        optimizer, scheduler = _unpack(module.configure_optimizers(), name)
+    config = _scheduler_config(scheduler, name)
+    sched, frequency = config["scheduler"], config["frequency"]
+    if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):   # PlateauSchedule changes it as it goes
+        return torch.full((steps_per_epoch * epochs,), float(optimizer.param_groups[0]["lr"]), dtype=torch.float64)
+    lrs, fixed = [], _fixed_settings(optimizer)
+    with warnings.catch_warnings():
+        # torch warns that the scheduler steps before its optimizer ever did: this one never will.
+        warnings.simplefilter("ignore", UserWarning)
+        for epoch in range(epochs):
+            for batch in range(steps_per_epoch):
+                lrs.append(optimizer.param_groups[0]["lr"])
+                if config["interval"] == "step" and (batch + 1) % frequency == 0:
+                    sched.step()
+            if config["interval"] == "epoch" and (epoch + 1) % frequency == 0:
+                sched.step()
+    if _fixed_settings(optimizer) != fixed:   # a scheduler of momentum or betas too (see _schedule_fields)
+        raise ConfigError(f"{name}: its {type(sched).__name__} changes more than the LR as it steps; scaletrain "
+                          "schedules the LR only")
+    return torch.tensor(lrs, dtype=torch.float64)
+
+
+class PlateauSchedule:
+    """A ReduceLROnPlateau from configure_optimizers, stepped as Lightning steps it: after the
+    validation of every `frequency`-th epoch, on the value validation_step logged as `monitor`.
+    It runs on its own throwaway optimizer; a reduction there multiplies the LR of every later step
+    (TrainStep.scale_lr_from). A checkpoint holds its state (the trainer saves a callback's
+    state_dict), and a resumed run scales its fresh table by the LR it had reached."""
+
+    def __init__(self, scheduler, optimizer: torch.optim.Optimizer, monitor: str, frequency: int, strict: bool,
+                 name: str):
+        self.scheduler, self.optimizer, self.monitor = scheduler, optimizer, monitor
+        self.frequency, self.strict, self.name = frequency, strict, name
+        self.initial_lr = float(optimizer.param_groups[0]["lr"])
+        self.metric: str | None = None    # the run's name for `monitor` (val_<metric>)
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def on_train_begin(self, trainer) -> None:
+        logged = getattr(trainer.task, "logged", {})
+        self.metric = next((f"val_{metric}" for metric, key in logged.items() if key == self.monitor), None)
+        if self.metric is None and self.strict:
+            raise ConfigError(f"{self.name}: ReduceLROnPlateau monitors '{self.monitor}', which validation_step does "
+                              f"not log (it logs {', '.join(sorted(logged.values())) or 'nothing'})")
+        if self.lr != self.initial_lr:   # resumed past a reduction: the table is built fresh
+            trainer.train_step.scale_lr_from(trainer.counters.applied(), self.lr / self.initial_lr)
+
+    def on_epoch_end(self, trainer, epoch: int, logs: dict) -> None:
+        value = logs.get(self.metric) if self.metric else None
+        if (epoch + 1) % self.frequency or value is None:   # Lightning skips a missing metric when not strict
+            return
+        before = self.lr
+        self.scheduler.step(value)
+        if self.lr != before:
+            trainer.train_step.scale_lr_from(trainer.counters.applied(), self.lr / before)
+
+    def state_dict(self) -> dict:
+        return {"scheduler": self.scheduler.state_dict(), "lr": self.lr}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = state["lr"]
+
+
+def _fixed_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
+    return [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")} for group in optimizer.param_groups]
 
 
 def _unpack(result: Any, name: str) -> tuple[torch.optim.Optimizer, Any]:
@@ -329,21 +455,45 @@ def _require(settings: dict, wanted: dict, name: str, kind: str) -> None:
             raise ConfigError(f"{name}: {kind}({key}={settings[key]}) is not supported here (only {key}={value})")
 
 
+def _scheduler_config(scheduler: Any, name: str) -> dict[str, Any]:
+    """Lightning's scheduler configuration (a scheduler alone or its dict) with its defaults, or a
+    one-line refusal of what Lightning itself would refuse."""
+    config = {"interval": "epoch", "frequency": 1,
+              **(dict(scheduler) if isinstance(scheduler, Mapping) else {"scheduler": scheduler})}
+    if config["interval"] not in ("step", "epoch"):
+        raise ConfigError(f"{name}: lr_scheduler interval {config['interval']!r}: Lightning takes 'step' or 'epoch'")
+    frequency = config["frequency"]
+    if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 1:
+        raise ConfigError(f"{name}: lr_scheduler frequency {frequency!r}: a whole number of intervals, 1 or more")
+    sched = config.get("scheduler")
+    if not isinstance(sched, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        raise ConfigError(f"{name}: lr_scheduler is {type(sched).__name__}, not a torch LR scheduler")
+    if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if not config.get("monitor"):
+            raise ConfigError(f"{name}: a ReduceLROnPlateau needs the metric it follows: return "
+                              "{'scheduler': ..., 'monitor': 'val_loss'} (as Lightning requires)")
+        if config["interval"] != "epoch":
+            raise ConfigError(f"{name}: a ReduceLROnPlateau stepped every {config['interval']} reads the last "
+                              "validation's metric again and again; scaletrain steps it after each validation "
+                              "(interval 'epoch')")
+    return config
+
+
 def _schedule_fields(scheduler: Any, epochs: int, name: str) -> dict[str, Any]:
+    """StepLR and MultiStepLR stepped every epoch become scaletrain's step schedule (its record
+    names the milestones); any other scheduler trains as its simulation (lr_schedule 'module')."""
     if scheduler is None:
         return {"lr_schedule": "constant", "warmup_epochs": 0.0}
-    config = dict(scheduler) if isinstance(scheduler, Mapping) else {"scheduler": scheduler}
-    sched = config.get("scheduler")
-    if config.get("interval", "epoch") != "epoch" or config.get("frequency", 1) != 1:
-        raise ConfigError(f"{name}: a scheduler stepped every {config.get('frequency', 1)} "
-                          f"{config.get('interval', 'epoch')}(s); scaletrain reads StepLR and MultiStepLR stepped "
-                          "every epoch")
+    config = _scheduler_config(scheduler, name)
+    sched = config["scheduler"]
     kind = type(sched).__name__
+    if getattr(sched, "cycle_momentum", False):
+        raise ConfigError(f"{name} returns a {kind} that cycles the momentum too; scaletrain schedules the LR only: "
+                          f"pass cycle_momentum=False to {kind}")
+    if config["interval"] != "epoch" or config["frequency"] != 1 or kind not in ("StepLR", "MultiStepLR"):
+        return {"lr_schedule": "module", "warmup_epochs": 0.0}
     if kind == "StepLR":
         milestones = [float(m) for m in range(sched.step_size, epochs + 1, sched.step_size)]
-    elif kind == "MultiStepLR":
-        milestones = sorted(float(m) for m in sched.milestones.elements())
     else:
-        raise ConfigError(f"{name} returns a {kind}; scaletrain reads StepLR and MultiStepLR (or use "
-                          "--lr-schedule with no scheduler in configure_optimizers)")
+        milestones = sorted(float(m) for m in sched.milestones.elements())
     return {"lr_schedule": "step", "warmup_epochs": 0.0, "step_milestones": milestones, "step_gamma": float(sched.gamma)}

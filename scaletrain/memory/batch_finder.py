@@ -22,7 +22,6 @@ from scaletrain.data.inputs import first_rows, map_inputs, tensors
 from scaletrain.errors import ConfigError
 from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.tracker import LiveBytes
-from scaletrain.optim import build_schedule
 from scaletrain.training.snapshot import TrainingSnapshot
 from scaletrain.training.step import TrainStep
 
@@ -149,7 +148,7 @@ class BatchSizeFinder:
         out of memory here fails alone, before any collective could leave its peers waiting in a
         mismatched one. (FSDP gathers parameters inside the forward, so its probe is the step.)"""
         t = self.trainer
-        step = t.build_step(build_schedule(t.config.optim, 1, 1), grad_accum_steps=1)
+        step = t.build_step(t.schedule(1, 1), grad_accum_steps=1)
         try:
             with t.strategy.no_sync():
                 loss, output = step.forward_loss(x, y)
@@ -221,7 +220,7 @@ class BatchSizeFinder:
         t = self.trainer
         x, y = self._batch(size)
         # The trainer's own step, with no accumulation: a trial's batch is one micro-batch.
-        step = t.build_step(build_schedule(t.config.optim, steps, 1), grad_accum_steps=1)
+        step = t.build_step(t.schedule(steps, 1), grad_accum_steps=1)
         t.counters.resize(steps)
         t.counters.set_applied(0)  # the schedule table's index
         peak, elapsed = self._measure(step, x, y, steps)

@@ -8,13 +8,14 @@ the whole step can be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from scaletrain.errors import ConfigError
 
-SCHEDULES = ("constant", "step", "cosine", "onecycle")
+SCHEDULES = ("constant", "step", "cosine", "onecycle", "module")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +30,17 @@ class LRSchedule:
     onecycle_div: float = 25.0  # onecycle starts at base_lr / 25, as torch's OneCycleLR
     replica_scale: float = 1.0   # LR multiplier for data parallelism (linear: N replicas, sqrt: sqrt(N))
     scale_warmup_steps: int = 0  # ramp the multiplier from 1 to replica_scale over these steps
+    # kind == "module": the LR of every optimizer step, as the model's own scheduler sets them
+    # (a LightningModule's configure_optimizers, stepped as Lightning steps it: adapters/lightning.py)
+    values: torch.Tensor | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
             raise ConfigError(f"unknown lr_schedule '{self.kind}'; choose one of: {', '.join(SCHEDULES)}")
+        if (self.kind == "module") != (self.values is not None):
+            raise ConfigError("lr_schedule 'module' is the schedule a model brings (a LightningModule's "
+                              "configure_optimizers returns one); this model brings none: choose constant, step, "
+                              "cosine or onecycle")
 
     def __call__(self, step: torch.Tensor) -> torch.Tensor:
         """LR for the optimizer step with (0-based) index `step`, as a float32 device tensor."""
@@ -47,6 +55,9 @@ class LRSchedule:
     def _base(self, step: torch.Tensor) -> torch.Tensor:
         s = step.to(torch.float32)
         total = float(max(self.total_steps, 1))
+        if self.values is not None:   # the model's own: past its last step, its last value
+            index = torch.clamp(step.to(torch.long), 0, len(self.values) - 1)
+            return self.values.to(step.device, torch.float32)[index]
         if self.kind == "onecycle":
             rise = float(max(self.warmup_steps, 1))
             start = self.base_lr / self.onecycle_div
@@ -95,8 +106,11 @@ def replica_lr_scale(rule: str, replicas: int) -> float:
 MAX_SCHEDULE_STEPS = 100_000_000
 
 
-def build_schedule(cfg, steps_per_epoch: int, epochs: int, replicas: int = 1) -> LRSchedule:
-    """Turns the epoch-denominated OptimConfig into a step-denominated schedule."""
+def build_schedule(cfg, steps_per_epoch: int, epochs: int, replicas: int = 1,
+                   own_lrs: Callable[[int, int], torch.Tensor] | None = None) -> LRSchedule:
+    """Turns the epoch-denominated OptimConfig into a step-denominated schedule. `own_lrs`: the
+    model's own schedule (`scheduled_lrs(steps_per_epoch, epochs)`, every step's LR), read under
+    lr_schedule 'module'."""
     if steps_per_epoch * epochs > MAX_SCHEDULE_STEPS:
         raise ConfigError(f"--epochs {epochs} x {steps_per_epoch} steps per epoch is {steps_per_epoch * epochs:,} "
                           f"optimizer steps; the learning-rate schedule holds at most {MAX_SCHEDULE_STEPS:,} "
@@ -114,4 +128,6 @@ def build_schedule(cfg, steps_per_epoch: int, epochs: int, replicas: int = 1) ->
         min_lr_ratio=cfg.min_lr_ratio,
         replica_scale=replica_lr_scale(cfg.lr_scaling, replicas),
         scale_warmup_steps=round(cfg.lr_scaling_warmup_epochs * steps_per_epoch),
+        values=(own_lrs(steps_per_epoch, epochs) if own_lrs is not None else None)
+        if cfg.lr_schedule == "module" else None,
     )

@@ -53,6 +53,16 @@ class TrainStep:
         elif counters.host_indexed:
             self.lr_on_host = self.lr_table.cpu().numpy()
 
+    def scale_lr_from(self, applied: int, ratio: float) -> None:
+        """Every LR from optimizer step `applied` on, times `ratio`: a model's own schedule
+        reacting to a validation (a LightningModule's ReduceLROnPlateau), between steps."""
+        with torch.no_grad():
+            self.lr_table[applied:] *= ratio
+        if self.lr_on_host is not None:   # a copy on a GPU, the table's own memory on a CPU: read it again
+            self.lr_on_host = self.lr_table.cpu().numpy()
+        if self.constant_lr and applied < len(self.lr_table):   # in place: a captured graph reads the same tensor
+            set_lr(self.optimizer, self.lr_table[applied])
+
     def __call__(self, x: Inputs, y: torch.Tensor) -> None:
         self.strategy.forward_backward(self, x, y)
         self.strategy.optimizer_step(self)

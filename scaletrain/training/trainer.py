@@ -64,6 +64,8 @@ class Trainer:
         own_optim = getattr(model, "optim_settings", None)
         if own_optim is not None:
             cfg.optim = own_optim(cfg.optim, cfg.epochs)
+        # ...and its own LR schedule where it brings one (lr_schedule 'module'): every step's LR.
+        self.own_lrs = getattr(model, "scheduled_lrs", None)
         # Whoever sets a strategy up tears it down: given one, the caller; else this trainer.
         self.owns_strategy = strategy is None
         if strategy is None:
@@ -115,7 +117,10 @@ class Trainer:
                        + ([f"--grad-compression {cfg.distributed.grad_compression} compresses what processes "
                            "exchange; this run has one process, so nothing is compressed (it applies under --nproc)"]
                           if cfg.distributed.grad_compression != "none" and self.layout.world == 1 else []))
-        self.callbacks = CallbackList(callbacks)
+        # What a model brings to run beside the step (a LightningModule's ReduceLROnPlateau), first:
+        # its epoch-end work is done before the run's own callbacks record the epoch.
+        self.callbacks = CallbackList([*(model.own_callbacks() if hasattr(model, "own_callbacks") else []),
+                                       *callbacks])
         self.checkpointer = checkpointer
         self.use_graphs = (bool(cfg.cuda_graphs if cfg.cuda_graphs is not None else cfg.steps_per_execution > 1)
                            and self.device.type == "cuda" and strategy.supports_cuda_graphs)
@@ -279,6 +284,12 @@ class Trainer:
                    augment=data.augment if train else (), shift=data.shift, seed=cfg.seed,
                    model_inputs=self.task.prediction_inputs if predict else self.task.model_inputs, **shard, **kwargs)
 
+    def schedule(self, steps_per_epoch: int, epochs: int):
+        """The LR schedule of `epochs` epochs of `steps_per_epoch` optimizer steps: the config's,
+        or the model's own (lr_schedule 'module'), scaled for the replicas."""
+        return build_schedule(self.config.optim, steps_per_epoch, epochs, replicas=self.layout.replicas,
+                              own_lrs=self.own_lrs)
+
     # ----------------------------------------------------------------- train
     def fit(self, data, val=None, test=None) -> list[dict]:
         """Trains on the training split, evaluating on the validation split after every epoch and
@@ -300,7 +311,7 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"global batch {self.batch.global_batch} is larger than the {len(dataset.train)} "
                               "training samples; use a smaller --batch-size")
-        schedule = build_schedule(cfg.optim, self.steps_per_epoch, cfg.epochs, replicas=self.layout.replicas)
+        schedule = self.schedule(self.steps_per_epoch, cfg.epochs)
         self.counters.resize(self.steps_per_epoch)  # also empties the per-step loss slots
         # A second fit() starts a fresh schedule after the optimizer steps already taken.
         first_step = self.counters.applied()

@@ -85,7 +85,57 @@ class EpochHook(LitClassifier):
         pass
 
 
-class Cosine(LitClassifier):
+class Scheduled(LitClassifier):
+    """SGD under the scheduler `kind`, stepped every `frequency` `interval`s (Lightning's
+    configuration dict), for the schedules Lightning users write."""
+
+    def __init__(self, kind: str = "onecycle", interval: str = "step", frequency: int = 1):
+        super().__init__()
+        self.kind, self.interval, self.frequency = kind, interval, frequency
+
     def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
-        return [optimizer], [torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)]
+        from torch.optim import lr_scheduler as s
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        steps = self.trainer.estimated_stepping_batches // (self.frequency if self.interval == "step" else 1)
+        epochs = self.trainer.max_epochs
+        make = {
+            "onecycle": lambda: s.OneCycleLR(optimizer, max_lr=0.2, total_steps=int(steps) + 1, cycle_momentum=False),
+            "cosine": lambda: s.CosineAnnealingLR(optimizer, T_max=epochs if self.interval == "epoch" else steps,
+                                                  eta_min=0.001),
+            "lambda": lambda: s.LambdaLR(optimizer, lambda n: 0.97 ** n),
+            "warmup-cosine": lambda: s.SequentialLR(optimizer, [
+                s.LinearLR(optimizer, start_factor=0.1, total_iters=3),
+                s.CosineAnnealingLR(optimizer, T_max=max(int(steps) - 3, 1))], milestones=[3]),
+        }
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": make[self.kind](), "interval": self.interval,
+                                 "frequency": self.frequency}}
+
+
+class CycledMomentum(LitClassifier):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        return [optimizer], [{"scheduler": torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.2, total_steps=100),
+                              "interval": "step"}]
+
+
+class OnPlateau(LitClassifier):
+    """SGD whose LR halves when val_loss stops improving (patience 0: at once), as Lightning's docs
+    configure a ReduceLROnPlateau."""
+
+    def __init__(self, lr: float = 0.5, frequency: int = 1):
+        super().__init__(lr=lr)
+        self.frequency = frequency
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.01)
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss", "frequency": self.frequency}}
+
+
+class PlateauOnNothing(OnPlateau):
+    def configure_optimizers(self):
+        config = super().configure_optimizers()
+        config["lr_scheduler"]["monitor"] = "val_f1"
+        return config
