@@ -1,41 +1,40 @@
-"""The order in which `make test` hands the suite to its two pytest-xdist workers.
+"""The order in which `make test` hands the suite to its two pytest-xdist workers, and where its
+time went.
 
 `make test` runs the tests (tests/) and every command of the docs (doctests/) in one session, on
 two workers, under `--dist loadscope --no-loadscope-reorder`: a scope (a test file, or one doc
 workspace: a test class in doctests/) runs whole on one worker, and the scopes are handed out in
 collection order. This hook puts the longest scopes first, so that the two workers end together:
 run as two sessions, each left one worker idle for its last minutes.
+
+The lengths are measured, not kept by hand: every session sums each scope's test phases and
+prints the longest at its end; `make test` (SCALETRAIN_SCOPE_SECONDS names the file) writes them
+into tests/scope_seconds.json, which the next session orders by. A scope not in it (a new file)
+starts after those that are, in collection order; a stale figure costs balance, never a result.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
 import pytest
 
-_DOCS = "doctests/test_doc_commands.py::TestDocs_"
+MEASURED = Path(__file__).parent / "tests" / "scope_seconds.json"
+SHOWN = 15     # the longest scopes the end of a session lists
 
-# Seconds each scope took in `make test` on the 2-core CPU without AVX-512 (2026-11-27). A scope
-# not named here starts after these, in collection order. A stale figure costs balance, never a result.
-SCOPE_SECONDS = {
-    "tests/test_autotune.py": 419, "tests/test_model_parallel.py": 376, "tests/test_distributed.py": 357,
-    "tests/test_parameter_server.py": 336, _DOCS + "docs_model_parallel_md": 330, _DOCS + "docs_guide_md_memory": 250,
-    _DOCS + "docs_guide_md": 200, "tests/test_task_matrix.py": 213, _DOCS + "docs_guide_md_pipeline": 201,
-    _DOCS + "docs_guide_md_sweep": 180, "tests/test_user_data.py": 172, "tests/test_tune.py": 150,
-    _DOCS + "docs_guide_md_ps": 128, _DOCS + "docs_autotune_md": 120, "tests/test_sharded.py": 117,
-    "tests/test_memory.py": 115, "tests/test_trackers.py": 112, _DOCS + "docs_data_md": 110,
-    _DOCS + "docs_integrations_md": 104, _DOCS + "docs_your_model_and_data_md": 101, "tests/test_recipes.py": 96,
-    "tests/test_wheel.py": 78, "tests/test_trust.py": 70, _DOCS + "docs_guide_md_shards": 58, "tests/test_hsdp.py": 57,
-    _DOCS + "docs_autotune_md_wrn": 55, _DOCS + "docs_distributed_md": 54, "tests/test_shards.py": 53,
-    _DOCS + "docs_autotune_md_ttt": 50, "tests/test_job_conventions.py": 45, "tests/test_experiments.py": 44,
-    _DOCS + "docs_autotune_md_grid": 43, _DOCS + "docs_guide_md_autotune": 35, _DOCS + "docs_scaling_predictor_md": 27,
-    _DOCS + "docs_guide_md_tune": 26, "tests/test_tasks.py": 20,
-    # Measured alone on the same machine (2026-11-27), not yet in a make test run:
-    "tests/test_user_task.py": 170, _DOCS + "docs_your_task_md": 50, "tests/test_gpu_kit.py": 140,
-    "tests/test_lightning.py": 105, _DOCS + "docs_lightning_md": 90,
-    # Estimated (2026-11-27): the README's lines moved to docs/guide.md, and its five new ones.
-    _DOCS + "README_md_five": 90, _DOCS + "README_md": 60, "tests/test_run_owner.py": 15,
-    # Measured alone on the 2-core CPU with AVX-512 (2026-11-28), scaled by 1.6 for the one without.
-    "tests/test_remote_shards.py": 70,
-}
+
+def _measured() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(MEASURED.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+SCOPE_SECONDS = _measured()
+_took: dict[str, float] = defaultdict(float)
 
 
 def scope(item: pytest.Item) -> str:
@@ -46,3 +45,23 @@ def scope(item: pytest.Item) -> str:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: -SCOPE_SECONDS.get(scope(item), 0))   # stable: a scope keeps its order
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # On the controller (xdist hands it every worker's reports) or a session without workers.
+    _took[report.nodeid.rsplit("::", 1)[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    if hasattr(config, "workerinput") or not _took:
+        return
+    longest = sorted(_took.items(), key=lambda kv: -kv[1])
+    total = sum(_took.values())
+    terminalreporter.write_sep("-", f"where the time went: {total / 60:.1f} min of test phases over "
+                                    f"{len(_took)} scopes, the longest {min(SHOWN, len(longest))}")
+    for name, seconds in longest[:SHOWN]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
+    record = os.environ.get("SCALETRAIN_SCOPE_SECONDS")
+    if record:   # the scopes this session ran replace their figures; the others keep theirs
+        merged = {**_measured(), **{name: round(seconds, 1) for name, seconds in _took.items()}}
+        Path(record).write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
