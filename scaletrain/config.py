@@ -1,7 +1,8 @@
 """Typed run configuration: nested dataclasses that TOML files and CLI flags map onto.
 
-Every field has a default and a one-line doc (the `doc` metadata), which the CLI reuses as help.
-`from_mapping` rejects unknown keys and wrong types, naming the dotted key.
+Every field has a default, a one-line doc, which the CLI reuses as help, and the values it admits
+(options.py's `option`, here `_f`). options.py's `from_mapping` reads a config from TOML or JSON,
+rejecting unknown keys and wrong types by their dotted key.
 """
 
 from __future__ import annotations
@@ -9,82 +10,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from scaletrain.errors import ConfigError
+from scaletrain.options import Table, checked_fields, flatten_mapping, leaf_fields, option as _f, to_mapping
 from scaletrain.registry import Choices, Declarations, Registry
-
-
-# Every integer a config value or flag feeds (tensor sizes, step counters, torch's C++ API) is at
-# most 64 bits wide: anything larger is refused here, not met later as an OverflowError.
-INT64_MAX = 2**63 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """The values a field admits, declared beside its default and checked once, at the boundary
-    (`TrainConfig.validate`). Bounds apply to a number or to every item of a list; None passes
-    (an optional field left unset)."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    choices: tuple | None = None
-    pattern: str | None = None      # a regular expression the whole text must match
-    rule: str = ""                  # the pattern in words, for the error message
-
-    def problem(self, value: Any) -> str | None:
-        if value is None:
-            return None
-        if isinstance(value, list):
-            for item in value:
-                bad = self.problem(item)
-                if bad:
-                    return f"has an item that {bad}"
-            return None
-        if self.choices is not None and value not in self.choices:
-            return f"must be one of {', '.join(map(str, self.choices))}"
-        if self.pattern is not None and isinstance(value, str) and not re.fullmatch(self.pattern, value):
-            return f"must be {self.rule}"
-        if isinstance(value, float) and not math.isfinite(value):
-            return "must be a finite number"
-        if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX <= value <= INT64_MAX:
-            return f"must fit a 64-bit integer (at most {INT64_MAX:,})"
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            for bound, ok, words in ((self.ge, lambda b: value >= b, "at least"), (self.gt, lambda b: value > b, "greater than"),
-                                     (self.le, lambda b: value <= b, "at most"), (self.lt, lambda b: value < b, "less than")):
-                if bound is not None and not ok(bound):
-                    return f"must be {self.describe()}"
-        return None
-
-    def describe(self) -> str:
-        if self.choices is not None:
-            return "one of " + ", ".join(map(str, self.choices))
-        parts = [f"{w} {b:g}" for b, w in ((self.ge, ">="), (self.gt, ">"), (self.le, "<="), (self.lt, "<"))
-                 if b is not None]
-        return " and ".join(parts)
-
-
-def _f(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, pattern=None, rule="",
-       resumable: bool = False, training_only: bool = False) -> Any:
-    """A config field: its default, a one-line doc (also the CLI help), the values it admits,
-    whether a resume may change it (`resumable`: it changes how the run goes on, not what it is),
-    and whether only training reads it (`training_only`: how gradients and updates travel; a
-    command that runs a saved model's forward, such as `predict`, offers no flag for it)."""
-    if choices is not None and not isinstance(choices, Choices):
-        choices = tuple(choices)
-    check = Check(ge=ge, gt=gt, le=le, lt=lt, choices=choices, pattern=pattern, rule=rule)
-    meta = {"doc": doc, "check": check, "resumable": resumable, "training_only": training_only}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 # The choice lists users may name. Each reads the names its package declares (registry.py's
@@ -200,16 +133,6 @@ class PrecisionConfig:
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 
 
-@dataclass(frozen=True, slots=True)
-class Table:
-    """A typed table of options a strategy owns (`[distributed.<name>]`), defined in its file and
-    registered with `register_table`. `owners`: the strategies that read it; a value off its
-    default under another strategy is an error. A table may define `problem(cfg) -> str | None`
-    for its own rules tying fields together, checked when one of its owners is chosen."""
-    cls: type
-    owners: tuple[str, ...]
-
-
 @dataclass(kw_only=True, slots=True)
 class DistributedConfig:
     strategy: str = _f("auto", "auto (ddp when launched with several processes, else single), or any strategy "
@@ -280,10 +203,6 @@ def register_table(name: str, cls: type, owners: tuple[str, ...]) -> type:
     options.py, hsdp_options.py): configs, flags and `--help` find it by its declaration there."""
     DistributedConfig.TABLES.add(name, Table(cls, tuple(owners)))
     return cls
-
-
-def _tables(obj: Any) -> dict[str, Table]:
-    return getattr(type(obj), "TABLES", {}) if not isinstance(obj, type) else getattr(obj, "TABLES", {})
 
 
 def _table_problem(distributed: DistributedConfig, cfg: "TrainConfig") -> str | None:
@@ -415,7 +334,7 @@ class TrainConfig:
         self._check_files()
 
     def _check_values(self) -> None:
-        for key, check, value in _checked_fields(self):
+        for key, check, value in checked_fields(self):
             problem = check.problem(value)
             if problem:
                 raise ConfigError(f"config key '{key}' {problem} (got {value!r})")
@@ -434,6 +353,21 @@ class TrainConfig:
                 raise ConfigError(f"config key 'data.drop_last' false trains a smaller last step, but {fixed[0]} needs "
                                   "every step of one shape; keep drop_last (the default) or leave that off")
 
+    @staticmethod
+    def upgraded_mapping(data: dict) -> dict:
+        """Configs written before the target generalised: `target_accuracy = X` is `target = X` on
+        the accuracy metric (saved run configs and recipes keep loading)."""
+        if "target_accuracy" not in data:
+            return data
+        data = dict(data)
+        value = data.pop("target_accuracy")
+        if "target" in data:
+            raise ConfigError("config keys 'target_accuracy' and 'target' are both set; keep 'target' (with "
+                              "'target_metric')")
+        data["target"] = value
+        data.setdefault("target_metric", "accuracy")
+        return data
+
     def _check_files(self) -> None:
         if self.model.init_from is not None and not Path(self.model.init_from).is_file():
             raise ConfigError(f"--init-from {self.model.init_from}: no such file; pass the model.pt of a run "
@@ -443,185 +377,9 @@ class TrainConfig:
                               "folder of a complete checkpoint (one holding a COMMITTED file)")
 
 
-def _checked_fields(obj: Any, prefix: str = ""):
-    """(dotted key, Check, value) for every leaf field, the strategies' tables included."""
-    for f in dataclasses.fields(obj):
-        if f.metadata.get("tables"):
-            for name in _tables(obj):
-                yield from _checked_fields(getattr(obj, name), f"{prefix}{name}.")
-            continue
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _checked_fields(value, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", f.metadata.get("check", Check()), value
-
-
-def _leaf_fields(cls: type, prefix: str = ""):
-    """(dotted key, dataclasses.Field, type) of every leaf field of a config class, tables included."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("tables"):
-            for name, table in _tables(cls).items():
-                yield from _leaf_fields(table.cls, f"{prefix}{name}.")
-        elif dataclasses.is_dataclass(hints[f.name]):
-            yield from _leaf_fields(hints[f.name], f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", f, hints[f.name]
-
-
 def resumable_keys(cls: type | None = None) -> frozenset[str]:
     """The dotted keys a resume may change (declared on each field with `resumable=True`)."""
-    return frozenset(key for key, f, _ in _leaf_fields(cls or TrainConfig) if f.metadata.get("resumable"))
-
-
-def get_path(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def set_path(obj: Any, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        obj = getattr(obj, part)
-    setattr(obj, last, value)
-
-
-def field_docs(cls: type, prefix: str = "") -> dict[str, tuple[Any, str]]:
-    """Maps each dotted leaf key of a config class to (type, doc)."""
-    return {key: (tp, f.metadata.get("doc", "")) for key, f, tp in _leaf_fields(cls, prefix)}
-
-
-def training_only_keys(cls: type) -> tuple[str, ...]:
-    """The dotted keys only training reads (`_f(training_only=True)`)."""
-    return tuple(key for key, f, _ in _leaf_fields(cls) if f.metadata.get("training_only"))
-
-
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if args:
-        return " or ".join(_type_name(a) for a in args)
-    return getattr(tp, "__name__", str(tp))
-
-
-def coerce(value: Any, tp: Any, key: str) -> Any:
-    """Checks (and, for int->float, widens) a value against a field type; raises ConfigError naming the key."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return coerce(value, option, key)
-            except ConfigError:
-                pass
-        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {type(value).__name__} {value!r}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {type(value).__name__} {value!r}")
-        (item,) = typing.get_args(tp)
-        return [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is bool:
-        ok = isinstance(value, bool)
-    elif tp is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, tp)
-    if not ok:
-        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _renamed(data: dict) -> dict:
-    """Configs written before the target generalised: `target_accuracy = X` is `target = X` on
-    the accuracy metric (saved run configs and recipes keep loading)."""
-    if "target_accuracy" not in data:
-        return data
-    data = dict(data)
-    value = data.pop("target_accuracy")
-    if "target" in data:
-        raise ConfigError("config keys 'target_accuracy' and 'target' are both set; keep 'target' (with "
-                          "'target_metric')")
-    data["target"] = value
-    data.setdefault("target_metric", "accuracy")
-    return data
-
-
-def from_mapping(cls: type, data: dict, prefix: str = "", base: Any = None) -> Any:
-    """Builds (or updates `base` of) a config dataclass from a nested mapping, strictly."""
-    obj = base if base is not None else cls()
-    if cls is TrainConfig:
-        data = _renamed(data)
-    hints = typing.get_type_hints(cls)
-    tables = _tables(cls)
-    names = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("tables")}
-    data = _into_tables(data, tables, names)
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if key not in names and key not in tables:
-            raise ConfigError(f"unknown config key '{dotted}'; valid keys here: {', '.join(sorted(names | set(tables)))}")
-        tp = tables[key].cls if key in tables else hints[key]
-        if dataclasses.is_dataclass(tp):
-            if not isinstance(value, dict):
-                raise ConfigError(f"config key '{dotted}' must be a table ([{dotted}])")
-            from_mapping(tp, value, f"{dotted}.", getattr(obj, key))
-        else:
-            setattr(obj, key, coerce(value, tp, dotted))
-    return obj
-
-
-def _into_tables(data: dict, tables: dict[str, Table], names: set[str]) -> dict:
-    """Keys written before a strategy owned its table (`distributed.num_ps`, saved run configs and
-    old TOML files) move into the one table that has a field of that name."""
-    moved = {k: v for k, v in data.items() if k not in names and k not in tables}
-    if not moved:
-        return data
-    out = {k: v for k, v in data.items() if k not in moved}
-    for key, value in moved.items():
-        owner = [name for name, t in tables.items() if key in {f.name for f in dataclasses.fields(t.cls)}]
-        if len(owner) != 1:
-            out[key] = value          # unknown: from_mapping names it
-            continue
-        table = out.setdefault(owner[0], {})
-        if not isinstance(table, dict) or key in table:
-            raise ConfigError(f"config key '{key}' is set both flat and in [distributed.{owner[0]}]; keep the table's")
-        out[owner[0]] = {**table, key: value}
-    return out
-
-
-def to_mapping(obj: Any) -> dict:
-    """The config as plain nested dicts (for TOML/JSON), None values dropped (TOML has no null)."""
-    out = {}
-    for f in dataclasses.fields(obj):
-        if f.metadata.get("tables"):
-            for name in sorted(_tables(obj)):
-                out[name] = to_mapping(getattr(obj, name))
-            continue
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            out[f.name] = to_mapping(value)
-        elif value is not None:
-            out[f.name] = value
-    return out
-
-
-def flatten_mapping(mapping: dict, prefix: str = "") -> dict:
-    """A config mapping as {dotted key: value}; model options stay one value (a dict)."""
-    out = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and key != "options":
-            out.update(flatten_mapping(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+    return frozenset(key for key, f, _ in leaf_fields(cls or TrainConfig) if f.metadata.get("resumable"))
 
 
 def load_toml(path: str | Path) -> dict:

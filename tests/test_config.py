@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from scaletrain.config import (COMPILE_MODES, DATA_SETS, PRECISIONS, STRATEGIES, Check, TrainConfig, field_docs,
-                               from_mapping, set_path)
+from scaletrain.config import COMPILE_MODES, DATA_SETS, PRECISIONS, STRATEGIES, TrainConfig
+from scaletrain.options import Check, field_docs, from_mapping, set_path
 from scaletrain.errors import ConfigError
 
 
@@ -87,7 +87,8 @@ def test_configs_written_with_target_accuracy_still_load_as_an_accuracy_target()
 def test_a_runs_identity_ignores_what_a_resume_may_change_and_how_a_number_is_spelled():
     """What a checkpoint records of its run (issue 66 I1): the configuration less the resumable
     keys, with 15 and 15.0 one value (a config read back turns a float field's integers into floats)."""
-    from scaletrain.config import from_mapping, identity_digest, to_mapping
+    from scaletrain.config import identity_digest
+    from scaletrain.options import from_mapping, to_mapping
     cfg = TrainConfig()
     base = identity_digest(cfg)
     read_back = from_mapping(TrainConfig, to_mapping(cfg))

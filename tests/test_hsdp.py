@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.config import TrainConfig
+from scaletrain.options import from_mapping
 from scaletrain.memory.model_state import ParamInfo, model_state
 from tests.processes import DIGITS_MLP, metrics, run
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.config import TrainConfig
+from scaletrain.options import from_mapping
 from scaletrain.training import build_training
 from tests.processes import DIGITS_MLP, run, run_here
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.config import TrainConfig
+from scaletrain.options import from_mapping
 from scaletrain.distributed.partition import balanced_starts, stage_layers
 from scaletrain.errors import ConfigError
 from scaletrain.models import build_model

@@ -689,7 +689,7 @@ def test_a_flag_changes_only_what_it_names(tmp_path):
     for flags, key, value in ((["--epochs", "3"], "epochs", 3), (["--no-record"], "tracking.record", False),
                               (["--nproc", "2"], "distributed.nproc", 2)):
         cfg = config_from_args(build_parser().parse_args(["train", *flags]))
-        from scaletrain.config import get_path, set_path
+        from scaletrain.options import get_path, set_path
         set_path(bare_copy := config_from_args(build_parser().parse_args(["train"])), key, value)
         assert cfg == bare_copy, flags
         assert get_path(cfg, key) == value
@@ -799,7 +799,8 @@ def test_the_launchers_word_on_a_stopped_job_never_overwrites_a_finished_run(tmp
     """A signal (or a worker's failure) that reaches the launcher after the chief recorded the run
     as finished (a Ctrl-C in the last moments of the job, seen in CI) leaves the finished result
     as it is, in the folder and the store; a run still "running" takes the launcher's word."""
-    from scaletrain.config import TrainConfig, to_mapping
+    from scaletrain.config import TrainConfig
+    from scaletrain.options import to_mapping
     from scaletrain.lifecycle.folder import RunFolder
     from scaletrain.lifecycle.run import RunPlan, record_job_end
     from scaletrain.tracking.store import RunStore

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from scaletrain.config import Check
+from scaletrain.options import Check
 from scaletrain.errors import ConfigError
 
 

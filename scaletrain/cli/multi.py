@@ -60,7 +60,8 @@ def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
 
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import given_overrides
-    from scaletrain.config import TrainConfig, from_mapping
+    from scaletrain.config import TrainConfig
+    from scaletrain.options import from_mapping
     from scaletrain.distributed.launch import inside_worker, launch
     from scaletrain.distributed.strategies.registry import build_layout
     from scaletrain.errors import UserError

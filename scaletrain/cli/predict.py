@@ -13,7 +13,8 @@ from scaletrain.tracking.store import DEFAULT_STORE
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     from scaletrain.cli.train import add_train_arguments
-    from scaletrain.config import TrainConfig, training_only_keys
+    from scaletrain.config import TrainConfig
+    from scaletrain.options import training_only_keys
     parser.add_argument("run_id", metavar="RUN_ID", help="a run with a saved model (model.pt)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", metavar="FILE.npy", help="samples shaped like the run's data (numpy.save)")

@@ -20,7 +20,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from scaletrain.config import FLAG_ALIASES, FLAG_NAMES, TrainConfig, field_docs, from_mapping, load_toml
+from scaletrain.config import FLAG_ALIASES, FLAG_NAMES, TrainConfig, load_toml
+from scaletrain.options import field_docs, from_mapping
 from scaletrain.lifecycle.resume import merge_mappings
 from scaletrain.errors import ConfigError
 

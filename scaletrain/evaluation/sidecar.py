@@ -22,7 +22,8 @@ from rich.console import Console
 
 from scaletrain.checkpoint.checkpointer import load_model_weights
 from scaletrain.checkpoint.store import CheckpointStore
-from scaletrain.config import DistributedConfig, TrainConfig, from_mapping
+from scaletrain.config import DistributedConfig, TrainConfig
+from scaletrain.options import from_mapping
 from scaletrain.errors import UserError
 from scaletrain.lifecycle import RunFolder, checkpoint_store
 from scaletrain.lifecycle.folder import EVALUATIONS

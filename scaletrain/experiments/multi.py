@@ -8,7 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from scaletrain.config import TrainConfig, from_mapping, load_toml
+from scaletrain.config import TrainConfig, load_toml
+from scaletrain.options import from_mapping
 from scaletrain.errors import UserError
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots
 from scaletrain.experiments.jobs import settle, training_job

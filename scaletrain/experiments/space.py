@@ -23,7 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from scaletrain.config import FLAG_NAMES, TrainConfig, coerce, field_docs, load_toml, set_path
+from scaletrain.config import FLAG_NAMES, TrainConfig, load_toml
+from scaletrain.options import coerce, field_docs, set_path
 from scaletrain.errors import ConfigError
 
 TYPES = ("float", "int", "categorical")

@@ -26,7 +26,8 @@ from rich.console import Console
 from scaletrain.console import make_console
 from rich.table import Table
 
-from scaletrain.config import TrainConfig, from_mapping, load_toml, write_toml
+from scaletrain.config import TrainConfig, load_toml, write_toml
+from scaletrain.options import from_mapping
 from scaletrain.errors import PRUNED_EXIT_CODE, UserError
 from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots

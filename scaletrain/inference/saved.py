@@ -6,7 +6,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from scaletrain.config import TrainConfig, from_mapping
+from scaletrain.config import TrainConfig
+from scaletrain.options import from_mapping
 from scaletrain.errors import UserError
 from scaletrain.lifecycle.folder import MODEL
 from scaletrain.tracking.store import RunRecord

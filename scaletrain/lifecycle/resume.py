@@ -8,7 +8,8 @@ of model, data, optimizer, precision or batch plan is an error naming the keys.
 
 from __future__ import annotations
 
-from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, resumable_keys, to_mapping
+from scaletrain.config import TrainConfig, resumable_keys
+from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 from scaletrain.errors import ConfigError
 
 # Which keys may change is declared on each field (`resumable=True` in config.py): how long it

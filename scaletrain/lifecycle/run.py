@@ -23,7 +23,8 @@ from datetime import datetime
 from pathlib import Path
 
 from scaletrain.checkpoint import Checkpointer, CheckpointStore
-from scaletrain.config import TrainConfig, from_mapping, to_mapping
+from scaletrain.config import TrainConfig
+from scaletrain.options import from_mapping, to_mapping
 from scaletrain.errors import ConfigError, UserError, WriteFailed
 from scaletrain.lifecycle.folder import RunFolder, enclosing_run
 from scaletrain.lifecycle.lock import FolderLock

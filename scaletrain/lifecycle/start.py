@@ -28,7 +28,8 @@ from scaletrain.callbacks import (AllocatorRetries, EarlyStopping, MetricsLog, P
                                   TotalTime)
 from scaletrain.checkpoint.space import Reserved
 from scaletrain.checkpoint.store import write_atomically
-from scaletrain.config import TrainConfig, flatten_mapping, from_mapping, to_mapping
+from scaletrain.config import TrainConfig
+from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 from scaletrain.data import load_dataset
 from scaletrain.errors import UserError
 from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders

@@ -9,7 +9,7 @@ import html
 from datetime import datetime
 from pathlib import Path
 
-from scaletrain.config import flatten_mapping
+from scaletrain.options import flatten_mapping
 from scaletrain.reports.compare import COLUMNS
 from scaletrain.reports.figures import colour, new_figure, style, to_svg
 from scaletrain.tracking.store import RunRecord, RunStore

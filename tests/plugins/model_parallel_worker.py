@@ -9,7 +9,8 @@ import sys
 import torch
 from torch.distributed.tensor import DTensor
 
-from scaletrain.config import DataConfig, DistributedConfig, ModelConfig, OptimConfig, TrainConfig, from_mapping
+from scaletrain.config import DataConfig, DistributedConfig, ModelConfig, OptimConfig, TrainConfig
+from scaletrain.options import from_mapping
 from scaletrain.training import build_training
 
 settings, out = json.loads(sys.argv[1]), sys.argv[2]

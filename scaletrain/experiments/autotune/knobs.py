@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scaletrain.config import TrainConfig, get_path, set_path
+from scaletrain.config import TrainConfig
+from scaletrain.options import get_path, set_path
 from scaletrain.distributed.strategies.registry import plannable_strategies, strategy_class
 from scaletrain.models.blocks import has_repeated_blocks
 from scaletrain.precision import POLICIES

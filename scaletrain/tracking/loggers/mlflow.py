@@ -94,7 +94,7 @@ def export_runs(store, records, uri: str) -> tuple[list[str], list[str]]:
     already there) run ids."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
-    from scaletrain.config import flatten_mapping
+    from scaletrain.options import flatten_mapping
     client = MlflowClient(tracking_uri=uri)
     exported, present = [], []
     for record in records:

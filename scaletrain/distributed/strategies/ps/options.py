@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.config import _f, register_table
+from scaletrain.config import register_table
+from scaletrain.options import option as _f
 
 
 @dataclass(kw_only=True, slots=True)
