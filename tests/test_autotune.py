@@ -367,7 +367,8 @@ def test_time_to_target_searches_the_batch_size_whatever_knobs_names(tmp_path):
     from rich.console import Console
 
     from scaletrain.config import DataConfig, ModelConfig, TrainConfig
-    from scaletrain.experiments.autotune.search import OBJECTIVES, AutoTuner, AutotuneSettings
+    from scaletrain.experiments.autotune.search import AutoTuner
+    from scaletrain.experiments.autotune.settings import OBJECTIVES, AutotuneSettings
     cfg = TrainConfig(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), batch_size=64, target=0.9,
                       target_metric="accuracy", device="cpu")
     for objective, labels in (("time-to-target", ["batch_size", "threads"]), ("throughput", ["threads"])):
@@ -428,7 +429,8 @@ def test_precisions_the_device_only_emulates_are_skipped_unless_asked(tmp_path):
 
     from scaletrain.config import DataConfig, ModelConfig, TrainConfig
     from scaletrain.experiments.autotune.knobs import emulated_precisions
-    from scaletrain.experiments.autotune.search import AutoTuner, AutotuneSettings
+    from scaletrain.experiments.autotune.search import AutoTuner
+    from scaletrain.experiments.autotune.settings import AutotuneSettings
     from scaletrain.precision.hardware import device_facts
     cfg = TrainConfig(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), batch_size=64, device="cpu")
     emulated = emulated_precisions("fp32", device_facts(torch_cpu()))
@@ -554,7 +556,7 @@ def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):
 
 
 def test_studies_of_one_name_in_two_folders_never_share_a_store_group(tmp_path):
-    from scaletrain.experiments.autotune.search import study_group
+    from scaletrain.experiments.autotune.settings import study_group
     store = str(tmp_path / "runs" / "runs.db")
     assert study_group("autotune", tmp_path / "runs" / "autotune" / "autotune", store) == "autotune-autotune"
     a, b = study_group("autotune", tmp_path / "a", store), study_group("autotune", tmp_path / "b", store)
