@@ -1,4 +1,4 @@
-"""One run end to end, on every rank: start (lifecycle/start.py) -> build -> fit -> finish. The
+"""One run end to end, on every rank: start (lifecycle/run.py) -> build -> fit -> finish. The
 chief decides the run's folder and configuration and tells the others; only it prints and
 writes run files. `launch_training` starts the processes of a multi-process run and records a
 job that did not finish.
@@ -15,7 +15,7 @@ from scaletrain.console import make_console
 from scaletrain.distributed import build_strategy, dist_env
 from scaletrain.distributed.capabilities import Serving
 from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE
-from scaletrain.lifecycle.start import RunRequest, settle_config, start_run
+from scaletrain.lifecycle.run import RunRequest, settle_config, start_run
 from scaletrain.summary import RunSummary
 from scaletrain.training import Trainer, build_training
 
@@ -61,7 +61,7 @@ def launch_training(request: RunRequest, argv: list[str], hosts: int = 1) -> int
     everything its workers would refuse was refused here in one line; each worker continues the
     run planned here. Returns the job's exit code; a job that did not finish is recorded so."""
     from scaletrain.distributed.launch import launch_from_config
-    from scaletrain.lifecycle.run import make_checkpointer, plan_run, record_job_end
+    from scaletrain.lifecycle.plan import make_checkpointer, plan_run, record_job_end
     from scaletrain.training.preflight import preflight
     cfg, env = request.config, dist_env()
     plan = plan_run(cfg, env)

@@ -1,4 +1,4 @@
-"""One owner of a run (lifecycle/start.py): its configuration is checked once, and every party that
+"""One owner of a run (lifecycle/run.py): its configuration is checked once, and every party that
 records it (the folder, the store, the trackers) hears once how it ended, whatever ended it.
 Real runs on digits, in this process; the parties are the real ones, counted where they are told."""
 
@@ -12,7 +12,7 @@ import scaletrain.config as config_module
 from scaletrain.cli.main import main
 from scaletrain.config import TrainConfig
 from scaletrain.errors import WriteFailed
-from scaletrain.lifecycle.run import TakenFolder
+from scaletrain.lifecycle.plan import TakenFolder
 from scaletrain.tracking import RunStore
 from scaletrain.tracking.tracked_run import TrackedRun
 from tests.processes import DIGITS_MLP

@@ -802,7 +802,7 @@ def test_the_launchers_word_on_a_stopped_job_never_overwrites_a_finished_run(tmp
     from scaletrain.config import TrainConfig
     from scaletrain.options import to_mapping
     from scaletrain.lifecycle.folder import RunFolder
-    from scaletrain.lifecycle.run import RunPlan, record_job_end
+    from scaletrain.lifecycle.plan import RunPlan, record_job_end
     from scaletrain.tracking.store import RunStore
     cfg = TrainConfig()
     cfg.tracking.store = str(tmp_path / "runs.db")

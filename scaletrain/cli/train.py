@@ -215,7 +215,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.distributed.launch import inside_worker
     from scaletrain.distributed.strategies.registry import strategy_class
     from scaletrain.experiments.pruning import trial_callbacks_from_env
-    from scaletrain.lifecycle.start import settle_config
+    from scaletrain.lifecycle.run import settle_config
     from scaletrain.runner import launch_training, run_training
     spec = cluster_from_env()
     if spec is not None and spec.is_evaluator:

@@ -10,33 +10,33 @@ from typing import TYPE_CHECKING
 from scaletrain.lazy import lazy_exports
 
 _EXPORTS = {
-    "RUNS_ROOT": "scaletrain.lifecycle.run",
-    "checkpoint_store": "scaletrain.lifecycle.run",
-    "make_checkpointer": "scaletrain.lifecycle.run",
-    "resume_source": "scaletrain.lifecycle.run",
-    "run_name": "scaletrain.lifecycle.run",
+    "RUNS_ROOT": "scaletrain.lifecycle.plan",
+    "checkpoint_store": "scaletrain.lifecycle.plan",
+    "make_checkpointer": "scaletrain.lifecycle.plan",
+    "resume_source": "scaletrain.lifecycle.plan",
+    "run_name": "scaletrain.lifecycle.plan",
     "FolderLock": "scaletrain.lifecycle.lock",
-    "Run": "scaletrain.lifecycle.start",
-    "RunRequest": "scaletrain.lifecycle.start",
-    "TakenFolder": "scaletrain.lifecycle.run",
+    "Run": "scaletrain.lifecycle.run",
+    "RunRequest": "scaletrain.lifecycle.run",
+    "TakenFolder": "scaletrain.lifecycle.plan",
     "RunFolder": "scaletrain.lifecycle.folder",
     "RunFolderBusy": "scaletrain.lifecycle.lock",
-    "RunPlan": "scaletrain.lifecycle.run",
+    "RunPlan": "scaletrain.lifecycle.plan",
     "check_new_output_dir": "scaletrain.lifecycle.paths",
     "check_writable_dir": "scaletrain.lifecycle.paths",
     "check_writable_file": "scaletrain.lifecycle.paths",
     "locked_differences": "scaletrain.lifecycle.resume",
-    "plan_run": "scaletrain.lifecycle.run",
+    "plan_run": "scaletrain.lifecycle.plan",
     "resume_config": "scaletrain.lifecycle.resume",
-    "settle_config": "scaletrain.lifecycle.start",
-    "start_run": "scaletrain.lifecycle.start",
+    "settle_config": "scaletrain.lifecycle.run",
+    "start_run": "scaletrain.lifecycle.run",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.lifecycle.run import RUNS_ROOT, checkpoint_store, make_checkpointer, resume_source, run_name, RunPlan, TakenFolder, plan_run
-    from scaletrain.lifecycle.start import Run, RunRequest, settle_config, start_run
+    from scaletrain.lifecycle.plan import RUNS_ROOT, checkpoint_store, make_checkpointer, resume_source, run_name, RunPlan, TakenFolder, plan_run
+    from scaletrain.lifecycle.run import Run, RunRequest, settle_config, start_run
     from scaletrain.lifecycle.lock import FolderLock, RunFolderBusy
     from scaletrain.lifecycle.folder import RunFolder
     from scaletrain.lifecycle.paths import check_new_output_dir, check_writable_dir, check_writable_file

@@ -1,287 +1,327 @@
-"""A run's folder: `plan_run` decides (reading only) which folder a training uses and whether it
-starts, resumes or overwrites a run there; `TakenFolder` takes it (lock, id, saved config) and
-records how the run ended. The run itself, which tells its folder, the store and the trackers,
-is `start.py`'s `Run`.
+"""One owner of a run, from its configuration to how it ended.
 
-The rules, in order:
-- a torchrun restart continues the folder of the attempt before it (found by its launch identity:
-  host, agent pid, rendezvous id), whatever else was asked;
-- `--run-dir DIR` that holds no run: a new run there; one that holds a run: `--resume` continues
-  it (its saved configuration, see resume.py), `--overwrite` deletes it and starts afresh, and
-  anything else is refused with one line naming both;
-- no `--run-dir`: `--resume auto` continues the newest run under ./scaletrain-runs whose fixed
-  configuration equals this one and that has a complete checkpoint; otherwise a new folder named
-  `<time>-<model>-<data>-<precision>-<run id>`: two trainings never share one.
+    settle_config   a cloud job's folders applied, a resumed run's saved configuration adopted, the
+                    model's own optimizer written in, every value checked: once, before any
+                    worker starts (the launcher settles what its workers will settle again)
+    start_run       the chief plans the folder and every rank adopts its plan; the data the run
+                    trains on is read and its target checked (a refusal costs no folder); the
+                    folder is taken, the store record and the trackers opened; the run hands out
+                    its checkpointer and callbacks
+    Run.finish      the summary and the model written, then the store, the trackers and the
+                    folder told, each once
+    Run.fail        every party not yet told hears how the run ended, once
+
+The runner reads start -> build -> fit -> finish; whatever raises in between ends the run
+through `with run:`.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-from dataclasses import dataclass
-from datetime import datetime
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scaletrain.checkpoint import Checkpointer, CheckpointStore
+import torch
+from rich.console import Console
+
+from scaletrain.callbacks import (AllocatorRetries, EarlyStopping, MetricsLog, ProgressBar, StopAtTarget, Throughput,
+                                  TotalTime)
+from scaletrain.checkpoint.space import Reserved
+from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig
-from scaletrain.options import from_mapping, to_mapping
-from scaletrain.errors import ConfigError, UserError, WriteFailed
-from scaletrain.lifecycle.folder import RunFolder, enclosing_run
-from scaletrain.lifecycle.lock import FolderLock
-from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
-from scaletrain.lifecycle.resume import describe_differences, locked_differences
-from scaletrain.tracking.store import RunStore, new_run_id
+from scaletrain.options import flatten_mapping, from_mapping, to_mapping
+from scaletrain.data import load_dataset
+from scaletrain.errors import UserError
+from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
+from scaletrain.lifecycle.resume import resume_config
+from scaletrain.lifecycle.plan import (RunPlan, TakenFolder, make_checkpointer, plan_run, record_job_end, resume_source,
+                                      run_name)
+from scaletrain.lifecycle.stops import StopWatch
+from scaletrain.lifecycle.folder import RunFolder
+from scaletrain.optim.schedules import replica_lr_scale
+from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
+from scaletrain.tracking.loggers import build_trackers, check_trackers
+from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
+from scaletrain.tracking.tracked_run import TrackedRun, ending_status
+from scaletrain.training.build import task_for
+from scaletrain.training.defaults import Setting, describe_settings, settle_precision_here
+from scaletrain.training.preflight import settle_model_optimizer
 
-RUNS_ROOT = Path("scaletrain-runs")
 
-
-def run_name(cfg: TrainConfig) -> str:
-    return f"{cfg.model.name}-{cfg.data.name}-{cfg.precision.policy}".replace("/", "_").replace(":", "_")
-
-
-def launch_identity(env) -> dict:
-    """What stays the same across torchrun's restarts of one job and differs between two jobs:
-    the host and the agent process (every worker's parent), and the rendezvous id."""
-    return {"host": socket.gethostname(), "agent_pid": os.getppid() if env.under_elastic else None,
-            "rdzv_id": env.run_id}
+SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)
 
 
 @dataclass(slots=True)
-class RunPlan:
-    folder: RunFolder
-    mode: str                    # "new", "resume" or "overwrite"
-    run_id: str
-
-    def describe(self) -> str:
-        return {"new": "new run", "resume": "resuming run", "overwrite": "new run (overwriting the folder)"}[self.mode]
-
-
-def checkpoint_store(cfg: TrainConfig, folder: RunFolder, run_id: str | None = None) -> CheckpointStore:
-    """Where the run's checkpoints are kept (its folder's checkpoints/, or --checkpoint-dir), as
-    run `run_id`'s (None: only read)."""
-    root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else folder.path / "checkpoints"
-    return CheckpointStore(root, keep=cfg.checkpoint.keep, owner=run_id)
+class RunRequest:
+    """A configuration settled for one run (see `settle_config`), the cloud job's folders in
+    effect (the summary names them; the finished model is delivered to one), and what the
+    settling chose from the hardware (the start line says it, the record keeps it)."""
+    config: TrainConfig
+    folders: JobFolders
+    settings: list[Setting] = field(default_factory=list)
 
 
-def _check_owned_outputs(cfg: TrainConfig, plan: RunPlan) -> None:
-    """A run writes only where it owns: no output inside another run's folder, and a checkpoint
-    folder that is its own or no run's (checkpoint/store.py's owner.json)."""
-    own = plan.folder.path.resolve()
-    host = enclosing_run(own.parent)
-    if host is not None:
-        raise UserError(f"--run-dir {plan.folder.path} is inside the folder of run {host.run_id or '?'} ({host.path}); "
-                        "a run's folder holds only that run: pass a --run-dir outside it")
-    for path, flag in ((cfg.checkpoint.dir, "--checkpoint-dir"), (cfg.summary_json, "--summary-json")):
-        other = enclosing_run(Path(path).resolve()) if path else None
-        if other is not None and other.path.resolve() != own:
-            raise UserError(f"{flag} {path} is inside the folder of run {other.run_id or '?'} ({other.path}); a run "
-                            f"writes only in its own folder or outside every run's: pass another {flag}")
-    if cfg.checkpoint.dir:
-        problem = checkpoint_store(cfg, plan.folder, plan.run_id).owner_problem()
-        if problem:
-            raise UserError(problem)
+def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunRequest:
+    """The configuration a run trains with, checked once. `flags`: what the command line named
+    (the CLI's), for a resume to continue the run with its saved configuration, changing only what
+    may change mid-run (resume.py); the Python API's configuration is taken whole."""
+    folders = apply_job_folders(cfg, job_folders())
+    if flags is not None:
+        source = resume_source(cfg, env)
+        if source is not None and source.config() is not None:
+            cfg = resume_config(source.config(), flags, str(source))
+            cfg.run_dir = str(source.path)
+            folders = apply_job_folders(cfg, job_folders())
+    cfg.validate()
+    check_trackers(cfg.tracking.logger_names())
+    settle_model_optimizer(cfg)   # a LightningModule's own optimizer, in the config the run records
+    # `--precision auto` becomes the device's policy in the configuration the run saves, so a
+    # resume (or another host of the job, which adopts the chief's) runs the same one.
+    precision = settle_precision_here(cfg)
+    return RunRequest(cfg, folders, [precision] if precision.why else [])
 
 
-def _check_resumable(cfg: TrainConfig, folder: RunFolder) -> None:
-    saved = folder.config()
-    if saved is not None:
-        diffs = locked_differences(from_mapping(TrainConfig, saved), cfg)
-        if diffs:
-            raise ConfigError(f"cannot resume {folder} with a different configuration ({describe_differences(diffs)}); "
-                              "these keys are fixed for a run: drop those flags to continue it, or start a new run "
-                              "(another --run-dir, or --overwrite)")
-    if folder.status == "finished" and not checkpoint_store(cfg, folder).complete():
-        raise UserError(f"run {folder.run_id} in {folder} finished and kept no checkpoint to continue from; "
-                        "pass --overwrite to start afresh there, or another --run-dir")
-
-
-def _probe_lock(folder: RunFolder) -> None:
-    if folder.path.is_dir():
-        lock = FolderLock(folder.path)
-        lock.acquire()   # raises RunFolderBusy naming the holder
-        lock.release()
-
-
-def _new_folder(cfg: TrainConfig, run_id: str) -> RunFolder:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return RunFolder(RUNS_ROOT / f"{stamp}-{run_name(cfg)}-{run_id}")
-
-
-def _candidates() -> list[RunFolder]:
-    """Run folders under RUNS_ROOT, newest first."""
-    if not RUNS_ROOT.is_dir():
-        return []
-    found = [RunFolder(p) for p in RUNS_ROOT.iterdir() if p.is_dir()]
-    return sorted(found, key=lambda f: f.path.stat().st_mtime, reverse=True)
-
-
-def _folder_of_launch(env) -> RunFolder | None:
-    identity = launch_identity(env)
-    for folder in _candidates():
+def agree_on_plan(cfg: TrainConfig, env, strategy) -> tuple[RunPlan, TrainConfig]:
+    """The chief plans the run (folder, mode, id) and every rank adopts its plan and config, so
+    ranks on other hosts, which do not see the run folder, continue the same run."""
+    if strategy.is_chief:
         try:
-            if folder.meta().get("launch") == identity:
-                return folder
-        except UserError:
-            continue
-    return None
-
-
-def latest_resumable(cfg: TrainConfig) -> RunFolder | None:
-    """The newest run under RUNS_ROOT with the same fixed configuration and a complete checkpoint."""
-    for folder in _candidates():
-        try:
-            saved = folder.config()
-            if saved is None or locked_differences(from_mapping(TrainConfig, saved), cfg):
-                continue
-        except UserError:
-            continue
-        if checkpoint_store(cfg, folder).complete():
-            return folder
-    return None
-
-
-def resume_source(cfg: TrainConfig, env) -> RunFolder | None:
-    """The run folder a training would continue, or None for a new run (see the module doc)."""
-    if env.restart_count > 0:
-        folder = RunFolder(cfg.run_dir) if cfg.run_dir else _folder_of_launch(env)
-        if folder is not None and folder.holds_run():
-            return folder
-    if cfg.run_dir:
-        folder = RunFolder(cfg.run_dir)
-        return folder if cfg.checkpoint.resume is not None and folder.holds_run() and not cfg.overwrite else None
-    return latest_resumable(cfg) if cfg.checkpoint.resume == "auto" else None
-
-
-def check_outputs(cfg: TrainConfig) -> None:
-    """Every path the run will write, checked before any work starts."""
-    if cfg.summary_json:
-        check_writable_file(cfg.summary_json, "--summary-json")
-    if cfg.checkpoint.dir:
-        check_writable_dir(cfg.checkpoint.dir, "--checkpoint-dir")
-    if cfg.tracking.record:
-        check_writable_file(cfg.tracking.store, "run store (--store)")
-
-
-def plan_run(cfg: TrainConfig, env) -> RunPlan:
-    """Decides the run's folder and mode, and checks every output it will write; writes nothing.
-    Raises UserError on a conflict."""
-    plan = _decide_folder(cfg, env)
-    _check_owned_outputs(cfg, plan)
-    return plan
-
-
-def _decide_folder(cfg: TrainConfig, env) -> RunPlan:
-    check_outputs(cfg)
-    if cfg.run_dir:
-        check_writable_dir(cfg.run_dir, "--run-dir")
-    else:
-        check_writable_dir(RUNS_ROOT, "runs folder")
-    source = resume_source(cfg, env)
-    if source is not None:
-        _probe_lock(source)
-        if env.restart_count == 0:
-            _check_resumable(cfg, source)
-        if cfg.tracking.run_id and source.run_id and cfg.tracking.run_id != source.run_id:
-            raise UserError(f"run folder {source} holds run {source.run_id}; --run-id {cfg.tracking.run_id} names "
-                            "another: drop --run-id to continue it")
-        return RunPlan(source, "resume", source.run_id or cfg.tracking.run_id or new_run_id())
-    run_id = cfg.tracking.run_id or new_run_id()
-    if not cfg.run_dir:
-        return RunPlan(_new_folder(cfg, run_id), "new", run_id)
-    folder = RunFolder(cfg.run_dir)
-    _probe_lock(folder)
-    if not folder.holds_run():
-        return RunPlan(folder, "new", run_id)
-    if cfg.overwrite:
-        return RunPlan(folder, "overwrite", run_id)
-    raise UserError(f"run folder {folder} already holds run {folder.run_id or '?'} ({folder.status or 'status unknown'}); "
-                    "continue it with --resume auto, start afresh there with --overwrite (deletes its files), "
-                    "or pass another --run-dir")
-
-
-class TakenFolder:
-    """A run's folder, taken: locked, with the run's id and configuration, and how the run ended."""
-
-    def __init__(self, plan: RunPlan, cfg: TrainConfig, env):
-        self.folder, self.mode, self.run_id, self.config = plan.folder, plan.mode, plan.run_id, cfg
-        self.path = plan.folder.path
-        self.launch = launch_identity(env)
-        self.created = not self.path.exists()
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.lock = FolderLock(self.path)
-        try:
-            self.lock.acquire()
-            if self.mode == "overwrite":
-                self.folder.clear()
-            if not self.resumed:
-                self.folder.start(self.run_id, to_mapping(cfg), self.launch)
-        except BaseException:
-            self.lock.release()
-            if self.created:
-                self.folder.remove_if_unused()
+            plan = plan_run(cfg, env)
+            message = {"folder": str(plan.folder.path), "mode": plan.mode, "run_id": plan.run_id,
+                       "config": to_mapping(cfg)}
+        except UserError as exc:
+            strategy.broadcast_object({"error": str(exc)})
             raise
-        self.began = False     # training began in this process (a resume: its checkpoint loaded)
-        self.stepped = False   # ... and ran a step
+        strategy.broadcast_object(message)
+        return plan, cfg
+    message = strategy.broadcast_object(None)
+    if "error" in message:
+        raise UserError(message["error"])
+    return (RunPlan(RunFolder(message["folder"]), message["mode"], message["run_id"]),
+            from_mapping(TrainConfig, message["config"]))
+
+
+def start_run(request: RunRequest, env, strategy, console: Console, extra_callbacks=()) -> "Run":
+    """Every rank's run, started (see the module doc). `extra_callbacks`: a caller's own (a tuner's
+    pruning), last, so an epoch is recorded before one of them stops the run."""
+    wall_start = time.perf_counter()
+    plan, cfg = agree_on_plan(request.config, env, strategy)
+    dataset = load_dataset(cfg.data, seed=cfg.seed)
+    task = task_for(cfg, dataset)
+    metric = task.check_metric(cfg.target_metric) if cfg.target is not None else None
+    run = Run(plan, cfg, env, strategy, request.folders, dataset, task, console, wall_start, request.settings)
+    run.open(metric, list(extra_callbacks))
+    return run
+
+
+class Run:
+    """A started run on one rank. The chief holds the parties that record it (its folder, its store
+    record, the external trackers); every rank holds its configuration, data, task, checkpointer
+    and callbacks. `with run:` ends it through `fail` if anything raises."""
+
+    def __init__(self, plan: RunPlan, cfg: TrainConfig, env, strategy, folders: JobFolders, dataset, task,
+                 console: Console, wall_start: float, settings: list[Setting] = ()):
+        self.plan, self.config, self.env, self.strategy, self.folders = plan, cfg, env, strategy, folders
+        self.settled = list(settings)   # what settling the configuration chose (the precision)
+        self.dataset, self.task, self.console, self.wall_start = dataset, task, console, wall_start
+        self.run_id, self.path = plan.run_id, plan.folder.path
+        # A resumed run that had finished: known before training marks it running again.
+        self.previous_status = plan.folder.status if strategy.is_chief and plan.mode == "resume" else None
+        self._parties: dict = {}    # who records the run, each told once how it ended
+        self._reserved: dict[str, Reserved] = {}   # the chief's disk space for model.pt and summary.json
+        self.tracked: TrackedRun | None = None
+        self.callbacks: list = []
+        self.checkpointer = None
+        self.stop_watch: StopWatch | None = None
+
+    def open(self, metric: str | None, extra_callbacks: list) -> None:
+        """Opens the parties that record the run (the chief takes its folder, opens its store
+        record and the trackers) and builds its callbacks and checkpointer; a failure here is told
+        to whichever had opened. `metric`: the one --target names (None without a target)."""
+        try:
+            self.callbacks = self._callbacks(metric, extra_callbacks)
+            self.checkpointer = make_checkpointer(self.plan, self.config, self.env)
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        # A signal while the main thread is stuck in C++ (a collective with a hung peer) still
+        # ends the run as interrupted (stops.py); disarmed when the `with` block ends.
+        self.stop_watch = StopWatch.arm(self._last_words)
 
     @property
-    def resumed(self) -> bool:
-        return self.mode == "resume"
+    def is_chief(self) -> bool:
+        return self.strategy.is_chief
 
-    def on_train_begin(self, trainer) -> None:
-        """A callback hook: a resumed run is marked running (with the configuration it continues
-        with) only once its checkpoint has loaded, so a failed resume attempt changes nothing."""
-        if self.resumed:
-            self.folder.start(self.run_id, to_mapping(self.config), self.launch)
-        self.began = True
+    def _callbacks(self, metric: str | None, extra: list) -> list:
+        cfg, console = self.config, self.console
+        # Measuring and stopping callbacks run on every rank (a stop must be taken by all of them,
+        # and the metrics they read are already reduced); recording ones only on the chief.
+        callbacks = [Throughput(console, verbose=False), TotalTime(console, verbose=False)]
+        if metric is not None:
+            callbacks.append(StopAtTarget(cfg.target, cfg.patience, f"val_{metric}", self.task.metrics[metric],
+                                          console=console))
+        if cfg.early_stopping_patience is not None:
+            callbacks.append(EarlyStopping(patience=cfg.early_stopping_patience))
+        if self.is_chief:
+            folder = self._parties["folder"] = TakenFolder(self.plan, cfg, self.env)
+            callbacks.append(folder)
+            if cfg.tracking.record:
+                tracked = self._parties["tracked"] = self.tracked = TrackedRun(
+                    cfg, self.path, self.run_id, run_name(cfg), self.wall_start, self.strategy.device,
+                    resumed=folder.resumed)
+                callbacks += [tracked, tracked.recorder]
+            callbacks.append(MetricsLog(self.path / f"metrics.{cfg.metrics_format}", cfg.metrics_format))
+            if cfg.progress:
+                callbacks.append(ProgressBar(console))
+            callbacks.append(AllocatorRetries(console))   # silent where there is no CUDA allocator
+            if cfg.tracking.logger_names():
+                callbacks.append(self._external_logging(folder.resumed))
+        return callbacks + extra
 
-    def on_train_batch_end(self, trainer, step: int, logs) -> None:
-        self.stepped = True
+    def _external_logging(self, resumed: bool) -> ExternalLogging:
+        cfg = self.config
+        info = RunInfo(run_id=self.run_id, name=run_name(cfg), run_dir=self.path, group=cfg.tracking.group,
+                       params=flatten_mapping(to_mapping(cfg)),
+                       tags={"run_id": self.run_id, "precision": cfg.precision.policy, "model": cfg.model.name,
+                             "data": cfg.data.name},
+                       resumed=resumed,
+                       log_dir=Path(self.folders.tensorboard_dir) if self.folders.tensorboard_dir else None)
+        trackers = self._parties["trackers"] = ExternalLogging(build_trackers(cfg.tracking.logger_names()), info)
+        return trackers
 
-    def finish(self) -> None:
-        self.folder.set_status("finished")
-        self.lock.release()
+    def announce(self, trainer) -> None:
+        """The run's opening lines, and the environment its store record will hold."""
+        cfg, console, strategy = self.config, self.console, self.strategy
+        # The trainer's own settings, with what the configuration's settling chose in place of the
+        # trainer's "as configured" where both name one (the precision `auto` chose).
+        settled = {s.name: s for s in self.settled}
+        settings = [settled.get(s.name, s) for s in trainer.settings]
+        if self.tracked is not None:
+            self.tracked.describe(trainer.device, device_name(trainer.device), strategy.world_size,
+                                  {s.name: s.record() for s in settings})
+        dataset = self.dataset
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        console.print(f"scaletrain: {cfg.model.name} ({n_params / 1e6:.2f}M params) on {dataset.name} "
+                      f"({dataset.describe_splits()}, {trainer.task.name}), {cfg.precision.policy} on "
+                      f"{trainer.device}, strategy {strategy.name}, {self.plan.describe()} {self.run_id} in "
+                      f"{self.plan.folder}", soft_wrap=True)
+        console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
+        console.print(f"settings: {describe_settings(settings)}", soft_wrap=True)
+        if strategy.describe():
+            console.print(f"layout: {strategy.describe()}", soft_wrap=True)
+        for advice in trainer.advice:
+            console.print(f"note: {advice}", soft_wrap=True)
+        replicas = strategy.layout.replicas
+        scale = replica_lr_scale(cfg.optim.lr_scaling, replicas)
+        if scale != 1.0:
+            console.print(f"lr: {cfg.optim.lr:g} x {scale:g} ({cfg.optim.lr_scaling} scaling for {replicas} "
+                          f"replicas) = {cfg.optim.lr * scale:g}, reached after "
+                          f"{cfg.optim.lr_scaling_warmup_epochs:g} epoch(s) of warm-up", soft_wrap=True)
+        if self.env.restart_count:
+            console.print(f"torchrun restart {self.env.restart_count}: resuming from the newest complete checkpoint")
 
-    def fail(self, status: str) -> None:
-        """Records how the run ended. A new run that ran no step in a folder this process made
-        leaves nothing behind (a configuration error, or a bad sample met while streaming the first
-        batch, costs no folder); a resume that never began leaves the run as it was."""
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
         try:
-            if self.created and not self.stepped and not self.resumed:
-                self.folder.remove_if_unused()
-            elif self.began:
-                self.folder.set_status(status)
-        except WriteFailed:    # a disk still full: run.json keeps "running"; the error being handled says why
-            pass
+            if exc is not None:
+                self.fail(exc)
         finally:
-            self.lock.release()
+            if self.stop_watch is not None:
+                self.stop_watch.disarm()
+        return False
 
+    def _last_words(self) -> None:
+        """Run by the stop watch's thread when the main thread cannot run `fail`: the folder and
+        the store (a connection of its own) told the run was interrupted."""
+        if (folder := self._parties.pop("folder", None)) is not None:
+            folder.fail("interrupted")
+        if self.is_chief:
+            record_job_end(self.plan, self.config, "interrupted")
 
-def record_job_end(plan: RunPlan, cfg: TrainConfig, status: str, error: str | None = None) -> None:
-    """The launcher's word on a job that did not finish, in the run's folder and its store.
-    "failed": a worker the agent stopped after another failed recorded the run as interrupted (or
-    could not record it at all). "interrupted": a signal stopped the job, and a worker killed
-    before its handler ran (blocked in a collective when the agent's grace ran out) left the run
-    "running". Likewise "interrupted" replaces "failed": a stopped launcher stops its workers one by
-    one, and one whose peer ended first failed in a collective (seen: the launcher SIGTERMed, its
-    chief recorded "failed")."""
-    stale = ("running", "interrupted") if status == "failed" else ("running", "failed")
-    folder = plan.folder
-    if folder.holds_run() and folder.status in stale:
-        folder.set_status(status)
-    if cfg.tracking.record and Path(cfg.tracking.store).is_file():
-        with RunStore(cfg.tracking.store) as store:
-            if store.exists(plan.run_id) and store.get(plan.run_id).status in stale:
-                if status == "failed":
-                    store.record_failure(plan.run_id, error)
-                else:
-                    store.finish_run(plan.run_id, status)
+    def finish(self, trainer) -> RunSummary:
+        """The run's summary, its results written (chief) and every party told it finished. A
+        collective where parameters are sharded: every rank calls it."""
+        cfg, console = self.config, self.console
+        summary = build_summary(trainer, cfg, wall_time_s=time.perf_counter() - self.wall_start, run_dir=self.path,
+                                restarts=self.env.restart_count)
+        summary.run_id = self.run_id
+        summary.job_folders = self.folders.describe() or None
+        if self.previous_status == "finished" and trainer.global_step == trainer.resumed_at_step:
+            # Nothing was trained: the finished run's results stay exactly as they were.
+            why = ("it had stopped at its target or by early stopping" if trainer.stop_training
+                   else "raise --epochs to continue it")
+            console.print(f"run {self.run_id} had already finished; nothing left to train ({why})")
+            self._release()
+            self._tell_finished(None)
+            return summary
+        # Collective where parameters are sharded: every rank takes part, the chief writes.
+        weights = self.strategy.full_state_dict(trainer.model) if cfg.save_model else None
+        if self.is_chief:
+            self._write_results(summary, weights)
+            deliver_model(self.folders, self.path)
+            self._tell_finished(summary)
+            print_summary(summary, console)
+        return summary
 
+    def _reservation(self, name: str, path: Path, what: str) -> Reserved:
+        """The space `reserve` set aside for `name`; a caller that did not reserve gets it now."""
+        return self._reserved.pop(name, None) or Reserved(path, 0, what)
 
-def make_checkpointer(plan: RunPlan, cfg: TrainConfig, env) -> Checkpointer | None:
-    """Every rank's checkpointer for the run's folder. A resumed run, and a torchrun restart,
-    continue from the newest complete checkpoint."""
-    resume = cfg.checkpoint.resume or ("auto" if plan.mode == "resume" or env.restart_count > 0 else None)
-    if cfg.checkpoint.every <= 0 and resume is None:
-        return None
-    return Checkpointer(checkpoint_store(cfg, plan.folder, plan.run_id), every=cfg.checkpoint.every, resume=resume,
-                        background=cfg.checkpoint.async_save)
+    def _tell_finished(self, summary: RunSummary | None) -> None:
+        """summary None: nothing was trained, the stored summary stays as it was."""
+        if (tracked := self._parties.pop("tracked", None)) is not None:
+            tracked.finish(asdict(summary) if summary is not None else None)
+        if (trackers := self._parties.pop("trackers", None)) is not None:
+            if summary is None:
+                trackers.finish("finished")
+            else:
+                trackers.finish("finished", asdict(summary), [self.path / "config.json", self.path / "summary.json"])
+        if (folder := self._parties.pop("folder", None)) is not None:
+            folder.finish()
+
+    def reserve(self, trainer) -> None:
+        """The chief sets aside the disk space of what the run writes at its end (model.pt, summary.json:
+        checkpoint/space.py), before it trains: a disk without room refuses the run now in one line,
+        and one that fills while it trains cannot cost the trained weights. The model's size is the
+        chief's view of it (whole under single, ddp, zero and fsdp, whose sharded tensors count their
+        global size; one stage under a pipeline, the rest asked of the disk at the end)."""
+        if not self.is_chief:
+            return
+        if self.config.save_model:
+            tensors = [t for t in trainer.model.state_dict().values() if isinstance(t, torch.Tensor)]
+            # torch.save's zip adds about 330-460 bytes a tensor (alignment, headers, the pickle).
+            size = sum(t.numel() * t.element_size() for t in tensors) + 1024 * len(tensors) + 64 * 1024
+            self._reserved["model"] = Reserved(self.path / "model.pt", size, "the finished model")
+        self._reserved["summary"] = Reserved(self.path / "summary.json", SUMMARY_RESERVE, "the run's summary")
+
+    def _release(self) -> None:
+        for reserved in self._reserved.values():
+            reserved.release()
+        self._reserved.clear()
+
+    def fail(self, exc: BaseException) -> None:
+        """Tells every party not yet told how the run ended (failed, interrupted, pruned)."""
+        self._release()
+        status = ending_status(exc)
+        if (trackers := self._parties.pop("trackers", None)) is not None:
+            trackers.finish(status)
+        if (tracked := self._parties.pop("tracked", None)) is not None:
+            tracked.fail(exc)
+        if (folder := self._parties.pop("folder", None)) is not None:
+            folder.fail(status)
+
+    def _write_results(self, summary: RunSummary, weights) -> None:
+        """The model first (the costly result), then the summaries; each file appears whole or not at all."""
+        cfg, folder = self.config, self.path
+        if cfg.save_model:
+            # The bare module's weights: no DDP `module.` prefix, loads without a process group. Into
+            # the space set aside before training (`reserve`), so a full disk cannot lose them.
+            self._reservation("model", folder / "model.pt", "the finished model").write(
+                lambda fh: torch.save(weights, fh))
+        self._reservation("summary", folder / "summary.json", "the run's summary").write(
+            lambda fh: fh.write(summary.to_json().encode()))
+        if cfg.summary_json:
+            Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(Path(cfg.summary_json), summary.to_json())

@@ -97,7 +97,7 @@ class Trainer:
                                 cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
         # What the hardware chose where the configuration did not say (defaults.py): stated by the
         # run's start line and kept in its record. `auto` precision is usually settled with the
-        # run's configuration already (lifecycle/start.py: the saved config holds the policy).
+        # run's configuration already (lifecycle/run.py: the saved config holds the policy).
         facts = device_facts(self.device)
         cfg.precision.policy, why = settle_precision(cfg.precision.policy, facts)
         self.settings = [Setting("precision", cfg.precision.policy, why),
