@@ -19,7 +19,7 @@ from scaletrain.distributed.cluster import (cluster_from_env, cluster_problem, e
                                             expand_tasks_per_node, slurm_step)
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
-from tests.processes import DIGITS_MLP, cli_env, free_port, run, run_here, start
+from tests.processes import DIGITS_MLP, cli_env, free_port, run, run_here, start, wait_for
 
 QUICK = [*DIGITS_MLP, "--epochs", "1", "--batch-size", "64"]
 
@@ -111,16 +111,18 @@ def test_a_signal_ends_a_rank_stuck_in_a_collective_with_a_hung_peer(tmp_path):
     stayed up until the collective timed out (measured: alive 10 s after SIGTERM)."""
     ports = [free_port(), free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    args = ["train", "--model", "faulty_models:hanging_mlp", "--data", "digits", "--epochs", "5", "--no-progress",
-            "--no-record", "--strategy", "ddp", "--run-dir", str(tmp_path / "run")]
+    hanging = tmp_path / "hanging"
+    args = ["train", "--model", "faulty_models:hanging_mlp", "--model-option", f"marker={hanging}", "--data", "digits",
+            "--epochs", "5", "--no-progress", "--no-record", "--strategy", "ddp", "--run-dir", str(tmp_path / "run")]
     procs = [start(args, tmp_path, tmp_path / f"log{i}",
                    TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
              for i in (0, 1)]
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "run" / "run.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(4)                      # rank 1 is past its fifth forward: rank 0 waits on it
+        # Rank 1 is in its fifth forward, hanging: rank 0 is in (or about to reach) the step's
+        # all-reduce. Waited for by its sign, not a clock: under CI's load the two ranks took over
+        # a minute to start (a fixed 60 s once signalled a run that had not yet begun).
+        wait_for(lambda: hanging.exists() or procs[0].poll() is not None, 300, "rank 1 to hang")
+        time.sleep(2)
         assert procs[0].poll() is None, (tmp_path / "log0").read_text()
         sent = time.monotonic()
         procs[0].send_signal(signal.SIGTERM)

@@ -40,11 +40,14 @@ def raising_mlp(shape, classes, rank=1, at_call=5, **options):
     return _Wrapped(MLP(shape, classes, **options), fault)
 
 
-def hanging_mlp(shape, classes, rank=1, at_call=5, **options):
+def hanging_mlp(shape, classes, rank=1, at_call=5, marker="", **options):
     """Hangs (sleeps for an hour) in training forward number `at_call` of rank `rank`: a dead peer
-    that never closes its sockets, which only a collective timeout can detect."""
+    that never closes its sockets, which only a collective timeout can detect. With `marker`, the
+    file it creates as it starts to hang (a test's sign that the peers now wait on it)."""
     def fault(call):
         if _rank() == rank and call == at_call:
+            if marker:
+                open(marker, "w").close()
             time.sleep(3600)
     return _Wrapped(MLP(shape, classes, **options), fault)
 
