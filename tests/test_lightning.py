@@ -149,6 +149,38 @@ def test_what_is_not_honoured_is_refused_in_one_line(tmp_path, module, words):
             trainer.fit(TensorDataset(*lit_classifier.samples(256)))
 
 
+@pytest.mark.parametrize("interval, frequency, words", [
+    ("batch", 1, "lr_scheduler interval 'batch': Lightning takes 'step' or 'epoch'"),
+    ("step", 0, "lr_scheduler frequency 0: a whole number of intervals, 1 or more"),
+    ("step", 1.5, "lr_scheduler frequency 1.5: a whole number of intervals, 1 or more")])
+def test_a_scheduler_configuration_lightning_would_refuse_is_one_line(interval, frequency, words):
+    with pytest.raises(ConfigError, match=words):
+        Trainer(lit_classifier.Scheduled("cosine", interval, frequency), TrainConfig(epochs=1, batch_size=64))
+
+
+def test_a_plateau_stepped_per_step_is_refused_naming_the_interval_that_works():
+    module = lit_classifier.OnPlateau()
+    configure = module.configure_optimizers
+
+    def per_step():
+        config = configure()
+        config["lr_scheduler"]["interval"] = "step"
+        return config
+    module.configure_optimizers = per_step
+    with pytest.raises(ConfigError, match="scaletrain steps it after each validation \\(interval 'epoch'\\)"):
+        Trainer(module, TrainConfig(epochs=1, batch_size=64))
+
+
+def test_lr_schedule_module_without_a_lightning_module_is_one_line_before_the_run(tmp_path):
+    done = run(["train", "--model", "mlp", "--data", "digits", "--epochs", "1", "--no-progress", "--no-record",
+                "--lr-schedule", "module", "--run-dir", tmp_path / "run"], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "scaletrain: error: --lr-schedule module reads a LightningModule's own scheduler; mlp is not one: choose "
+        "constant, step, cosine or onecycle"], done.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_lightning_module_through_the_cli(tmp_path):
     """Its DataModule's loaders give the splits; a target on a metric it logs stops the run; an
     optimizer flag its configure_optimizers sets is refused before anything starts; then ddp on two

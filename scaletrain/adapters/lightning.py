@@ -174,13 +174,8 @@ class LightningAdapter(nn.Module):
 
     def own_callbacks(self) -> list:
         """What trains beside the step: a ReduceLROnPlateau's reaction to each validation."""
-        name = f"{type(self.module).__name__}.configure_optimizers"
-        with _attached(self.module, UNKNOWN_STEPS_PER_EPOCH, 1):
-            optimizer, scheduler = _unpack(self.module.configure_optimizers(), name)
-        if scheduler is None:
-            return []
-        config = _scheduler_config(scheduler, name)
-        if not isinstance(config["scheduler"], torch.optim.lr_scheduler.ReduceLROnPlateau):
+        optimizer, config, name = _configured(self.module, UNKNOWN_STEPS_PER_EPOCH, 1)
+        if config is None or not isinstance(config["scheduler"], torch.optim.lr_scheduler.ReduceLROnPlateau):
             return []
         return [PlateauSchedule(config["scheduler"], optimizer, config["monitor"], config["frequency"],
                                 config.get("strict", True), name)]
@@ -302,14 +297,22 @@ def _attached(module: nn.Module, steps_per_epoch: int, epochs: int):
         module.__dict__["_trainer"] = previous
 
 
+def _configured(module: nn.Module, steps_per_epoch: int, epochs: int):
+    """(optimizer, scheduler configuration with Lightning's defaults or None, the method's name for
+    messages) of a fresh `module.configure_optimizers()`, called as a fit of `epochs` epochs of
+    `steps_per_epoch` steps would call it."""
+    name = f"{type(module).__name__}.configure_optimizers"
+    with _attached(module, steps_per_epoch, epochs):
+        optimizer, scheduler = _unpack(module.configure_optimizers(), name)
+    return optimizer, None if scheduler is None else _scheduler_config(scheduler, name), name
+
+
 def read_optimizers(module: nn.Module, epochs: int) -> dict[str, Any]:
     """The OptimConfig fields equal to what `module.configure_optimizers()` returns, or a one-line
     refusal naming what scaletrain cannot train the same way."""
-    name = f"{type(module).__name__}.configure_optimizers"
-    with _attached(module, UNKNOWN_STEPS_PER_EPOCH, epochs):
-        optimizer, scheduler = _unpack(module.configure_optimizers(), name)
+    optimizer, config, name = _configured(module, UNKNOWN_STEPS_PER_EPOCH, epochs)
     fields = _optimizer_fields(optimizer, module, name)
-    fields.update(_schedule_fields(scheduler, epochs, name))
+    fields.update(_schedule_fields(config, epochs, name))
     return fields
 
 
@@ -321,10 +324,9 @@ def simulate_schedule(module: nn.Module, steps_per_epoch: int, epochs: int) -> t
     throwaway optimizer over the module's parameters (the step's own optimizer is built from the
     config), so the whole run's LRs are known before the first step and read on the device by the
     applied-step counter: a resume anywhere, mid-epoch too, continues the same table."""
-    name = f"{type(module).__name__}.configure_optimizers"
-    with _attached(module, steps_per_epoch, epochs):
-        optimizer, scheduler = _unpack(module.configure_optimizers(), name)
-    config = _scheduler_config(scheduler, name)
+    optimizer, config, name = _configured(module, steps_per_epoch, epochs)
+    if config is None:   # lr_schedule 'module' is only set for a module that returns a scheduler
+        raise ConfigError(f"{name} returns no scheduler; lr_schedule 'module' reads the one it returns")
     sched, frequency = config["scheduler"], config["frequency"]
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):   # PlateauSchedule changes it as it goes
         return torch.full((steps_per_epoch * epochs,), float(optimizer.param_groups[0]["lr"]), dtype=torch.float64)
@@ -479,12 +481,12 @@ def _scheduler_config(scheduler: Any, name: str) -> dict[str, Any]:
     return config
 
 
-def _schedule_fields(scheduler: Any, epochs: int, name: str) -> dict[str, Any]:
+def _schedule_fields(config: dict | None, epochs: int, name: str) -> dict[str, Any]:
     """StepLR and MultiStepLR stepped every epoch become scaletrain's step schedule (its record
-    names the milestones); any other scheduler trains as its simulation (lr_schedule 'module')."""
-    if scheduler is None:
+    names the milestones); any other scheduler trains as its simulation (lr_schedule 'module').
+    `config`: the scheduler configuration (`_scheduler_config`), None without a scheduler."""
+    if config is None:
         return {"lr_schedule": "constant", "warmup_epochs": 0.0}
-    config = _scheduler_config(scheduler, name)
     sched = config["scheduler"]
     kind = type(sched).__name__
     if getattr(sched, "cycle_momentum", False):

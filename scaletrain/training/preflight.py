@@ -40,7 +40,13 @@ def settle_model_optimizer(cfg: TrainConfig) -> None:
     the same settings again (the Python API's path): the same values."""
     from scaletrain.adapters import is_lightning_module
     from scaletrain.importing import import_function
-    if ":" not in cfg.model.name or not is_lightning_module(import_function(cfg.model.name, "model")):
+    named = import_function(cfg.model.name, "model") if ":" in cfg.model.name else None
+    if named is None or not is_lightning_module(named):
+        # 'module' is what a LightningModule's own scheduler sets; a builder function may still
+        # return one (its trainer reads it then), anything else has no schedule to bring.
+        if cfg.optim.lr_schedule == "module" and (named is None or isinstance(named, type)):
+            raise ConfigError(f"--lr-schedule module reads a LightningModule's own scheduler; {cfg.model.name} is "
+                              "not one: choose constant, step, cosine or onecycle")
         return
     with torch.device("meta"):   # a LightningModule is built from its own arguments: no shapes needed
         model = build_model(cfg.model.name, (1,), 1, **cfg.model.options)

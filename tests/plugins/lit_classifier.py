@@ -96,7 +96,7 @@ class Scheduled(LitClassifier):
     def configure_optimizers(self):
         from torch.optim import lr_scheduler as s
         optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
-        steps = self.trainer.estimated_stepping_batches // (self.frequency if self.interval == "step" else 1)
+        steps = int(self.trainer.estimated_stepping_batches // (max(self.frequency, 1) if self.interval == "step" else 1))
         epochs = self.trainer.max_epochs
         make = {
             "onecycle": lambda: s.OneCycleLR(optimizer, max_lr=0.2, total_steps=int(steps) + 1, cycle_momentum=False),
