@@ -16,22 +16,21 @@ train:
 check:
 	bash scripts/setup.sh dev
 	bash scripts/timed.sh "make check" .venv/bin/ruff check . -- \
-	  .venv/bin/python -m pytest -q -n 2 -m "not processes and not alone and not slow" tests
+	  .venv/bin/python -m pytest -q -n 2 -m "not processes and not slow" tests
 
-# setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. First the tests
-# marked `alone`, whose claims are wall-clock bounds, with nothing beside them; then the rest and
-# every command of README.md and docs/ (doctests/) in one session on two pytest-xdist workers: a
+# setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. Then every test
+# and every command of README.md and docs/ (doctests/) in one session on two pytest-xdist workers: a
 # test file, or a doc workspace's lines in order, on one of them (module fixtures are built once),
 # the longest first (conftest.py: as long as tests/scope_seconds.json says, which each `make test`
 # rewrites with what it measured and prints the longest of at its end), so the two workers end together.
-# Each target says how long it took (README, "Tests").
+# No test claims how fast the machine is (tests/test_architecture.py: a benchmark's claim), so
+# nothing needs the machine to itself. Each target says how long it took (README, "Tests").
 test:
 	bash scripts/setup.sh dev
 	bash scripts/setup-system.sh
 	bash scripts/timed.sh "make test" \
-	  .venv/bin/python -m pytest -q -m alone tests -- \
 	  env SCALETRAIN_SCOPE_SECONDS=tests/scope_seconds.json \
-	  .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder -m "not alone" tests doctests
+	  .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests doctests
 
 # Only the commands of README.md and docs/, run as written (shortened as doctests/ says), each doc
 # workspace's lines in order on one of two workers (`make test` runs them too).

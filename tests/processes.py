@@ -189,16 +189,15 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def assert_a_raising_rank_ends_the_job(args, cwd, injected: str, rank: int, within_s: float = 60) -> None:
+def assert_a_raising_rank_ends_the_job(args, cwd, injected: str, rank: int, guard_s: float = 100) -> None:
     """Runs the CLI with a model that raises on `rank`: the whole job must end, non-zero, naming
-    the injected failure and the failed rank, within `within_s` seconds."""
-    begin = time.monotonic()
-    result = run(args, cwd)
-    elapsed = time.monotonic() - begin
+    the injected failure and the failed rank. The others would otherwise wait in a collective until
+    its timeout (--step-timeout-s, 120 s; 600 s before the first step): the run's guard, `guard_s`,
+    is shorter, so a job left waiting fails here (subprocess.TimeoutExpired)."""
+    result = run(args, cwd, timeout=guard_s)
     assert result.returncode != 0
     assert injected in result.stderr
     assert f"scaletrain: error: worker rank {rank} failed" in result.stderr
-    assert elapsed < within_s, elapsed
 
 
 def kill_slowed_run_after_checkpoint(args: list[str], cwd: Path, run_dir: Path, step: int, delay_s: float) -> None:

@@ -244,3 +244,80 @@ def test_the_step_strategies_run_is_a_contract_both_sides_keep(tmp_path, digits)
     for path in (PACKAGE / "distributed").rglob("*.py"):
         used |= set(re.findall(r"\bstep\.([A-Za-z_]\w*)\b(?!`)", path.read_text())) - {"py"}   # not "step.py"
     assert used - members == set(), "strategies use members of the step outside StepContract"
+
+
+# -- no wall-clock claim in a test (issue 67) ------------------------------------------------------
+# A test may wait (tests/processes.py's wait_for, a subprocess timeout, pytest-timeout: guards long
+# enough that only a hang meets them), but it never claims how fast something was: a busy machine
+# makes every duration longer and every rate lower, so `duration < bound` and `rate > bound` fail
+# under load while the code is right. Such claims are benchmarks (benchmarks/, BENCHMARKS.md), and
+# the arithmetic behind them is tested on stubbed clocks. Bounds a busy machine cannot break stay:
+# a duration at least, a rate at most, two figures of one run against each other.
+_DURATION = re.compile(r"(_s|_ms|seconds|elapsed|took|latency|trips)$")
+_RATE = re.compile(r"(^|_)(rate|rates|rate_bps|per_sec|throughput)$")
+_SPREAD = {"min", "max", "median", "low", "high"}   # a record's spread of figures: bounds its own kind
+_CLOCKS = {"time", "monotonic", "perf_counter", "process_time", "monotonic_ns", "perf_counter_ns"}
+
+
+def _quantities(node: ast.AST) -> tuple[bool, bool]:
+    """Whether `node` reads a duration (a clock, or a name, attribute or key naming one), and a rate
+    (a record's "min", "max", "median", "low" or "high" counts as either: it bounds its own kind)."""
+    words, spread = [], False
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CLOCKS \
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == "time":
+            return True, False
+        if isinstance(n, ast.Name):
+            words.append(n.id)
+        elif isinstance(n, ast.Attribute):
+            words.append(n.attr)
+        elif isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str):
+            words.append(n.slice.value)     # a record's key: m["epoch_train_time_s"]
+            spread = spread or n.slice.value in _SPREAD
+    return spread or any(_DURATION.search(w) for w in words), spread or any(_RATE.search(w) for w in words)
+
+
+def wall_clock_claims(source: str) -> list[tuple[int, str]]:
+    """(line, comparison) of every assert that bounds a duration from above or a rate from below
+    by a figure that is neither zero nor another measured quantity."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Assert):
+            continue
+        for cmp in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
+            sides = [cmp.left, *cmp.comparators]
+            for op, small, large in zip(cmp.ops, sides, sides[1:]):
+                if isinstance(op, (ast.Gt, ast.GtE)):
+                    small, large = large, small
+                elif not isinstance(op, (ast.Lt, ast.LtE)):
+                    continue
+                small_q, large_q = _quantities(small), _quantities(large)
+                fixed = lambda q, side: not any(q) and not (isinstance(side, ast.Constant) and side.value == 0)  # noqa: E731
+                if (small_q[0] and fixed(large_q, large)) or (large_q[1] and fixed(small_q, small)):
+                    found.append((node.lineno, ast.unparse(cmp)))
+    return found
+
+
+def test_no_test_claims_how_fast_the_machine_was():
+    claims = [f"{path.relative_to(ROOT)}:{line}: {text}"
+              for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "doctests").glob("*.py")])
+              for line, text in wall_clock_claims(path.read_text())]
+    assert not claims, "a wall-clock bound in a test (a benchmark's claim; see above):\n" + "\n".join(claims)
+
+
+@pytest.mark.parametrize("claim, caught", [
+    ("assert took < 5.0", True),
+    ("assert time.monotonic() - sent < 8", True),
+    ("assert m['epoch_train_time_s'] < (late + 1) * 1.5", True),
+    ("assert 0.85 * 200e6 < rate", True),
+    ("assert b['images_per_sec'] / a['images_per_sec'] > 0.7", True),
+    ("assert 0 < p['transfer_s'] < 0.01", True),
+    ("assert min(trips) >= 2 * latency_ms / 1e3", False),       # at least: load only lengthens
+    ("assert 0 < rate <= 1.01 * 200e6", False),                 # at most: load only slows
+    ("assert b['checkpoint_time_s'] > 0", False),
+    ("assert trained <= train_s < saved_s / 1e4", False),          # two figures of one run
+    ("assert a['elapsed_s'] < b['elapsed_s']", False),
+    ("assert len(lines) < 5", False),
+])
+def test_the_wall_clock_rule_tells_a_speed_claim_from_a_safe_bound(claim, caught):
+    assert bool(wall_clock_claims(claim)) is caught

@@ -7,11 +7,12 @@ import json
 import re
 import signal
 import time
+import types
 
 import pytest
 
 from scaletrain.tracking.store import RunStore
-from tests.processes import run, run_here, start
+from tests.processes import run, run_here, start, wait_for
 
 pytest.importorskip("optuna")
 
@@ -144,9 +145,7 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     first = start(args, tmp_path, tmp_path / "first.log")
     started = lambda: sorted(p.name for p in (out / "trials").glob("trial-*")) if (out / "trials").exists() else []
     try:
-        deadline = time.monotonic() + 180
-        while len(started()) < 2 and time.monotonic() < deadline and first.poll() is None:
-            time.sleep(0.1)
+        wait_for(lambda: len(started()) >= 2 or first.poll() is not None, 180, "the second trial to start")
         assert first.poll() is None, (tmp_path / "first.log").read_text()
         time.sleep(1.0)                            # inside the second trial's training
         first.send_signal(signal.SIGKILL)          # its training dies with it (PR_SET_PDEATHSIG)
@@ -175,9 +174,8 @@ def test_stopped_while_the_given_configuration_ran_the_rerun_still_checks_every_
             "--store", str(tmp_path / "runs.db")]
     first = start(args, tmp_path, tmp_path / "first.log")
     try:
-        deadline = time.monotonic() + 180
-        while not (out / "trials" / "trial-0000").exists() and time.monotonic() < deadline and first.poll() is None:
-            time.sleep(0.1)
+        wait_for(lambda: (out / "trials" / "trial-0000").exists() or first.poll() is not None, 180,
+                 "the given configuration's trial to start")
         assert first.poll() is None, (tmp_path / "first.log").read_text()
         time.sleep(1.0)                            # inside the given configuration's training
         first.send_signal(signal.SIGTERM)
@@ -199,16 +197,13 @@ def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_be
     """--budget-s bounds the whole search: the `threads = 1` candidate hangs (a model made slow on
     purpose), is stopped when the budget runs out, and the baseline measured before it is the answer."""
     out, budget = tmp_path / "tuned", 45
-    started = time.perf_counter()
     # --cap-factor out of the way: on a quiet machine the baseline's 3 s run caps the hang at 30 s,
     # before the budget (it passed under the suite's load, where the baseline took longer).
     done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_hangs_mlp", "--knobs", "threads",
                 "--trials", "2", "--budget-s", str(budget), "--cap-factor", "1000", "--out", str(out),
                 "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="2")
-    took = time.perf_counter() - started
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"the --budget-s of {budget} s ran out" in done.stdout
-    assert took < budget + 30, took          # the hanging candidate would have taken a minute more
     measured, stopped = _rows(out, "measured"), _rows(out, "stopped")
     assert [r["params"]["threads"] for r in measured] == [2]
     assert [r["params"]["threads"] for r in stopped] == [1]
@@ -234,19 +229,16 @@ def test_a_budget_leaves_the_confirmation_its_share(tmp_path):
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     study_s = time.perf_counter() - started
     out, budget = tmp_path / "tuned", round(3.5 * study_s)
-    started = time.perf_counter()
     done = run(["autotune", *SMALL[:-2], "--knobs", "threads,steps_per_execution", "--trials", "4",
                 "--confirm-rounds", "20", "--budget-s", str(budget), "--out", str(out),
                 "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="2")
-    took = time.perf_counter() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "searching stops here: the rest of --budget-s" in done.stdout, done.stdout[-3000:]
     assert len([r for r in _rows(out) if r["outcome"] in ("measured", "refused", "pruned")]) == 2
     assert len(_rows(out, "not tried")) == 2
     finalist, = [r for r in _rows(out) if r["confirmed"]]
     assert 1 <= len(finalist["confirmed"]) < 20
-    # The confirmation starts no run past the deadline: at most the one under way overruns it.
-    assert took < budget + max(30, 2 * study_s), (took, budget)
+    # That it starts no run past the deadline: test_the_confirmation_starts_no_run_past_its_deadline.
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -383,17 +375,15 @@ def test_a_hopeless_candidate_is_stopped_at_its_cap(tmp_path):
     recorded as such (its run ended, not left running); the search goes on and reports the best.
     The `threads = 1` candidate's model sleeps a minute in its first step (a model slow on purpose)."""
     out = tmp_path / "tuned"
-    started = time.perf_counter()
     done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_hangs_mlp", "--knobs", "threads",
                 "--trials", "2", "--cap-factor", "2", "--out", str(out), "--store", str(tmp_path / "runs.db")],
                tmp_path, OMP_NUM_THREADS="2")
-    took = time.perf_counter() - started
     assert done.returncode == 0, done.stdout + done.stderr
     measured, stopped = _rows(out, "measured"), _rows(out, "stopped")
     assert [r["params"]["threads"] for r in measured] == [2]
+    # Stopped, so not measured: left alone, the sleeping candidate would have ended its minute and been.
     assert [r["params"]["threads"] for r in stopped] == [1]
     assert "ran past 2x the baseline's" in stopped[0]["why"]
-    assert took < 60 + 30, took          # the sleeping candidate alone would have taken a minute more
     assert _result(out)["best"] == {"threads": 2}
     store = RunStore(str(tmp_path / "runs.db"))
     assert store.get(stopped[0]["run_id"]).status == "failed"
@@ -468,6 +458,22 @@ def test_interleaved_rounds_rotate_the_order_and_a_finalist_wins_only_every_roun
     found = confirm("A", ["B"], 3, lambda key, r: Measured(speeds[key, r], tests[key]), lambda v, b: v / b,
                     test_tolerance=0.005, noise=False)
     assert found["B"].low > 1 and found["B"].loses_test and not found["B"].wins
+
+
+def test_the_confirmation_starts_no_run_past_its_deadline(monkeypatch):
+    """Each run takes 10 s on a stubbed clock and the deadline is at 25 s: the runs starting at 0,
+    10 and 20 s run (the last overruns the deadline, as a run under way may), none at 30 s."""
+    from scaletrain.experiments.autotune import confirm as module
+    now = [0.0]
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    started = []
+
+    def measure(key, r):
+        started.append((key, r, now[0]))
+        now[0] += 10.0
+        return module.Measured(100.0)
+    module.confirm("A", ["B"], 5, measure, lambda v, b: v / b, deadline=25.0, noise=False)
+    assert started == [("A", 0, 0.0), ("B", 0, 10.0), ("B", 1, 20.0)]
 
 
 def test_the_noise_floor_is_the_given_configuration_against_itself_and_a_win_inside_it_is_a_tie():

