@@ -11,8 +11,8 @@ train:
 	.venv/bin/scaletrain train
 
 # The inner loop, for every change: the linter (pyproject.toml's [tool.ruff]), then every test that
-# starts no process and trains to no target (tests/conftest.py marks the ones that start one), on
-# two workers. `make test` (CI) still runs everything.
+# starts no process and trains to no target (those that start one take the `processes` fixture,
+# conftest.py; one that starts one without it fails), on two workers. `make test` (CI) still runs everything.
 check:
 	bash scripts/setup.sh dev
 	bash scripts/timed.sh "make check" .venv/bin/ruff check . -- \

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import starting_processes
+
 MEASURED = Path(__file__).parent / "tests" / "scope_seconds.json"
 SHOWN = 15     # the longest scopes the end of a session lists
 
@@ -65,3 +67,30 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     if record:   # the scopes this session ran replace their figures; the others keep theirs
         merged = {**_measured(), **{name: round(seconds, 1) for name, seconds in _took.items()}}
         Path(record).write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+
+
+# -- the `processes` tier, by construction ---------------------------------------------------------
+
+@pytest.fixture
+def processes() -> None:
+    """Taken by every test that starts a process (the real CLI, torchrun, a server, a benchmark):
+    the declaration is the whole of it. It marks the test `processes` (`make check` leaves those
+    out); a test without it that starts one fails at the attempt (tests/processes.py)."""
+
+
+def _declares_processes(item: pytest.Item) -> bool:
+    """The `processes` fixture, or (for one parameter of a test) `pytest.param(..., marks=pytest.mark.processes)`."""
+    return "processes" in getattr(item, "fixturenames", ()) or item.get_closest_marker("processes") is not None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The tier follows from the declaration, marked as each test is collected (before `-m` selects)."""
+    if _declares_processes(item):
+        item.add_marker(pytest.mark.processes)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    # Setup to teardown: a module's fixture that starts a server runs inside its first test's setup.
+    with starting_processes(_declares_processes(item)):
+        yield

@@ -1,6 +1,4 @@
-import inspect
 import os
-import re
 
 import pytest
 import torch
@@ -61,37 +59,3 @@ def _work_in_tmp_path(tmp_path, monkeypatch):
     """Every test runs in its own folder, so the run store and run folders a training creates by
     default (./scaletrain-runs) never land in the repository."""
     monkeypatch.chdir(tmp_path)
-
-
-# What starts a process when a test (or a helper or fixture of its module) calls it: the real CLI,
-# torchrun, a server. Such tests are marked `processes` at collection; `make check` runs the rest.
-STARTS_PROCESSES = re.compile(r"(?<![\w.])(run|run_here|start|run_cli|kill_slowed_run_after_checkpoint|"
-                              r"assert_a_raising_rank_ends_the_job|spawn|Popen)\(|\bsubprocess\.(run|Popen|check_\w+)\(")
-
-
-def _starts_processes(function, module, seen: set) -> bool:
-    """Whether `function`, or a function of its module it calls (followed down), starts a process."""
-    if function in seen or not callable(function):
-        return False
-    seen.add(function)
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError):
-        return False
-    if STARTS_PROCESSES.search(source):
-        return True
-    called = set(re.findall(r"(?<![\w.])(_?\w+)\(", source))
-    return any(_starts_processes(getattr(module, name), module, seen) for name in called
-               if inspect.isfunction(getattr(module, name, None)) and getattr(module, name).__module__ == module.__name__)
-
-
-def _marks_processes(item) -> bool:
-    module, seen = item.module, set()
-    fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
-    return any(_starts_processes(f, inspect.getmodule(f) or module, seen) for f in (item.function, *fixtures))
-
-
-def pytest_collection_modifyitems(session, config, items):
-    for item in items:
-        if isinstance(item, pytest.Function) and _marks_processes(item):
-            item.add_marker(pytest.mark.processes)

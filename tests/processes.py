@@ -1,4 +1,14 @@
-"""Running the real CLI and the real torchrun launcher as subprocesses, and finding their workers."""
+"""Running the real CLI and the real torchrun launcher as subprocesses, and finding their workers.
+
+A test that starts a process says so by taking the `processes` fixture (conftest.py at the root;
+one parameter of a test: `pytest.param(..., marks=pytest.mark.processes)`): that alone puts it in
+the `processes` tier, which `make check` leaves out. Any other test that
+tries is stopped at the attempt (`starting_processes`), whichever helper or library it goes
+through, so a new helper can never quietly put a process-starting test into `make check`. What
+counts is what costs seconds: an interpreter (Python, so torch's import; a shell, which may run
+anything) or a launcher. A quick tool the library asks on the way (`uname -p` for the CPU's name,
+`git rev-parse` for the run's record, the C++ compiler's version) is not a process in this sense.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +34,61 @@ DIGITS_MLP = ["--model", "mlp", "--model-option", "hidden=[64]", "--data", "digi
               "--lr", "0.003"]
 
 
+class UndeclaredProcess(RuntimeError):
+    pass
+
+
+_declared = False
+
+
+# Programs that start an interpreter or a job (by the executable's name).
+INTERPRETERS = ("python", "torchrun", "scaletrain", "sh", "bash", "dash", "env", "sudo", "nsenter", "unshare", "ip")
+
+
+def starts_an_interpreter(args) -> bool:
+    first = args if isinstance(args, (str, bytes, os.PathLike)) else (args[0] if args else "")
+    first = os.fsdecode(first).split()[0] if os.fsdecode(first).strip() else ""
+    program = os.path.basename(first)
+    return first == sys.executable or any(program == name or (name == "python" and program.startswith(name))
+                                          for name in INTERPRETERS)
+
+
+def _refuse(*_args, **_kwargs):
+    raise UndeclaredProcess("this test starts a process without taking the `processes` fixture: add it to "
+                            "the test's arguments (or `pytestmark = pytest.mark.usefixtures(\"processes\")` for "
+                            "a module of such tests), which puts it in the tier `make check` leaves out")
+
+
+def _require_declared() -> None:
+    if not _declared:
+        _refuse()
+
+
+@contextlib.contextmanager
+def starting_processes(declared: bool):
+    """Around one test (conftest.py's hook, setup to teardown): a test that declared it may start
+    processes; for any other, every way a process starts (subprocess, multiprocessing's spawn and
+    forkserver, this module's warm CLI) raises UndeclaredProcess. A fork stays allowed: a
+    DataLoader's workers are the test's own process, copied, not a new interpreter."""
+    global _declared
+    import multiprocessing.util
+    saved = (_declared, subprocess.Popen._execute_child, multiprocessing.util.spawnv_passfds)
+    _declared = declared
+    if not declared:
+        execute = saved[1]
+
+        def guarded(popen, args, *rest, **kwargs):
+            if starts_an_interpreter(args):
+                _refuse()
+            return execute(popen, args, *rest, **kwargs)
+        subprocess.Popen._execute_child = guarded
+        multiprocessing.util.spawnv_passfds = _refuse       # spawn and forkserver start Python
+    try:
+        yield
+    finally:
+        _declared, subprocess.Popen._execute_child, multiprocessing.util.spawnv_passfds = saved
+
+
 def cli_env(**extra) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS), env.get("PYTHONPATH")]))
@@ -35,6 +100,7 @@ def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
     """`python -m scaletrain ARGS` in `cwd`, as a process of its own, started from a warm
     interpreter (warm_cli.py: torch already imported; 5-8 s less a command on a slow CPU).
     SCALETRAIN_TESTS_COLD=1 starts each one with a plain subprocess instead."""
+    _require_declared()
     if os.environ.get("SCALETRAIN_TESTS_COLD") == "1":
         return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
                               cwd=cwd, env=cli_env(**env), timeout=timeout)

@@ -321,3 +321,34 @@ def test_no_test_claims_how_fast_the_machine_was():
 ])
 def test_the_wall_clock_rule_tells_a_speed_claim_from_a_safe_bound(claim, caught):
     assert bool(wall_clock_claims(claim)) is caught
+
+
+# -- the processes tier by construction (issue 67) -------------------------------------------------
+
+def test_a_test_that_did_not_declare_processes_cannot_start_one():
+    """Whatever the way (subprocess, a shell, multiprocessing's spawn, the warm CLI), starting an
+    interpreter raises before any process exists; conftest.py wraps every test without the
+    `processes` fixture so. A quick tool the library asks (`uname -p`) still answers."""
+    import multiprocessing
+    import subprocess
+    import sys
+
+    from tests.processes import UndeclaredProcess, run, starting_processes
+    with starting_processes(False):
+        for attempt in (lambda: subprocess.run([sys.executable, "-c", "pass"]),
+                        lambda: subprocess.Popen(["torchrun", "--help"]),
+                        lambda: subprocess.run("python3 -c pass", shell=True),
+                        lambda: subprocess.check_output(["/usr/bin/env", "python3", "-V"]),
+                        lambda: multiprocessing.get_context("spawn").Process(target=print).start(),
+                        lambda: run(["--help"], ".")):
+            with pytest.raises(UndeclaredProcess, match="`processes` fixture"):
+                attempt()
+        assert subprocess.run(["uname", "-p"], capture_output=True).returncode == 0
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_test_that_declared_processes_starts_them_and_is_in_their_tier(request):
+    import subprocess
+    import sys
+    assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+    assert request.node.get_closest_marker("processes") is not None     # `make check` leaves it out

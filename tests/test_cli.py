@@ -1,3 +1,4 @@
+import pytest
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ def run_cli(*args, cwd=None):
                           cwd=cwd, env=env, timeout=300)
 
 
+@pytest.mark.usefixtures("processes")
 def test_train_end_to_end_writes_summary_metrics_and_model(tmp_path):
     summary = tmp_path / "out" / "summary.json"
     result = run_cli("train", "--model", "mlp", "--data", "digits", "--epochs", "3", "--batch-size", "64",
@@ -180,6 +182,7 @@ def test_each_bad_input_gives_one_clear_line_and_exit_2(tmp_path, capsys):
         assert not (tmp_path / "r").exists(), f"{argv} left a run folder behind"
 
 
+@pytest.mark.usefixtures("processes")
 def test_bad_input_through_the_real_console_entry_point(tmp_path):
     result = run_cli("train", "--data", "fashion-mnist", "--data-dir", str(tmp_path / "missing"), cwd=tmp_path)
     assert result.returncode == 2

@@ -12,10 +12,13 @@ import pytest
 from processes import cli_env
 from scaletrain.tracking.store import RunStore
 
+pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes
+
 # Runs one command through the CLI's main() and says whether torch was imported on the way.
 PROBE = """
 import sys
 from scaletrain.cli.main import main
+
 try:
     code = main(sys.argv[1:])
 except SystemExit as exc:       # argparse's --help

@@ -22,6 +22,7 @@ print("GENERATED" if "mnist1d" in sys.modules else "CACHED", float(ds.train.x.su
 """
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_second_start_reads_mnist1d_from_the_cache(tmp_path):
     env = cli_env(**{CACHE_ENV: str(tmp_path / "cache")})
     runs = [subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, env=env, timeout=120)

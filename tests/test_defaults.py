@@ -61,6 +61,7 @@ def test_each_policy_sets_the_backend_flags_it_names(backend, name, conv, matmul
                                       "float32_matmul_precision": matmul_precision}
 
 
+@pytest.mark.usefixtures("processes")
 def test_fp32_is_what_pytorch_does_with_no_flags():
     """A fresh interpreter's torch.backends flags are exactly what `fp32` sets."""
     code = ("import json, torch; print(json.dumps([torch.backends.cudnn.allow_tf32, "
@@ -162,6 +163,7 @@ def test_a_thread_count_that_is_given_is_kept(monkeypatch):
         torch.set_num_threads(saved)
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.skipif(len(threads.usable_cores()) < 2, reason="one core: nothing to leave to another process")
 def test_a_busy_core_is_left_to_the_process_that_keeps_it_busy(monkeypatch):
     """Real load: a busy loop per core but one beside this process. The choice leaves them their

@@ -16,7 +16,7 @@ from tests.processes import (DIGITS_MLP, PLUGINS, assert_a_raising_rank_ends_the
                              start, summary, wait_for)
 from scaletrain.models import build_model
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("processes")]
 
 
 def _weights(path):

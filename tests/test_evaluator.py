@@ -14,7 +14,7 @@ from scaletrain.distributed.cluster import parse_cluster_spec
 from scaletrain.evaluation.sidecar import SidecarEvaluator, read_evaluations
 from scaletrain.tracking.store import RunStore
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("processes")]
 
 
 def _evaluations(run_dir) -> list[dict]:

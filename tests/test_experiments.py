@@ -10,6 +10,7 @@ from scaletrain.tracking import RunStore
 from tests.processes import run
 
 
+@pytest.mark.usefixtures("processes")
 def test_sweep_records_every_point_and_survives_failing_ones(tmp_path):
     pytest.importorskip("matplotlib")
     out = run(["sweep", "batch-size", "16,128,256", "--model", "faulty_models:sweep_fault_mlp",
@@ -44,6 +45,7 @@ def test_sweep_records_every_point_and_survives_failing_ones(tmp_path):
     assert json.loads((tmp_path / "again" / "summary.json").read_text())["batch_size"] == 16
 
 
+@pytest.mark.usefixtures("processes")
 def test_sweep_rejects_bad_sizes(tmp_path):
     for sizes, message in [("8,x", "comma-separated list of integers"), ("8,0", "at least 1"),
                            ("8,8", "repeat a size")]:
@@ -57,6 +59,7 @@ def _config(path, seed, hidden):
     return str(path)
 
 
+@pytest.mark.usefixtures("processes")
 def test_multi_trains_side_by_side_and_ensemble_averages_them(tmp_path):
     configs = [_config(tmp_path / f"m{i}.toml", i, 32 * i) for i in (1, 2)]
     out = run(["multi", *configs, "--parallel", "2", "--group", "pair", "--out", str(tmp_path / "multi")], tmp_path)
@@ -93,6 +96,7 @@ def test_multi_trains_side_by_side_and_ensemble_averages_them(tmp_path):
     assert out.returncode == 2 and "--nproc 3 for 2 members" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_multi_says_why_a_training_failed(tmp_path):
     (tmp_path / "bad.toml").write_text('epochs = 1\nbatch_size = 64\n[model]\nname = "faulty_models:raising_mlp"\n'
                                        '[model.options]\nrank = 0\nat_call = 2\n[data]\nname = "digits"\n')
@@ -102,6 +106,7 @@ def test_multi_says_why_a_training_failed(tmp_path):
     assert ": failed after " in line and "injected failure on rank 0 at forward 2" in line, out.stdout
 
 
+@pytest.mark.usefixtures("processes")
 def test_ensemble_rejects_runs_without_models_or_on_other_data(tmp_path):
     store = RunStore(tmp_path / "runs.db")
     store.start_run("nomodel1", run_dir=str(tmp_path / "gone"), config={"data": {"name": "digits"}})
@@ -127,6 +132,7 @@ def test_experiment_commands_reject_bad_input_in_one_line(tmp_path, capsys, args
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_stopped_job_frees_its_slot_for_the_next(tmp_path):
     """autotune stops a candidate at its cap and starts the next in the same one-slot pool: the
     stopped job's slot must come back (it did not, and the next start raised IndexError)."""

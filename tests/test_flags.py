@@ -37,6 +37,7 @@ BAD = [
 ]
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a[:3]) for a, _ in BAD])
 def test_a_bad_number_is_one_line_naming_the_flag(args, message, tmp_path):
     out = run_here(args, tmp_path)
@@ -54,6 +55,7 @@ def test_every_numeric_flag_declares_its_bounds():
     assert plain == []
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_run_too_long_for_its_schedule_is_refused_before_training(tmp_path):
     out = run_here(["train", "--data", "digits", "--model", "mlp", "--epochs", "9999999999", "--no-record",
                     "--no-progress"], tmp_path)

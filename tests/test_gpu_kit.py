@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes
+
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("environment", "smoke", "precision", "peers", "memory_lab", "autotune", "compiled")
 

@@ -69,6 +69,7 @@ def test_allocator_retries_are_warned_about_only_when_they_grow():
     assert "retried 3 allocation" in line and "--batch-size" in line and "expandable_segments" in line
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_training_prints_this_devices_precision_notes(tmp_path):
     """Through the CLI on this CPU: fp16-mixed is named as slow here, once, before training."""
     import torch

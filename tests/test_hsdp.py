@@ -32,6 +32,7 @@ def hsdp_run(tmp_path_factory):
     return folder
 
 
+@pytest.mark.usefixtures("processes")
 def test_hsdp_trains_exactly_like_ddp(hsdp_run):
     ddp = run(["train", *COMMON, "--nproc", "4", "--strategy", "ddp", "--run-dir", str(hsdp_run / "ddp")], hsdp_run)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
@@ -43,6 +44,7 @@ def test_hsdp_trains_exactly_like_ddp(hsdp_run):
         assert torch.allclose(want[name], got[name], atol=1e-6), name
 
 
+@pytest.mark.usefixtures("processes")
 def test_hsdp_resumes_bitwise_and_reshards_onto_one_device(hsdp_run):
     ckpt = hsdp_run / "full" / "checkpoints" / "step-000000030"
     again = run(["train", *COMMON, *HSDP, "--run-dir", str(hsdp_run / "again"), "--resume", str(ckpt)], hsdp_run)
@@ -65,6 +67,7 @@ def test_planner_shards_hsdp_state_over_its_group():
     assert model_state(params, "hsdp", 8, 4, 4) == model_state(params, "fsdp", 8, 4, 4)   # default: one group
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_shard_size_that_does_not_divide_the_job_is_one_line(tmp_path):
     result = run(["train", *COMMON, "--nproc", "4", "--strategy", "hsdp", "--shard-size", "3",
                   "--run-dir", str(tmp_path / "r")], tmp_path)

@@ -18,6 +18,8 @@ from scaletrain.options import from_mapping
 from scaletrain.training import build_training
 from tests.processes import DIGITS_MLP, run, run_here
 
+pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, Path]:

@@ -48,6 +48,7 @@ _TF_BAD = {
 }
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("environ, named", [
     ({**_STEP, "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID='abc' is not a whole number"),
     ({**_STEP, "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_LOCALID": "7"}, "SLURM_LOCALID 7"),
@@ -87,6 +88,7 @@ def _idle(pid: int, window_s: float = 1.0) -> bool:
         return False
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("index, sig, code", [(1, signal.SIGTERM, 143), (0, signal.SIGINT, 130)],
                          ids=["worker-waits-for-chief-sigterm", "chief-waits-for-worker-sigint"])
 def test_a_rendezvous_without_its_peer_is_stopped_by_a_signal_and_times_out_naming_it(tmp_path, index, sig, code):
@@ -120,6 +122,7 @@ def test_a_rendezvous_without_its_peer_is_stopped_by_a_signal_and_times_out_nami
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_signal_ends_a_rank_stuck_in_a_collective_with_a_hung_peer(tmp_path):
     """Rank 1 hangs in its fifth forward (alive, sockets open); rank 0 waits inside DDP's
     all-reduce, in C++, where Python's handler cannot run: SIGTERM still ends it within seconds
@@ -178,6 +181,7 @@ def test_scaletrain_cluster_comes_before_tf_config_and_tf_config_before_slurm():
         cluster_from_env({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 5}})})
 
 
+@pytest.mark.usefixtures("processes")
 def test_two_slurm_tasks_train_one_ddp_job(tmp_path):
     """Two tasks of one srun step on this host (srun -n 2), each started as srun starts it."""
     port = free_port()
@@ -209,6 +213,7 @@ def test_job_folders_fill_what_the_config_leaves_unset(tmp_path):
         job_folders({"SM_MODEL_DIR": "s3://b"})
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_cloud_jobs_folders_receive_its_model_checkpoints_and_event_files(tmp_path):
     pytest.importorskip("tensorboard")
     dirs = {name: tmp_path / "job" / name for name in ("model", "checkpoints", "tensorboard")}
@@ -228,6 +233,7 @@ def test_a_cloud_jobs_folders_receive_its_model_checkpoints_and_event_files(tmp_
     assert "job model dir" in done.stdout
 
 
+@pytest.mark.usefixtures("processes")
 def test_thread_flags_set_the_pools_and_are_recorded(tmp_path):
     done = run(["train", *QUICK, "--intra-op-threads", "1", "--inter-op-threads", "3", "--run-id", "threads"], tmp_path)
     assert done.returncode == 0, done.stderr
@@ -238,6 +244,7 @@ def test_thread_flags_set_the_pools_and_are_recorded(tmp_path):
     assert bad.returncode == 2 and "inter_op_threads' must be >= 1 (got 0)" in bad.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_configs_threads_win_over_the_multi_slots_own_share(tmp_path):
     """One slot holds both cores (--parallel 1): a config that names its threads keeps them."""
     base = 'epochs = 1\nprogress = false\nbatch_size = 64\n[model]\nname = "mlp"\n[data]\nname = "digits"\n'

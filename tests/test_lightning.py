@@ -171,6 +171,7 @@ def test_a_plateau_stepped_per_step_is_refused_naming_the_interval_that_works():
         Trainer(module, TrainConfig(epochs=1, batch_size=64))
 
 
+@pytest.mark.usefixtures("processes")
 def test_lr_schedule_module_without_a_lightning_module_is_one_line_before_the_run(tmp_path):
     done = run(["train", "--model", "mlp", "--data", "digits", "--epochs", "1", "--no-progress", "--no-record",
                 "--lr-schedule", "module", "--run-dir", tmp_path / "run"], tmp_path)
@@ -181,6 +182,7 @@ def test_lr_schedule_module_without_a_lightning_module_is_one_line_before_the_ru
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_lightning_module_through_the_cli(tmp_path):
     """Its DataModule's loaders give the splits; a target on a metric it logs stops the run; an
     optimizer flag its configure_optimizers sets is refused before anything starts; then ddp on two
@@ -247,6 +249,7 @@ def test_a_lightning_module_through_the_cli(tmp_path):
     assert json.loads(scaled.stdout)[0]["step_time_s"] > 0
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("model", [[], ["--model", "lit_classifier:Scheduled", "--model-option", "kind=onecycle",
                                          "--model-option", "interval=step", "--model-option", "frequency=3"],
                                    ["--model", "lit_classifier:OnPlateau"]],

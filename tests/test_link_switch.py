@@ -13,8 +13,9 @@ from tests.test_multihost import REASON
 # What the switch guarantees on any machine, however busy: never a shorter delay, never a higher
 # rate than it was set to. How close it comes (a busy CPU forwards later) is a figure, not a test:
 # `python benchmarks/link_switch.py --self-test MBIT MS`, in BENCHMARKS.md.
-pytestmark = pytest.mark.skipif(REASON is not None or shutil.which("cc") is None,
-                                reason=REASON or "needs a C compiler for the switch's loop")
+pytestmark = [pytest.mark.skipif(REASON is not None or shutil.which("cc") is None,
+                                 reason=REASON or "needs a C compiler for the switch's loop"),
+              pytest.mark.usefixtures("processes")]   # the switch, and the hosts' own processes
 
 
 @pytest.mark.parametrize("latency_ms", [0.0, 5.0])

@@ -37,7 +37,8 @@ def _step(model, x, y, dtype=None):
 
 
 # ----------------------------------------------------------------- activation checkpointing
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+# (torch.compile on a CPU starts Python to probe the vector ISA it compiles for: a process)
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.processes)], ids=["eager", "compiled"])
 def test_checkpointed_blocks_give_the_same_gradients_and_batchnorm_statistics(compiled):
     torch.manual_seed(0)
     plain = WideResNet(1, 10, depth=10, width=1, dropout=0.3)  # BatchNorm and dropout in every block
@@ -261,6 +262,7 @@ def test_the_bracket_search_is_exact_with_or_without_the_failures_costs(costs_kn
         assert largest_fitting(low, high, budget, probe) == expected
 
 
+@pytest.mark.usefixtures("processes")
 def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):
     result = run(["plan-memory", "--model", "vit-1.3b", "--data", "synthetic", "--shape", "3,224,224",
                   "--num-classes", "1000", "--batch-size", "64", "--precision", "bf16-mixed", "--devices", "8",
@@ -288,6 +290,7 @@ def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):
     assert "not a multiple of 8" in table.stderr and "nearest good value 40" in table.stderr
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("args,message", [
     (["--strategy", "zero4"], "unknown strategy 'zero4'"),
     (["--devices", "0"], "--devices must be >= 1"),
@@ -354,6 +357,7 @@ def test_holding_the_global_batch_with_accumulation():
     assert recommended(100, 0.1) == 88 and recommended(5, 0.1) == 4
 
 
+@pytest.mark.usefixtures("processes")
 def test_finder_on_cpu_needs_a_budget(tmp_path):
     result = run(["find-batch-size", "--model", "mlp", "--data", "digits", "--device", "cpu"], tmp_path)
     assert result.returncode == 2 and "--memory-limit" in result.stderr and "Traceback" not in result.stderr

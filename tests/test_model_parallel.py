@@ -52,6 +52,7 @@ def single(tmp_path_factory):
     return _results(folder, 1)
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_model_parallel_training_equals_one_device(single, tmp_path, layout):
     n, settings = LAYOUTS[layout]
@@ -91,6 +92,7 @@ SEQUENCES = {
 }
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("name", SEQUENCES)
 def test_a_sequence_of_blocks_is_staged_by_cost_and_trains_like_one_device(tmp_path, name):
     model, reference, tol = SEQUENCES[name]
@@ -164,6 +166,7 @@ def test_a_model_is_cut_by_its_layers_flops_not_their_parameters():
     assert stem.held_bytes > 16 * 16 * 28 * 28 * 4      # it keeps its input and activations for the backward
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_planner_and_the_training_cut_alike(tmp_path):
     result = run_here(["plan-memory", "--model", "wrn-10-2", "--data", "digits", "--strategy", "pipeline",
                        "--stages", "2", "--microbatches", "4", "--batch-size", "64", "--json"], tmp_path)
@@ -222,6 +225,7 @@ def _epochs(path):
     return [(m["train_loss"], m["val_loss"]) for m in metrics(path)]
 
 
+@pytest.mark.usefixtures("processes")
 def test_pipeline_checkpoint_reshards_to_one_device_and_back_and_exports_the_full_model(tmp_path):
     common = [*GPT, "--epochs", "2", "--checkpoint-every", "12"]   # 8 steps per epoch: 12 is mid-epoch 2
     piped = run(["train", *common, *PIPELINE, "--run-dir", str(tmp_path / "piped")], tmp_path)
@@ -244,6 +248,7 @@ def test_pipeline_checkpoint_reshards_to_one_device_and_back_and_exports_the_ful
             assert a == pytest.approx(b, abs=1e-5), name
 
 
+@pytest.mark.usefixtures("processes")
 def test_fewer_microbatches_than_stages_fails_before_any_process_starts(tmp_path):
     result = run(["train", *GPT, "--nproc", "2", "--strategy", "pipeline", "--stages", "2", "--microbatches", "1",
                   "--run-dir", str(tmp_path / "r")], tmp_path, timeout=60)
@@ -252,12 +257,14 @@ def test_fewer_microbatches_than_stages_fails_before_any_process_starts(tmp_path
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_raising_stage_ends_the_whole_job_promptly(tmp_path):
     assert_a_raising_rank_ends_the_job(["train", *GPT, *PIPELINE, "--model", "faulty_models:raising_gpt", "--epochs",
                                         "50", "--run-dir", str(tmp_path / "r")], tmp_path,
                                        "injected failure in the last block on rank 1", rank=1)
 
 
+@pytest.mark.usefixtures("processes")
 def test_scaling_predicts_a_pipeline_from_one_device(tmp_path):
     result = run(["scaling", *GPT, "--strategy", "pipeline", "--stages", "2", "--step-time-ms", "100", "--json"],
                  tmp_path, timeout=120)
@@ -274,6 +281,7 @@ def test_scaling_predicts_a_pipeline_from_one_device(tmp_path):
         assert p["transfer_s"] > 0            # (its size is the probed link's: the machine's, not this claim)
 
 
+@pytest.mark.usefixtures("processes")
 def test_plan_memory_lays_out_each_stage(tmp_path):
     from scaletrain.memory.pipeline_plan import plan_pipeline
     from scaletrain.memory.planner import PlanRequest

@@ -16,6 +16,8 @@ import torch
 
 from tests.processes import DIGITS_MLP, cli_env, metrics, summary
 
+pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes
+
 
 def _can_make_namespaces() -> str | None:
     if os.geteuid() != 0:

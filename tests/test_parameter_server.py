@@ -30,6 +30,7 @@ def _weights(run_dir):
     return torch.load(run_dir / "model.pt", weights_only=True)
 
 
+@pytest.mark.usefixtures("processes")
 def test_sync_parameter_servers_equal_ddp_with_one_and_two_servers(tmp_path):
     ddp = run(["train", *COMMON, "--nproc", "2", "--strategy", "ddp", "--run-dir", str(tmp_path / "ddp")], tmp_path)
     assert ddp.returncode == 0, ddp.stderr
@@ -65,6 +66,7 @@ if os.environ.get("RANK") is not None and os.environ.get("COUNT_SENDS_IN"):
 """
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_push_is_one_message_and_a_notice_costs_a_header_not_a_shard(tmp_path):
     """A worker sends its servers one message per step, a header of 6 floats and the gradient (two
     messages cost a small model ~1 ms a step in hand-overs), and at meetings and each epoch's end a
@@ -85,6 +87,7 @@ def test_a_push_is_one_message_and_a_notice_costs_a_header_not_a_shard(tmp_path)
         assert sent["bytes"] == gradients + 6 * 4 * (steps + notices), sent
 
 
+@pytest.mark.usefixtures("processes")
 def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     base = [*DIGITS_MLP, "--batch-size", "66", "--nproc", "4", "--strategy", "ps", "--ps-mode", "async"]
     free = run(["train", *base, "--epochs", "3", "--sync-warmup-epochs", "1", "--ps-worker-delay-s", "0.002",
@@ -116,6 +119,7 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     assert page.count("<svg") == 7 and "Staleness of the applied gradients" in page
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tmp_path, mode):
     """Worker 1 sleeps 1.5 s before each push: with one backup, each epoch ends once workers 0 and 2
@@ -139,6 +143,7 @@ def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tm
         assert m["samples"] == (2 * 19 + late) * 22                # what was trained, worker 1's batches included
 
 
+@pytest.mark.usefixtures("processes")
 def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_dead_server(tmp_path):
     """The servers write the parameters and AdamW's state into the run's DCP checkpoint: a run
     whose parameter server is SIGKILLed after a checkpoint and restarted by torchrun
@@ -166,6 +171,7 @@ def test_servers_checkpoint_through_dcp_and_a_run_resumes_bitwise_after_a_dead_s
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_dead_server_ends_the_job_with_one_line(tmp_path):
     slow = ["train", *COMMON, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.05", "--nproc", "3",
             "--strategy", "ps", "--run-dir", str(tmp_path / "r")]
@@ -185,6 +191,7 @@ def test_a_dead_server_ends_the_job_with_one_line(tmp_path):
     assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("extra,message", [
     (["--nproc", "1"], "needs more processes than servers"),
     (["--nproc", "3", "--backup-workers", "2", "--batch-size", "64"], "leaves no gradient to apply"),
@@ -206,6 +213,7 @@ def test_servers_get_whole_tensors_balanced_by_size():
         balance([1, 2, 3, 4], 5)
 
 
+@pytest.mark.usefixtures("processes")
 def test_ps_flags_need_the_ps_strategy(tmp_path):
     result = run(["train", *DIGITS_MLP, "--num-ps", "2", "--epochs", "1"], tmp_path)
     assert result.returncode == 2 and "--num-ps needs --strategy ps" in result.stderr
@@ -221,6 +229,7 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+@pytest.mark.usefixtures("processes")
 def test_seed_002s_tf_config_with_a_ps_task_trains_like_nproc(tmp_path):
     """Seed 002's cluster (two workers and a ps task) in TF_CONFIG, as TensorFlow users write it,
     each task started on its own as on its own host (here on loopback)."""
@@ -240,6 +249,7 @@ def test_seed_002s_tf_config_with_a_ps_task_trains_like_nproc(tmp_path):
     assert wrong.returncode == 2 and "TF_CONFIG lists 1 ps task(s); train with parameter servers (--strategy ps --num-ps 1)" in wrong.stderr
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("mode", [["--ps-mode", "async"], ["--backup-workers", "1", "--checkpoint-every", "25"]],
                          ids=["async", "backup-with-checkpoints"])
 def test_a_killed_worker_does_not_stop_training(tmp_path, mode):

@@ -10,6 +10,8 @@ import pytest
 
 from tests.processes import DIGITS_MLP, run
 
+pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes
+
 GPT = ["--model", "gpt-small", "--data", "char-corpus", "--no-progress", "--epochs", "1"]
 
 # Each found by the launcher: (the command's flags, what its one line says).

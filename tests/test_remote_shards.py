@@ -81,6 +81,7 @@ def servers():
             server.kill()
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_url_trains_as_the_folder_does_through_a_server_killed_mid_epoch(tmp_path, shard_folder, servers):
     local = run([*TRAIN, "--data-dir", str(shard_folder), "--run-dir", str(tmp_path / "local")], tmp_path,
                 SCALETRAIN_CACHE_DIR="off")
@@ -114,6 +115,7 @@ def test_a_url_trains_as_the_folder_does_through_a_server_killed_mid_epoch(tmp_p
     assert first_epoch_asks <= len(manifest.split("train"))
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_url_run_killed_mid_epoch_resumes_bitwise(tmp_path, shard_folder, servers):
     server = Server(shard_folder, tmp_path / "server.log")
     servers.append(server.start())
@@ -132,6 +134,7 @@ def test_a_url_run_killed_mid_epoch_resumes_bitwise(tmp_path, shard_folder, serv
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_shard_served_wrong_is_refused_and_named(tmp_path, shard_folder, servers):
     served = tmp_path / "served"
     served.mkdir()
@@ -197,6 +200,7 @@ def test_the_cache_keeps_the_most_recently_read_within_its_bound(tmp_path):
     assert not list(tmp_path.glob(f"*{partial}*"))
 
 
+@pytest.mark.usefixtures("processes")
 def test_shard_writes_to_an_fsspec_url_and_refuses_a_server_or_a_used_location(tmp_path):
     out = f"file://{tmp_path / 'up'}"
     written = run(["shard", "--data", "digits", "--out", out, "--samples-per-shard", "400"], tmp_path)

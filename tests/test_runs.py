@@ -67,6 +67,7 @@ def test_a_write_cut_short_by_a_signal_does_not_stop_the_next(tmp_path):
         assert again.get("r").name is None
 
 
+@pytest.mark.usefixtures("processes")
 def test_four_concurrent_writers_lose_nothing(tmp_path):
     import time
     path = tmp_path / "runs.db"
@@ -100,6 +101,7 @@ OPENER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.usefixtures("processes")
 def test_processes_creating_one_new_store_at_once_all_open_it(tmp_path):
     """Seen in CI: two `multi` trainings opening a new store together, one failed with "database
     is locked" (SQLite answers the switch to WAL with BUSY at once while another opener switches)."""
@@ -151,6 +153,7 @@ def recorded(tmp_path_factory):
     store.close()
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_train_run_is_recorded_with_its_environment(recorded):
     cwd, store, commit = recorded
     first, second = store.runs()
@@ -169,6 +172,7 @@ def test_a_train_run_is_recorded_with_its_environment(recorded):
     assert (cwd / second.run_dir / "run_id").read_text().strip() == second.id
 
 
+@pytest.mark.usefixtures("processes")
 def test_tensorboard_event_files_hold_the_epoch_scalars(recorded):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -197,6 +201,7 @@ def _store_with_known_runs(path):
     return store
 
 
+@pytest.mark.usefixtures("processes")
 def test_compare_lines_up_known_runs(tmp_path):
     _store_with_known_runs(tmp_path / "runs.db").close()
     out = run_here(["runs", "compare", "aaaa", "bbbb2222", "--store", str(tmp_path / "runs.db")], tmp_path)
@@ -216,6 +221,7 @@ def test_compare_lines_up_known_runs(tmp_path):
     assert [r["time to target"] for r in as_json] == [10.25, None]
 
 
+@pytest.mark.usefixtures("processes")
 def test_runs_list_where_nothing_was_trained_is_an_empty_table(tmp_path):
     for extra, expected in (([], "0 runs"), (["--json"], "[]")):
         out = run_here(["runs", "list", *extra], tmp_path)     # no store in this folder
@@ -224,6 +230,7 @@ def test_runs_list_where_nothing_was_trained_is_an_empty_table(tmp_path):
     assert not (tmp_path / "scaletrain-runs").exists()          # listing creates nothing
 
 
+@pytest.mark.usefixtures("processes")
 def test_bad_run_ids_and_stores_give_one_line(tmp_path):
     store = _store_with_known_runs(tmp_path / "runs.db")
     store.start_run("aaaa9999", name="x")
@@ -248,6 +255,7 @@ def test_bad_run_ids_and_stores_give_one_line(tmp_path):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/setup-system.sh installs it)")
 def test_report_renders_offline_in_headless_chromium_with_its_plots(recorded, tmp_path):
     pytest.importorskip("matplotlib")

@@ -384,6 +384,7 @@ def test_fsdp2s_copies_are_timed_and_blocks_counted():
     assert math.isfinite(per_byte) and per_byte > 0
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("argv, says", [
     (["--hosts", "1"], "argument --hosts: '1': each must be at least 2"),
     (["--gap-ms", "1,x"], "argument --gap-ms: '1,x' is not a comma-separated list of numbers"),

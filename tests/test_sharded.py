@@ -36,6 +36,7 @@ def worker_results(tmp_path_factory):
     return out
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("strategy", ["zero1", "zero2", "fsdp"])
 def test_sharded_strategies_match_ddp(worker_results, strategy):
     ddp, sharded = worker_results["ddp"][0], worker_results[strategy][0]
@@ -46,6 +47,7 @@ def test_sharded_strategies_match_ddp(worker_results, strategy):
         assert torch.allclose(value, sharded["weights"][name], atol=1e-6), name
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("strategy", ["zero2", "fsdp"])
 def test_the_predictor_states_what_a_model_without_blocks_really_sends(worker_results, strategy):
     """`scaletrain scaling` prices what step_collectives states: for the MLP (no repeated block, one
@@ -65,6 +67,7 @@ def test_the_predictor_states_what_a_model_without_blocks_really_sends(worker_re
     assert not any(hides for *_, hides in stated)   # one unit: nothing to prefetch or reduce behind
 
 
+@pytest.mark.usefixtures("processes")
 def test_cpu_offload_trains_exactly_like_fsdp(worker_results):
     """FSDP2's CPUOffloadPolicy steps the optimizer on the host shards: the same arithmetic."""
     fsdp, offload = worker_results["fsdp"][0], worker_results["fsdp+offload"][0]
@@ -78,6 +81,7 @@ def test_cpu_offload_trains_exactly_like_fsdp(worker_results):
     assert worker_results["fsdp+offload"][0]["held"] == fsdp["held"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_planner_puts_cpu_offloads_shards_on_the_host(worker_results):
     from scaletrain.config import DistributedConfig
     params = [ParamInfo(shape, -1) for shape in worker_results["fsdp"][0]["shapes"]]
@@ -97,6 +101,7 @@ def test_planner_puts_cpu_offloads_shards_on_the_host(worker_results):
     assert model_state(params, "fsdp", 2, 4, 4, distributed=offload).host_bytes == held
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_planner_model_state_equals_what_each_rank_really_holds(worker_results, strategy):
     ranks = worker_results[strategy]
@@ -120,6 +125,7 @@ def _epochs(path):
     return [(m["train_loss"], m["val_loss"], m["val_accuracy"]) for m in metrics(path)]
 
 
+@pytest.mark.usefixtures("processes")
 def test_fsdp_checkpoint_saved_on_two_ranks_resumes_on_one_and_back(tmp_path):
     common = DIGITS_MLP + ["--epochs", "2", "--batch-size", "64", "--no-save-model"]
     full = run(["train", *common, "--nproc", "2", "--strategy", "fsdp", "--run-dir", str(tmp_path / "full"),
@@ -143,6 +149,7 @@ def test_fsdp_checkpoint_saved_on_two_ranks_resumes_on_one_and_back(tmp_path):
         assert a == pytest.approx(b, abs=1e-6)
 
 
+@pytest.mark.usefixtures("processes")
 def test_fsdp_with_checkpointed_blocks_and_bf16_trains_a_vit(tmp_path):
     result = run(["train", "--model", "vit", "--model-option", "dim=32", "--model-option", "depth=2",
                   "--model-option", "heads=2", "--data", "synthetic", "--shape", "3,8,8", "--num-samples", "256",
@@ -164,6 +171,7 @@ def test_fsdp_with_checkpointed_blocks_and_bf16_trains_a_vit(tmp_path):
     assert single["accuracy"] == pytest.approx(epoch["val_accuracy"], abs=1 / len(built.dataset.val))
 
 
+@pytest.mark.usefixtures("processes")
 def test_batch_size_finders_cap_counts_the_replicas(tmp_path):
     # Two fsdp replicas each take a batch: 1,294 digits allow 647 per device, not 1,294.
     result = run(["find-batch-size", "--model", "mlp", "--data", "digits", "--nproc", "2", "--strategy", "fsdp",
@@ -175,6 +183,7 @@ def test_batch_size_finders_cap_counts_the_replicas(tmp_path):
     assert [t["batch_size"] for t in found["trials"]] == [512, 647]
 
 
+@pytest.mark.usefixtures("processes")
 def test_batch_size_finder_takes_the_same_branch_on_every_rank(tmp_path):
     # Only rank 1 runs out of memory above 48 samples; the all-reduced flag makes rank 0 agree.
     result = run(["find-batch-size", "--model", "faulty_models:oom_mlp", "--model-option", "above=48",
@@ -196,6 +205,7 @@ def test_cpu_offload_under_a_strategy_that_cannot_is_one_line():
     from_mapping(TrainConfig, {"distributed": {"strategy": "zero2", "fsdp": {"cpu_offload": True}}}).validate()
 
 
+@pytest.mark.usefixtures("processes")
 def test_zero1_with_more_processes_than_tensors_is_one_line_before_launch(tmp_path):
     """ZeRO-1 owners get whole tensors: DIGITS_MLP has 4, so a 5th process would own none (its
     optimizer could not be built, and the job died as a peer's "Connection closed by peer")."""

@@ -43,6 +43,7 @@ def _loaders(folder, world: int, workers: int, batch: int = 16, pattern: str | N
                         shuffle_buffer=40) for r in range(world)]
 
 
+@pytest.mark.usefixtures("processes")
 def test_shard_command_round_trips_every_split_with_checksums(tmp_path):
     out = tmp_path / "digits"
     result = run(["shard", "--data", "digits", "--out", str(out), "--samples-per-shard", "200"], tmp_path)
@@ -88,6 +89,7 @@ def test_ranks_and_workers_read_distinct_samples_equal_steps_and_resume_exactly(
             assert _epoch(loader, 1, start) == epochs[1][rank][start:]
 
 
+@pytest.mark.usefixtures("processes")
 def test_streamed_run_killed_mid_epoch_resumes_bitwise(tmp_path):
     write = run(["shard", "--data", "digits", "--out", str(tmp_path / "s"), "--samples-per-shard", "160"], tmp_path)
     assert write.returncode == 0, write.stderr
@@ -113,6 +115,7 @@ def test_streamed_run_killed_mid_epoch_resumes_bitwise(tmp_path):
     assert summary(tmp_path / "full")["data_wait_s"] > 0
 
 
+@pytest.mark.usefixtures("processes")
 def test_two_ranks_with_two_workers_each_train_on_eight_shards(tmp_path):
     write_shards(load_dataset(DataConfig(name="digits")), tmp_path / "s", samples_per_shard=162)
     assert len(Manifest.read(tmp_path / "s").split("train")) == 8
@@ -131,6 +134,7 @@ def test_two_ranks_with_two_workers_each_train_on_eight_shards(tmp_path):
         assert e["val_loss"] == pytest.approx(m["val_loss"], rel=1e-6)
 
 
+@pytest.mark.usefixtures("processes")
 def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
     write_shards(_numbered(4 * 48), tmp_path / "s", samples_per_shard=48)
     folder = tmp_path / "s"
@@ -192,6 +196,7 @@ def test_damaged_missing_and_mismatched_shards_are_named(tmp_path):
     assert result.returncode == 2 and "lists no training shards" in result.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_damaged_array_header_names_its_shard_and_leaves_no_folder(tmp_path):
     """An array's .npy header altered in every training shard, the manifest's size and checksum
     rewritten to match (so only the header gives it away): the line names a shard and the sample,
@@ -247,6 +252,7 @@ def test_a_manifest_is_read_through_its_schema(tmp_path, field, value, problem):
     assert str(path) in str(caught.value) and problem in str(caught.value)
 
 
+@pytest.mark.usefixtures("processes")
 def test_labels_beyond_the_manifests_classes_and_a_missing_folder_are_one_line(tmp_path):
     write_shards(_numbered(96), tmp_path / "s", samples_per_shard=48)        # labels 0, 1, 2
     path = tmp_path / "s" / "manifest.json"

@@ -15,7 +15,7 @@ import pytest
 from scaletrain.tracking.store import RunStore
 from tests.processes import run
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("processes")]
 
 # task: (the data and model flags, the task's own validation metric the cells must report)
 TASKS = {

@@ -118,6 +118,7 @@ def test_regression_trains_to_a_high_r2_and_reports_it_on_test(tmp_path):
     assert history[0]["val_loss"] > history[-1]["val_loss"]
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.slow
 def test_char_gpt_cli_run_learns_and_stops_at_a_perplexity_target(tmp_path):
     result = run(["train", "--data", "char-corpus", "--model", "gpt", "--model-option", "dim=64",
@@ -136,6 +137,7 @@ def test_char_gpt_cli_run_learns_and_stops_at_a_perplexity_target(tmp_path):
     assert "val perplexity <= 12" in result.stdout
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_target_on_a_metric_the_task_lacks_is_one_line_before_any_file(tmp_path):
     result = run(["train", "--data", "friedman1", "--model", "mlp", "--epochs", "1", "--no-progress",
                   "--target-accuracy", "0.9", "--run-dir", "r"], tmp_path)
@@ -145,6 +147,7 @@ def test_a_target_on_a_metric_the_task_lacks_is_one_line_before_any_file(tmp_pat
     assert "Traceback" not in result.stderr and not (tmp_path / "r").exists()
 
 
+@pytest.mark.usefixtures("processes")
 def test_planner_and_batch_finder_work_for_a_language_model(tmp_path):
     plan = run(["plan-memory", "--data", "char-corpus", "--model", "gpt-tiny", "--batch-size", "16",
                 "--strategy", "ddp,fsdp", "--devices", "2", "--json"], tmp_path)

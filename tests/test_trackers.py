@@ -50,6 +50,7 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
+@pytest.mark.usefixtures("processes")
 def test_an_mlflow_server_gets_the_whole_run_exports_once_and_its_death_costs_one_warning(tmp_path):
     """One real `mlflow server` process: a run logged live and read back with MlflowClient, the
     store's runs exported (twice: the second adds nothing), then the server killed mid-run."""
@@ -129,6 +130,7 @@ def _killed_mid_run(tmp_path, server, uri, db):
     assert gone.returncode == 0 and gone.stderr.count("warning: the mlflow logger failed") == 1, gone.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_every_tracker_at_once_offline_each_read_back_from_its_files(tmp_path, monkeypatch):
     """No tracking URI: MLflow's SQLite store in the run folder; no W&B key: W&B offline."""
     pytest.importorskip("wandb")

@@ -39,6 +39,7 @@ def _store(tmp_path) -> RunStore:
 
 # -- 1. one identity ------------------------------------------------------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_a_fresh_run_never_reuses_a_folder_that_holds_a_run(tmp_path):
     first = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-dir", "a"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -56,6 +57,7 @@ def test_a_fresh_run_never_reuses_a_folder_that_holds_a_run(tmp_path):
         assert {r.id: r.status for r in store.runs()} == {first_id: "finished", second_id: "finished"}
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_second_training_in_a_locked_folder_exits_at_once_naming_the_holder(tmp_path):
     slow = ["--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.05", "--data", "digits",
             "--no-progress", "--epochs", "30", "--no-record", "--target-accuracy", "0.999", "--run-dir", "busy"]
@@ -80,6 +82,7 @@ def test_a_second_training_in_a_locked_folder_exits_at_once_naming_the_holder(tm
     assert after.returncode == 0, after.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_torchrun_twice_without_rdzv_id_makes_two_runs(tmp_path):
     """torchrun's rendezvous id defaults to 'none': once, every such job shared one folder and id."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
@@ -95,6 +98,7 @@ def test_torchrun_twice_without_rdzv_id_makes_two_runs(tmp_path):
         assert sorted(r.id for r in store.runs()) == sorted(ids)
 
 
+@pytest.mark.usefixtures("processes")
 def test_resume_auto_without_run_dir_never_continues_a_different_configuration(tmp_path):
     base = DIGITS_MLP + ["--epochs", "1", "--checkpoint-every", "5", "--no-record"]
     assert run(["train", *base], cwd=tmp_path).returncode == 0
@@ -107,6 +111,7 @@ def test_resume_auto_without_run_dir_never_continues_a_different_configuration(t
     assert f"resuming run {(first / 'run_id').read_text().strip()}" in same.stdout
 
 
+@pytest.mark.usefixtures("processes")
 def test_another_runs_checkpoint_is_refused_without_an_owner_file(tmp_path):
     """A checkpoint folder holding another run's checkpoint, its owner.json gone (copied in, or
     deleted): the checkpoint's own record of its configuration says whose it is, and a resume of
@@ -137,6 +142,7 @@ def test_another_runs_checkpoint_is_refused_without_an_owner_file(tmp_path):
     assert own.returncode == 0, own.stderr     # its own checkpoint still resumes
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_run_writes_only_where_it_owns(tmp_path):
     """Another run's checkpoint folder (inside its run folder, or a shared folder it claimed) is
     refused before anything trains: saves never mix, keep-K never deletes the other run's, and
@@ -174,6 +180,7 @@ def test_a_run_writes_only_where_it_owns(tmp_path):
 
 # -- 2. resume from the run's own config ----------------------------------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_resume_continues_with_the_saved_config_and_refuses_fixed_changes(tmp_path):
     made = run(["train", *DIGITS_MLP, "--epochs", "2", "--checkpoint-every", "5", "--run-dir", "a",
                 "--target-accuracy", "0.999"], cwd=tmp_path)
@@ -228,6 +235,7 @@ def checkpointed_run(tmp_path_factory):
     return folder / "a"
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_checkpoint_is_skipped_for_the_next_older_one(checkpointed_run, tmp_path, damage):
     import shutil
@@ -241,6 +249,7 @@ def test_a_damaged_checkpoint_is_skipped_for_the_next_older_one(checkpointed_run
     assert f"resumed from {Path('a') / 'checkpoints' / older.name}" in resumed.stdout
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("nproc", ["1", "2"])
 def test_no_usable_checkpoint_is_one_line_and_exit_2(checkpointed_run, tmp_path, nproc):
     """Under --nproc 2 the launcher verifies the checkpoint before any worker starts."""
@@ -269,6 +278,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_full_disk_fails_the_run_in_one_line_and_the_last_checkpoint_resumes(tmp_path, small_disk):
     """Out of space mid-run: one line naming the path and the OS's reason, run.json says failed,
     no temporary file or partial checkpoint is left, the newest committed checkpoint verifies,
@@ -338,6 +348,7 @@ def _status(folder: Path) -> str:
     return json.loads((folder / "run.json").read_text())["status"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_disk_full_when_the_weights_are_written_still_gets_them(small_disk):
     """The disk fills after the last epoch (at model.pt and summary.json): both were set aside
     before training, so both are written, whole, and the run finishes."""
@@ -350,6 +361,7 @@ def test_a_disk_full_when_the_weights_are_written_still_gets_them(small_disk):
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name != ".lock"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_disk_full_at_the_metrics_fails_in_one_line_and_says_so_in_run_json(small_disk):
     """The disk fills as epoch 2 begins: a metrics line cannot be written. One line names the file
     and the OS's reason; run.json says failed (rewritten in place: no room for a new copy); the space
@@ -365,6 +377,7 @@ def test_a_disk_full_at_the_metrics_fails_in_one_line_and_says_so_in_run_json(sm
     assert not (folder / ".model.pt.reserved").exists() and not (folder / "model.pt").exists()
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_disk_with_no_room_for_the_weights_refuses_the_run_before_it_trains(small_disk):
     filler = small_disk / "filler"
     stat = os.statvfs(small_disk)
@@ -374,6 +387,7 @@ def test_a_disk_with_no_room_for_the_weights_refuses_the_run_before_it_trains(sm
     assert "run again" in error and not (small_disk / "run").exists()     # nothing trained: no folder
 
 
+@pytest.mark.usefixtures("processes")
 def test_run_json_status_is_written_in_place_when_the_disk_has_no_room(tmp_path, small_disk):
     from scaletrain.lifecycle.folder import RunFolder
     folder = RunFolder(small_disk / "run")
@@ -426,6 +440,7 @@ def _stop_and_wait(tmp_path, run_dir: Path, extra: list[str], stop) -> None:
             proc.kill()
 
 
+@pytest.mark.usefixtures("processes")
 def test_sigterm_ends_a_run_whose_loader_workers_hang_every_time(tmp_path):
     """SIGTERM to a training whose loader workers are stuck in a user's read: every process gone
     (how soon: benchmarks/stop_latency.py) and the run recorded interrupted, five times running
@@ -437,6 +452,7 @@ def test_sigterm_ends_a_run_whose_loader_workers_hang_every_time(tmp_path):
         assert _status(run_dir) == "interrupted", attempt
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("target", ["the launcher", "its process group", "one rank", "the launcher, killed"])
 def test_every_process_of_a_job_ends_with_it(tmp_path, target):
     """--nproc 2, loader workers hung: SIGTERM to the launcher, to its process group or to one rank,
@@ -459,6 +475,7 @@ def test_every_process_of_a_job_ends_with_it(tmp_path, target):
         assert _status(run_dir) == "interrupted", attempt
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path):
     """The training began (callbacks told, data read) and its first step raised: a true record
     in the store, no run folder from a run that never trained. One step later the folder stays."""
@@ -485,6 +502,7 @@ class _Payload:
         return (os.system, (f"touch {self.target}",))
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_crafted_cifar_batch_is_refused_without_running_it(tmp_path):
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
@@ -509,6 +527,7 @@ def test_a_real_cifar_style_batch_still_loads(tmp_path):
     assert x.shape == (4, 3, 32, 32) and y.tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.usefixtures("processes")
 def test_crafted_checkpoint_metadata_is_refused_even_with_a_matching_manifest(checkpointed_run, tmp_path):
     """An attacker who rewrites both `.metadata` and the manifest still cannot run code: the
     metadata is read by an unpickler that admits only DCP's own classes."""
@@ -536,6 +555,7 @@ def _rewrite_with_manifest(checkpoint: Path, name: str, data: bytes) -> None:
     (checkpoint / "COMMITTED").write_text(json.dumps(manifest))
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("damage", ["a pickle", "cut short", "zeros"])
 def test_a_crafted_tensor_file_is_named_in_one_line_by_resume_and_evaluate(checkpointed_run, tmp_path, damage):
     """A `.distcp` file replaced (a pickle, its first half, zeros of its size) with a manifest that
@@ -559,12 +579,14 @@ def test_a_crafted_tensor_file_is_named_in_one_line_by_resume_and_evaluate(check
         assert not marker.exists()
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
     (tmp_path / "latin1.toml").write_bytes('epochs = 1\n# réglages\n'.encode("latin-1"))
     result = run_here(["train", "--config", "latin1.toml"], tmp_path)
     assert "config file latin1.toml is not UTF-8 text" in _one_error_line(result)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_model_too_big_to_build_is_one_line_before_allocating(tmp_path):
     """Counted on the meta device against the host's available memory, in the launcher (--nproc)
     and in the training process alike: no allocator traceback, no run folder."""
@@ -578,6 +600,7 @@ def test_a_model_too_big_to_build_is_one_line_before_allocating(tmp_path):
 
 # -- 5. outputs checked before training; the model written first ----------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_unwritable_outputs_fail_before_any_step_and_leave_no_folder(tmp_path):
     (tmp_path / "file").write_text("")
     cases = [(["--summary-json", "file/summary.json"], "--summary-json"),
@@ -595,6 +618,7 @@ def test_unwritable_outputs_fail_before_any_step_and_leave_no_folder(tmp_path):
     assert "--output" in line and "file is a file" in line
 
 
+@pytest.mark.usefixtures("processes")
 def test_model_is_written_before_the_summaries(tmp_path):
     result = run(["train", *EPOCHS2, "--run-dir", "a", "--summary-json", "out/s.json"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -651,6 +675,7 @@ def test_the_epoch_clock_counts_every_step_and_no_checkpoint_save(tmp_path, monk
 
 # -- 7. a diverged training has its own exit code -------------------------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_a_diverged_training_is_not_bad_input(tmp_path):
     result = run(["train", *DIGITS_MLP, "--epochs", "2", "--lr", "1e12", "--optimizer", "sgd", "--no-record",
                   "--lr-schedule", "constant"], cwd=tmp_path)
@@ -660,6 +685,7 @@ def test_a_diverged_training_is_not_bad_input(tmp_path):
 
 # -- 8. run store output --------------------------------------------------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_user_text_is_never_markup_and_every_accepted_id_shows(tmp_path):
     for run_id, group in (("a.b-1", "[/]"), ("Z9", "[bold]x")):
         result = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-id", run_id, "--group", group], cwd=tmp_path)
@@ -676,6 +702,7 @@ def test_user_text_is_never_markup_and_every_accepted_id_shows(tmp_path):
 
 # -- 9. the batch finder on CPU -------------------------------------------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_batch_finder_counts_the_batch_and_stays_inside_the_training_set(tmp_path):
     # (Its guard: it once measured every batch size up to the whole set, minutes; it now takes seconds.)
     result = run(["find-batch-size", "--model", "mlp", "--data", "synthetic", "--shape", "3,64,64",
@@ -698,6 +725,7 @@ def test_batch_finder_counts_the_batch_and_stays_inside_the_training_set(tmp_pat
 
 # -- 10. the default recipe is the default --------------------------------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_a_flag_changes_only_what_it_names(tmp_path):
     from scaletrain.cli.main import build_parser
     from scaletrain.cli.train import config_from_args, load_recipe
@@ -718,6 +746,7 @@ def test_a_flag_changes_only_what_it_names(tmp_path):
 
 # -- 11. reports of resumed runs ------------------------------------------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_a_resumed_run_continues_its_wall_time(tmp_path):
     made = run(["train", *DIGITS_MLP, "--epochs", "2", "--checkpoint-every", "11", "--run-dir", "a",
                 "--target-accuracy", "0.999", "--sample-interval-s", "0.05"], cwd=tmp_path)
@@ -741,6 +770,7 @@ def test_a_resumed_run_continues_its_wall_time(tmp_path):
     assert times == sorted(times)
 
 
+@pytest.mark.usefixtures("processes")
 def test_experiment_outputs_are_checked_first_and_never_merged(tmp_path):
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "points.csv").write_text("batch_size\n16\n")
@@ -758,6 +788,7 @@ def test_experiment_outputs_are_checked_first_and_never_merged(tmp_path):
 
 # -- 7. a run's record is what ran (issue 26, item 4) ---------------------------------------------
 
+@pytest.mark.usefixtures("processes")
 def test_a_hand_edited_config_is_refused_on_resume(tmp_path):
     made = run(["train", *DIGITS_MLP, "--epochs", "1", "--checkpoint-every", "5", "--run-dir", "a"], cwd=tmp_path)
     assert made.returncode == 0, made.stderr
@@ -792,6 +823,7 @@ def _signal_once(proc, sig, ready, what: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("sig, code, line", [(signal.SIGTERM, 143, "scaletrain: terminated"),
                                              (signal.SIGINT, 130, "scaletrain: interrupted")])
 def test_a_signal_mid_training_ends_the_run_interrupted_in_one_line(tmp_path, sig, code, line):
@@ -851,6 +883,7 @@ def test_an_interrupt_while_the_command_measures_the_machines_load_is_one_line(m
     assert capsys.readouterr().err.strip() == "scaletrain: interrupted"
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130)])   # SIGTERM takes the same path (test above, and the launcher's)
 def test_a_signal_while_parameter_servers_start_is_one_line_no_traceback(tmp_path, sig, code):
     """The launcher (torchrun's agent) takes the signal, stops workers and servers, and the job

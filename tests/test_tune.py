@@ -39,6 +39,7 @@ def _finished(study):
             if t.state in (State.COMPLETE, State.PRUNED)}
 
 
+@pytest.mark.usefixtures("processes")
 def test_tune_reaches_95_percent_on_digits_and_resumes_after_a_kill(tmp_path):
     (tmp_path / "space.toml").write_text(SPACE)
     args = ["tune", "--space", "space.toml", "--trials", "6", "--parallel", "2", "--out", "study", *BASE]
@@ -139,6 +140,7 @@ def _open_at_once(url: str, gate, results) -> None:
         results.put(f"{type(exc).__name__}: {exc}")
 
 
+@pytest.mark.usefixtures("processes")
 def test_processes_opening_a_new_postgresql_database_at_once_all_succeed(postgres):
     # The first opening of a database creates Optuna's schema; processes racing on it must all
     # open the storage (PostgreSQL reports the loser as "relation ... already exists"). Several
@@ -160,6 +162,7 @@ def test_processes_opening_a_new_postgresql_database_at_once_all_succeed(postgre
         assert outcomes == ["ok"] * 6, outcomes
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_postgresql_study_shared_by_two_processes(tmp_path, postgres):
     (tmp_path / "space.toml").write_text(SPACE)
     common = ["tune", "--space", "space.toml", "--trials", "4", "--parallel", "1", "--storage", postgres,
@@ -211,6 +214,7 @@ def test_tune_rejects_a_missing_space_file_and_a_bad_metric(tmp_path, capsys):
     assert "--metric accuracy is not something a run reports" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_trial_process_is_pruned_through_the_real_cli(tmp_path, nproc):
     """The tuner's pruning reaches a trial's `train` process: a trial trailing a finished one at

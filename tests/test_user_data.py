@@ -316,6 +316,7 @@ def _image_run(folder: Path, run_dir: Path, strategy: str) -> list[str]:
             "--run-dir", str(run_dir)]
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_png_folder_with_random_crops_through_two_workers_per_rank_resumes_bitwise(tmp_path, strategy):
     folder = _images(tmp_path)
@@ -361,6 +362,7 @@ def build(input_shape, num_classes):
 """
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("form", ["png", "hf", "npz"])
 def test_plan_memory_and_autotune_take_each_form_of_a_users_data(tmp_path, form):
     """A PNG folder read by Pillow, a Hugging Face text set (token ids) and a float-target .npz (the
@@ -413,6 +415,7 @@ def _console(*args, cwd):
     return subprocess.run([script, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
+@pytest.mark.usefixtures("processes")
 def test_data_by_module_and_function_from_the_working_folder_through_every_kind_of_command(tmp_path):
     (tmp_path / "mine.py").write_text(USER_MODULE)
     trained = _console("train", "--model", "cnn1d", "--data", "mine:splits", "--data-option", "size=320",
@@ -444,6 +447,7 @@ def test_data_by_module_and_function_from_the_working_folder_through_every_kind_
     assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_stream_by_module_and_function_trains_on_two_ranks_of_two_workers_and_plans(tmp_path):
     (tmp_path / "mine.py").write_text(USER_MODULE)
     trained = run(["train", "--model", "cnn1d", "--data", "mine:streams", "--data-option", "size=320", "--nproc", "2",
@@ -462,6 +466,7 @@ def test_a_stream_by_module_and_function_trains_on_two_ranks_of_two_workers_and_
     assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("data, problem", [
     ("nowhere:splits", "cannot import module 'nowhere'"),
     ("mine:absent", "module 'mine' has no function 'absent'"),
@@ -478,6 +483,7 @@ def test_a_data_function_that_cannot_give_data_is_one_line_and_exit_2(tmp_path, 
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_float_target_npz_trains_as_regression_from_the_command_line(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 6))

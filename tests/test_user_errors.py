@@ -14,7 +14,7 @@ import pytest
 
 from tests.processes import run
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("processes")]
 QUICK = ["--epochs", "1", "--batch-size", "32", "--no-progress"]
 
 

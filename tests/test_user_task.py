@@ -63,6 +63,7 @@ def test_user_task_contract_is_checked_in_one_line():
     assert not any(":" in name for name in TASKS)     # looked up, never listed among ours
 
 
+@pytest.mark.usefixtures("processes")
 def test_user_task_through_the_cli_on_two_processes(tmp_path):
     """`--task module:Name` under torchrun: its sums reduce over ranks, so the run's reported test F1
     is the F1 of the model it saved, evaluated on one process."""
@@ -88,6 +89,7 @@ def test_user_task_through_the_cli_on_two_processes(tmp_path):
     assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
 
 
+@pytest.mark.usefixtures("processes")
 def test_ensemble_scores_by_the_runs_own_task(tmp_path):
     """Two runs of a user's multi-label task: the ensemble averages their sigmoid probabilities and
     reports the task's micro-F1 (its float targets would read as a regression to a guess from the
@@ -119,6 +121,7 @@ def test_ensemble_scores_by_the_runs_own_task(tmp_path):
     assert json.loads(side_by_side.stdout)["ensemble"] == pytest.approx(result["ensemble"], rel=1e-6)
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("name, words", [
     ("multilabel:PerSampleLoss", "loss must be a scalar floating-point tensor .* got a tensor of shape \\(\\d+,\\)"),
     ("multilabel:NoSums", "lacks eval_metrics, eval_sums")])
@@ -157,6 +160,7 @@ def test_a_hugging_face_model_trains_on_its_own_loss(tmp_path, hf_gpt):
     assert history[-1]["val_loss"] == pytest.approx(float(torch.stack(by_hand).mean()), rel=1e-5)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_hugging_face_model_under_ddp_and_fsdp_with_checkpointing(tmp_path, hf_gpt):
     """The same run on one process, on two under ddp, and on two under fsdp with its GPT2Blocks as
     the sharded and recomputed units: the same losses (no dropout; fp32)."""
@@ -183,6 +187,7 @@ def test_a_hugging_face_model_under_ddp_and_fsdp_with_checkpointing(tmp_path, hf
     assert "Traceback" not in exported.stderr and not (tmp_path / "m.pt2").exists()
 
 
+@pytest.mark.usefixtures("processes")
 def test_own_loss_refuses_what_it_cannot_train(tmp_path, hf_gpt):
     result = run(["train", "--model", "hf_gpt:build_logits_only", "--data", "hf_gpt:splits", "--epochs", "1",
                   "--no-progress", "--run-dir", tmp_path / "run"], tmp_path)
@@ -241,6 +246,7 @@ def test_plan_memory_traces_a_dict_input_model_as_it_trains(hf_gpt):
     assert predicted == pytest.approx(real, rel=0.10)
 
 
+@pytest.mark.usefixtures("processes")
 def test_plan_memory_and_autotune_on_a_hugging_face_model(tmp_path, hf_gpt):
     flags = ["--model", "hf_gpt:build", "--data", "hf_gpt:splits", "--batch-size", "32"]
     planned = run(["plan-memory", *flags, "--activation-checkpointing"], tmp_path)
@@ -256,6 +262,7 @@ def test_plan_memory_and_autotune_on_a_hugging_face_model(tmp_path, hf_gpt):
     assert rows[0]["devices"] == 1 and rows[0]["step_time_s"] > 0
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_find_batch_size_on_named_inputs(tmp_path, hf_gpt, nproc):
     """Dict rows whose labels the model takes by name: the finder draws its trial batches as the
@@ -286,6 +293,7 @@ def test_gradient_accumulation_cuts_named_inputs_into_micro_batches(tmp_path, hf
     assert np.allclose(histories[0], histories[1], rtol=1e-4), histories
 
 
+@pytest.mark.usefixtures("processes")
 def test_tune_optimises_a_user_tasks_metric(tmp_path):
     """`tune --metric auto` on a user task is its default target (val_f1, maximised); a built-in
     metric the task does not report is refused; the study's best value is one a trial logged."""

@@ -15,6 +15,8 @@ import pytest
 
 import torch
 
+pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes
+
 REPO = Path(__file__).resolve().parent.parent
 
 

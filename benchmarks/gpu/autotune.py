@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def command(part: Part, folder: Path) -> list[str]:
-    if part.rehearse:
+    if part.rehearse:   # (no confirmation round: 3 more cold processes; tests/test_autotune.py confirms on a CPU)
         size = ["--model", "wrn-10-1", "--shape", "3,8,8", "--num-samples", "256", "--batch-size", "32",
-                "--trials", "2", "--steps", "3", "--knobs", "steps_per_execution", "--confirm-rounds", "1"]
+                "--trials", "2", "--steps", "3", "--knobs", "steps_per_execution", "--confirm-rounds", "0"]
     else:
         size = ["--model", "wrn-16-2", "--shape", "3,32,32", "--num-samples", "2560", "--batch-size", "256",
                 "--trials", "8", "--budget-s", "70", "--steps", "10", "--knobs", "precision,steps_per_execution,channels_last,"

@@ -128,7 +128,7 @@ def _measured_table(path: str, as_json: bool) -> int:
     console = make_console(width=None if sys.stdout.isatty() else 140)
     env = result.get("environment", {})
     bound = {True: "link", False: "cores", None: "-"}
-    console.print(_table(f"measured against predicted: {_models_measured(result, points)}; "
+    console.print(_table(f"measured against predicted: {_models_measured(result)}; "
                          f"{env.get('device', '?')}, torch {env.get('torch', '?')}, {env.get('date', '?')}",
                          ("strategy", "link", "hosts", "bound by", "probed bus Mbit/s", "probed us/hop",
                           "measured ms", "predicted ms", "error"),
@@ -172,14 +172,15 @@ def _point_problem(point: dict) -> str | None:
     return None
 
 
-def _models_measured(result: dict, points: list[dict]) -> str:
-    """What the file's points trained: the data-parallel model, the tensor-parallel one, or both."""
+def _models_measured(result: dict) -> str:
+    """What the file's points trained, as the file says: the data-parallel model (its one-process
+    step is 0 where only tensor parallelism was measured), the tensor-parallel one (its traffic), or both."""
     parts = []
-    if any(p["strategy"] != "tensor" for p in points):
+    if result.get("one_process_step_s"):
         parts.append(f"{result.get('grad_bytes', 0) / 2**20:.1f} MiB of gradients, one process "
                      f"{result.get('one_process_step_s', 0) * 1e3:.2f} ms per step")
-    if any(p["strategy"] == "tensor" for p in points):
-        tp = result.get("tensor_parallel") or {}
+    if result.get("tensor_parallel"):
+        tp = result["tensor_parallel"]
         parts.append(f"tensor parallel: {tp.get('allreduces', '?')} all-reduces of "
                      f"{tp.get('allreduce_bytes', 0) / 2**20:.1f} MiB together per step")
     return "; ".join(parts)
