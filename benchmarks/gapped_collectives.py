@@ -130,8 +130,9 @@ def main() -> None:
                           f"{per * 1e3:.1f} ms per all-reduce, wire {wire * 1e3:.1f} ms ({per / wire:.1f}x)",
                           flush=True)
     if args.out:
-        from benchmarks.common import environment
         import torch
+
+        from benchmarks.common import environment
         Path(args.out).write_text(json.dumps({"environment": environment(torch.device("cpu")), "rows": rows},
                                              indent=2))
 

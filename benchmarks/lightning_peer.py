@@ -34,11 +34,11 @@ from torch.utils.data import DataLoader, TensorDataset
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "plugins"))
+import lit_classifier  # noqa: E402
+
 from benchmarks.common import environment, print_epochs, spread  # noqa: E402
 from scaletrain.config import TrainConfig  # noqa: E402
 from scaletrain.training import Trainer  # noqa: E402
-
-import lit_classifier  # noqa: E402
 
 
 def time_to_target(epoch_times: list[float], accuracies: list[float], target: float) -> float | None:

@@ -27,7 +27,7 @@ from benchmarks.common import environment, spread  # noqa: E402
 from scaletrain.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
 from scaletrain.data import load_dataset  # noqa: E402
 from scaletrain.memory.batch_finder import BatchSizeFinder  # noqa: E402
-from scaletrain.memory.planner import PlanRequest, Planner  # noqa: E402
+from scaletrain.memory.planner import Planner, PlanRequest  # noqa: E402
 from scaletrain.memory.units import parse_bytes  # noqa: E402
 from scaletrain.models import build_model  # noqa: E402
 from scaletrain.training import Trainer  # noqa: E402

@@ -35,8 +35,8 @@ import logging
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
@@ -237,7 +237,7 @@ def run_hand(case: Case, settings: Equal | None) -> Result:
 
 
 # ------------------------------------------------------------------------- Lightning
-def run_lightning(case: Case, settings: Equal | None) -> Result:
+def run_lightning(case: Case, settings: Equal | None) -> Result:   # noqa: C901 - Lightning's arm whole, as the other arms are: its settings, callbacks and timing read in order
     import lightning as L
     pytorch_defaults()
     device = case.device

@@ -42,10 +42,10 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from benchmarks.link_switch import switched_hosts  # noqa: E402  (the repo on the path first)
+
 PORT = 29617
 # The probe sizes, bytes (float32): 128-512 KiB are what tensor parallelism sends per layer (gpt-tiny at
 # batch 16: 0.5 MiB), where gloo on hosts sharing cores strays furthest from one straight line.
@@ -331,8 +331,14 @@ def predict_point(name: str, n: int, compute_s: float, batch: int, tensor_bytes:
     was recorded, when every notice cost a shard, too)."""
     from scaletrain.distributed.strategies.registry import STRATEGIES
     from scaletrain.prediction.hardware import Interconnect
-    from scaletrain.prediction.scaling import (SHARDED_KINDS, ScalingInputs, predict, predict_parameter_server,
-                                             predict_tensor_parallel, strategy_traffic)
+    from scaletrain.prediction.scaling import (
+        SHARDED_KINDS,
+        ScalingInputs,
+        predict,
+        predict_parameter_server,
+        predict_tensor_parallel,
+        strategy_traffic,
+    )
     if name == "tensor":
         message = tp["allreduce_bytes"] / tp["allreduces"]
         bandwidth, hop = fit_link(probed, n, around=message)
@@ -483,8 +489,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.predict_again:
         return predict_again(Path(args.predict_again), Path(args.out))
-    from benchmarks.common import environment
     import torch
+
+    from benchmarks.common import environment
     workdir = Path(tempfile.mkdtemp(prefix="shaped-"))
     tensor_bytes = model_tensor_bytes()
     S = sum(tensor_bytes)

@@ -235,7 +235,7 @@ class Workspace:
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         # A user's data cache under their home: not the one tests/conftest.py sets for its session,
         # which a doc line would otherwise share when `make test` runs both on one worker.
-        from scaletrain.data.cache import CACHE_ENV   # here: reading the lines needs no torch
+        from scaletrain.data.cache import CACHE_ENV  # here: reading the lines needs no torch
         self.env.pop(CACHE_ENV, None)
 
     def run_ids(self) -> list[str]:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.options import Table, checked_fields, flatten_mapping, leaf_fields, option as _f, to_mapping
+from scaletrain.options import Table, checked_fields, flatten_mapping, leaf_fields, to_mapping
+from scaletrain.options import option as _f
 from scaletrain.registry import Choices, Declarations, Registry
-
 
 # The choice lists users may name. Each reads the names its package declares (registry.py's
 # `Declarations`: no import, so checks and `--help` need no torch) and the registries that
@@ -205,7 +205,7 @@ def register_table(name: str, cls: type, owners: tuple[str, ...]) -> type:
     return cls
 
 
-def _table_problem(distributed: DistributedConfig, cfg: "TrainConfig") -> str | None:
+def _table_problem(distributed: DistributedConfig, cfg: TrainConfig) -> str | None:
     """A table's value set under a strategy that does not read it, or a table's own rule broken."""
     for name, table in DistributedConfig.TABLES.items():
         options, default = getattr(distributed, name), table.cls()

@@ -7,7 +7,7 @@ import importlib
 import os
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from scaletrain.errors import ConfigError
 

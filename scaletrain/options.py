@@ -19,7 +19,6 @@ from typing import Any, Union
 from scaletrain.errors import ConfigError
 from scaletrain.registry import Choices
 
-
 # Every integer a config value or flag feeds (tensor sizes, step counters, torch's C++ API) is at
 # most 64 bits wide: anything larger is refused here, not met later as an OverflowError.
 INT64_MAX = 2**63 - 1

@@ -18,8 +18,9 @@ import ast
 import importlib
 import importlib.util
 import pkgutil
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from scaletrain.errors import ConfigError
 

@@ -37,6 +37,7 @@ def _one_data_cache_per_session(tmp_path_factory):
     with every CLI process a test starts: the suite generates MNIST-1D once, and never writes to
     the user's own cache."""
     import os
+
     from scaletrain.data.cache import CACHE_ENV
     before = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("data-cache"))

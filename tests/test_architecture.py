@@ -167,6 +167,7 @@ def test_every_registry_is_filled_by_discovering_its_package(tmp_path, monkeypat
     """A new model, data set, task or strategy is one decorated definition in one new file: the
     package's discovery imports it, and the config's choices grow with it."""
     import sys
+
     from scaletrain.config import DATA_SETS
     from scaletrain.registry import discover
     _plugin(tmp_path, monkeypatch, "ring_plugin", "ring.py",

@@ -2,8 +2,8 @@
 Optuna study in SQLite, the real planner and run store."""
 
 import importlib.util
-import os
 import json
+import os
 import re
 import signal
 import time

@@ -1,14 +1,13 @@
-import pytest
 import json
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-from scaletrain.cli.main import main
+from scaletrain.cli.main import build_parser, main
 from scaletrain.cli.train import config_from_args
-from scaletrain.cli.main import build_parser
 from tests.test_data import make_idx_folder, write_idx
 
 REQUIRED_SUMMARY_KEYS = {"reached_target", "time_to_target_s", "best_val_accuracy", "images_per_sec", "warmup_s",
@@ -37,6 +36,7 @@ def test_train_end_to_end_writes_summary_metrics_and_model(tmp_path):
     csv_lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert csv_lines[0].startswith("epoch,") and len(csv_lines) == 1 + data["epochs_run"]
     import torch
+
     from scaletrain.models import build_model
     state = torch.load(tmp_path / "run" / "model.pt")
     build_model("mlp", (1, 8, 8), 10).load_state_dict(state)

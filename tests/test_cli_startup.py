@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from processes import cli_env
+
 from scaletrain.tracking.store import RunStore
 
 pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from scaletrain.config import COMPILE_MODES, DATA_SETS, PRECISIONS, STRATEGIES, TrainConfig
-from scaletrain.options import Check, field_docs, from_mapping, set_path
 from scaletrain.errors import ConfigError
+from scaletrain.options import Check, field_docs, from_mapping, set_path
 
 
 def test_declared_choices_are_what_the_registries_implement():

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-
 from processes import cli_env
+
 from scaletrain.data.cache import CACHE_ENV, cached_tensors
 
 # Loads MNIST-1D as a run does and prints whether the generator ran, and a fingerprint of the data.

@@ -20,8 +20,12 @@ from scaletrain.precision import get_policy
 from scaletrain.precision.hardware import DeviceFacts, auto_precision, settle_precision
 from scaletrain.training import threads
 from scaletrain.training.counters import DeviceCounters
-from scaletrain.training.defaults import (choose_channels_last, choose_cudnn_benchmark, fixed_batch_shapes,
-                                          settle_precision_here)
+from scaletrain.training.defaults import (
+    choose_channels_last,
+    choose_cudnn_benchmark,
+    fixed_batch_shapes,
+    settle_precision_here,
+)
 from scaletrain.training.threads import AdaptiveThreads, CpuSample, choose_threads, others_busy, threads_for
 from tests.conftest import small_config
 from tests.helpers import fit, make_mlp

@@ -11,10 +11,23 @@ import sys
 import pytest
 import torch
 
-from tests.processes import (DIGITS_MLP, PLUGINS, assert_a_raising_rank_ends_the_job, children, cli_env,
-                             committed_steps, free_port, kill_group, kill_slowed_run_after_checkpoint, metrics, run,
-                             start, summary, wait_for)
 from scaletrain.models import build_model
+from tests.processes import (
+    DIGITS_MLP,
+    PLUGINS,
+    assert_a_raising_rank_ends_the_job,
+    children,
+    cli_env,
+    committed_steps,
+    free_port,
+    kill_group,
+    kill_slowed_run_after_checkpoint,
+    metrics,
+    run,
+    start,
+    summary,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("processes")]
 

@@ -10,11 +10,11 @@ import torch
 
 from scaletrain.checkpoint import Checkpointer, CheckpointStore
 from scaletrain.cli.main import main
+from scaletrain.data.sharding import eval_range, rank_positions
 from scaletrain.distributed.batching import divide_batch
 from scaletrain.distributed.cluster import parse_cluster_spec
 from scaletrain.distributed.env import dist_env
 from scaletrain.distributed.launch import strip_launcher_flags, torchrun_arguments
-from scaletrain.data.sharding import eval_range, rank_positions
 from scaletrain.errors import ConfigError
 from scaletrain.models import build_model
 from scaletrain.optim.schedules import LRSchedule

@@ -9,10 +9,10 @@ from unittest import mock
 
 import pytest
 
-from tests.processes import DIGITS_MLP, committed_steps, metrics, run, run_here, start, summary, wait_for
 from scaletrain.distributed.cluster import parse_cluster_spec
 from scaletrain.evaluation.sidecar import SidecarEvaluator, read_evaluations
 from scaletrain.tracking.store import RunStore
+from tests.processes import DIGITS_MLP, committed_steps, metrics, run, run_here, start, summary, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("processes")]
 

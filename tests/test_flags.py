@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from processes import run_here
 
 CLI = Path(__file__).resolve().parents[1] / "scaletrain" / "cli"

@@ -4,8 +4,13 @@ GPUs we do not have are described by their compute capability."""
 
 import pytest
 
-from scaletrain.precision.hardware import (DeviceFacts, _cpu_flags, allocator_retry_warning, device_facts,
-                                           precision_warnings)
+from scaletrain.precision.hardware import (
+    DeviceFacts,
+    _cpu_flags,
+    allocator_retry_warning,
+    device_facts,
+    precision_warnings,
+)
 from scaletrain.precision.policies import get_policy
 from tests.test_cli import run_cli
 

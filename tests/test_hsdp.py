@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from scaletrain.config import TrainConfig
-from scaletrain.options import from_mapping
 from scaletrain.memory.model_state import ParamInfo, model_state
+from scaletrain.options import from_mapping
 from tests.processes import DIGITS_MLP, metrics, run
 
 pytestmark = pytest.mark.timeout(300)

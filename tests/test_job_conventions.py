@@ -15,8 +15,13 @@ import time
 import pytest
 
 from scaletrain.config import TrainConfig
-from scaletrain.distributed.cluster import (cluster_from_env, cluster_problem, expand_hostlist,
-                                            expand_tasks_per_node, slurm_step)
+from scaletrain.distributed.cluster import (
+    cluster_from_env,
+    cluster_problem,
+    expand_hostlist,
+    expand_tasks_per_node,
+    slurm_step,
+)
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
 from tests.processes import DIGITS_MLP, cli_env, free_port, run, run_here, start, wait_for

@@ -208,6 +208,7 @@ def test_a_lightning_module_through_the_cli(tmp_path):
     exported = run(["export", reported["run_id"]], tmp_path)
     assert exported.returncode == 0 and "max |difference| 0" in exported.stdout, exported.stderr[-2000:]
     import numpy as np
+
     from scaletrain.checkpoint.weights import read_weights
     module = lit_classifier.LitClassifier()
     state = read_weights(str(tmp_path / "one" / "model.pt"), "model")
@@ -273,6 +274,7 @@ def test_the_lightning_step_stays_free_of_host_syncs(tmp_path):
     """The no-host-sync rule of tests/test_trainer.py holds through training_step (its self.log
     included), under fp16's loss scaling and clipping too."""
     from torch.utils.data import TensorDataset
+
     from scaletrain.config import PrecisionConfig
     from tests.test_trainer import steps_without_host_syncs
     cfg = TrainConfig(epochs=1, batch_size=64, precision=PrecisionConfig(policy="fp16-mixed"),

@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.errors import ConfigError
-from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.memory.batch_finder import accumulation_for, find_batch_size, recommended
 from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.model_state import ParamInfo, model_state
-from scaletrain.memory.planner import PlanRequest, Planner
+from scaletrain.memory.planner import Planner, PlanRequest
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.memory.units import parse_bytes
 from scaletrain.models import build_model
+from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.models.convnets import WideResNet
 from scaletrain.precision.alignment import alignment_warnings, nearest_multiple
 from scaletrain.training import Trainer

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig
-from scaletrain.options import from_mapping
 from scaletrain.distributed.partition import balanced_starts, stage_layers
 from scaletrain.errors import ConfigError
 from scaletrain.models import build_model
+from scaletrain.options import from_mapping
 from tests.processes import PLUGINS, assert_a_raising_rank_ends_the_job, cli_env, metrics, run, run_here
 
 pytestmark = pytest.mark.timeout(300)

@@ -12,14 +12,24 @@ import time
 
 import pytest
 import torch
-
-from tests.processes import (DIGITS_MLP, PLUGINS, children, cli_env, committed_steps, kill_group,
-                             metrics, run, start, summary, wait_for)
 import torch.distributed.checkpoint as dcp
 
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 from scaletrain.distributed.strategies.ps.strategy import balance
 from scaletrain.errors import ConfigError
+from tests.processes import (
+    DIGITS_MLP,
+    PLUGINS,
+    children,
+    cli_env,
+    committed_steps,
+    kill_group,
+    metrics,
+    run,
+    start,
+    summary,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

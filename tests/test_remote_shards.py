@@ -44,7 +44,7 @@ class Server:
         self.port, self.proc = free_port(), None
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         if self.plain:   # exactly what a user types
             cmd = [sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1", "--directory",
                    str(self.folder)]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from scaletrain.config import TrainConfig
-from scaletrain.options import from_mapping
 from scaletrain.memory.model_state import ParamInfo, model_state
+from scaletrain.options import from_mapping
 from scaletrain.training import build_training
 from tests.processes import DIGITS_MLP, PLUGINS, cli_env, metrics, run
 

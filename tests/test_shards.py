@@ -13,18 +13,18 @@ import pytest
 import torch
 import webdataset
 
-from tests.processes import DIGITS_MLP, kill_slowed_run_after_checkpoint, metrics, run, summary
 from scaletrain.config import DataConfig
 from scaletrain.data import ArraySplit, Dataset, Normalizer, load_dataset, make_dataset
 from scaletrain.data.shards import Manifest, ShardLoader, load_shards, write_shards
 from scaletrain.data.shards.reader import read_split
 from scaletrain.errors import DataError
 from scaletrain.evaluation.sidecar import read_evaluations
+from tests.processes import DIGITS_MLP, kill_slowed_run_after_checkpoint, metrics, run, summary
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _numbered(n: int, test: int = 16) -> "Dataset":
+def _numbered(n: int, test: int = 16) -> Dataset:
     """Samples whose single feature is their own index: what a loader yields names the sample."""
     x = torch.arange(n + test, dtype=torch.float32).reshape(-1, 1, 1)
     y = torch.arange(n + test) % 3

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.processes import run
 from scaletrain.callbacks import StopAtTarget
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from scaletrain.data import load_dataset
@@ -19,6 +18,7 @@ from scaletrain.tasks.classification import Classification
 from scaletrain.tasks.language_model import LanguageModel
 from scaletrain.tasks.regression import Regression
 from scaletrain.training import build_training
+from tests.processes import run
 
 
 def _sums_in_parts(task, output, target, parts=3):

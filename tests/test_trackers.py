@@ -167,6 +167,7 @@ def _wandb_records(path):
     format after a 7-byte header (":W&B", magic, version), 32 KiB blocks of chunks, each with a
     7-byte header (crc32, length, type: 1 whole, 2 first, 3 middle, 4 last)."""
     import struct
+
     from wandb.proto import wandb_internal_pb2
     data = path.read_bytes()
     assert data[:4] == b":W&B", "not a W&B run file"

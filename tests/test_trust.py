@@ -848,9 +848,9 @@ def test_the_launchers_word_on_a_stopped_job_never_overwrites_a_finished_run(tmp
     as finished (a Ctrl-C in the last moments of the job, seen in CI) leaves the finished result
     as it is, in the folder and the store; a run still "running" takes the launcher's word."""
     from scaletrain.config import TrainConfig
-    from scaletrain.options import to_mapping
     from scaletrain.lifecycle.folder import RunFolder
     from scaletrain.lifecycle.plan import RunPlan, record_job_end
+    from scaletrain.options import to_mapping
     from scaletrain.tracking.store import RunStore
     cfg = TrainConfig()
     cfg.tracking.store = str(tmp_path / "runs.db")

@@ -298,8 +298,8 @@ def test_tune_optimises_a_user_tasks_metric(tmp_path):
     """`tune --metric auto` on a user task is its default target (val_f1, maximised); a built-in
     metric the task does not report is refused; the study's best value is one a trial logged."""
     optuna = pytest.importorskip("optuna")
-    from scaletrain.experiments.tune import resolve_objective
     from scaletrain.errors import UserError
+    from scaletrain.experiments.tune import resolve_objective
     from scaletrain.tasks import TASKS
     task = build_task("multilabel:MultiLabel", "regression")
     assert resolve_objective("auto", "auto", task) == ("val_f1", "maximize")

@@ -12,7 +12,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 import torch
 
 pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes

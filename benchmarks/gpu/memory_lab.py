@@ -53,7 +53,7 @@ def _close(trainer) -> None:
 
 def predicted_and_measured(part: Part, model_name: str, shape, batch: int, variant: str) -> dict:
     from scaletrain.memory.batch_finder import BatchSizeFinder
-    from scaletrain.memory.planner import PlanRequest, Planner
+    from scaletrain.memory.planner import Planner, PlanRequest
 
     precision = "bf16-mixed" if part.cuda else "fp32"
     strategy = "fsdp" if variant == "fsdp" else "single"

@@ -94,7 +94,7 @@ class LightningAdapter(nn.Module):
         module.setup("fit")
 
     @classmethod
-    def build(cls, lightning_class: type, options: dict) -> "LightningAdapter":
+    def build(cls, lightning_class: type, options: dict) -> LightningAdapter:
         """`--model package.module:LitModel`: the class built with the model's options."""
         try:
             module = lightning_class(**options)
@@ -129,11 +129,11 @@ class LightningAdapter(nn.Module):
         idx, self._batch_idx = self._batch_idx, self._batch_idx + 1
         return idx
 
-    def train(self, mode: bool = True) -> "LightningAdapter":
+    def train(self, mode: bool = True) -> LightningAdapter:
         self._batch_idx = 0   # batch_idx counts from 0 in each epoch and each validation pass
         return super().train(mode)
 
-    def to(self, *args, **kwargs) -> "LightningAdapter":
+    def to(self, *args, **kwargs) -> LightningAdapter:
         # Lightning's module keeps its own `device` (and dtype) up to date in its `to`.
         self.module.to(*args, **kwargs)
         return self
@@ -155,7 +155,7 @@ class LightningAdapter(nn.Module):
             self._log(name, value, batch_size=batch_size, **{k: v for k, v in kwargs.items() if k == "reduce_fx"})
 
     # ------------------------------------------------- seams the trainer asks
-    def own_task(self, example: tuple[Inputs, torch.Tensor] | None, data_task: str) -> "LightningTask":
+    def own_task(self, example: tuple[Inputs, torch.Tensor] | None, data_task: str) -> LightningTask:
         """The task: the metrics validation_step logs, found by running it once on fake tensors
         shaped as `example` (two samples of the data): no computation, no randomness drawn.
         Predictions are the data's task's transform of the module's forward (softmax for classes)."""
@@ -195,6 +195,7 @@ class LightningAdapter(nn.Module):
 
     def _probe(self, example: tuple[Inputs, torch.Tensor]) -> dict[str, str]:
         from torch._subclasses.fake_tensor import FakeTensorMode
+
         from scaletrain.data.user import kept_random_state
         x, y = example
         if isinstance(x, Mapping):

@@ -9,6 +9,7 @@ setting `trainer.stop_training = True`.
 
 from __future__ import annotations
 
+
 class CallbackList:
     def __init__(self, callbacks):
         self.callbacks = list(callbacks)

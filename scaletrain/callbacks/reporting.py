@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from scaletrain.console import make_console
 from scaletrain.errors import write_failed
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 class ProgressBar:

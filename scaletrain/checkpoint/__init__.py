@@ -13,5 +13,5 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.checkpoint.store import CheckpointStore
     from scaletrain.checkpoint.checkpointer import Checkpointer, Position
+    from scaletrain.checkpoint.store import CheckpointStore

@@ -119,6 +119,7 @@ def load_checkpoint(state: dict, path, planner=None, process_group=None) -> None
     """`dcp.load` through the safe reader; a file that is not what its metadata says is one line
     (a UserError naming the checkpoint and the file), whatever layer of DCP met it."""
     import torch.distributed.checkpoint as dcp
+
     from scaletrain.errors import UserError
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=planner or SafeLoadPlanner(),

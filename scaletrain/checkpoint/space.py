@@ -13,8 +13,9 @@ run.json kept saying "running").
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from scaletrain.checkpoint.store import _fsync_dir
 from scaletrain.errors import write_failed

@@ -76,8 +76,12 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import config_from_args
     from scaletrain.experiments.autotune.search import AutoTuner
-    from scaletrain.experiments.autotune.settings import (LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT, OBJECTIVES,
-                                                          AutotuneSettings)
+    from scaletrain.experiments.autotune.settings import (
+        LOSS_TOLERANCE,
+        LOSS_TOLERANCE_16BIT,
+        OBJECTIVES,
+        AutotuneSettings,
+    )
     from scaletrain.lifecycle.paths import check_folder_name, check_writable_dir, check_writable_file
     from scaletrain.memory.units import parse_bytes
     check_folder_name(args.study_name, "--study-name")

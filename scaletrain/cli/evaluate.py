@@ -6,9 +6,9 @@ import argparse
 import time
 from pathlib import Path
 
+from scaletrain.cli.flags import add_number
 from scaletrain.console import make_console
 from scaletrain.errors import ConfigError
-from scaletrain.cli.flags import add_number
 
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,12 +7,11 @@ import argparse
 import json
 import sys
 
-
-from scaletrain.console import make_console
 from rich.table import Table
 
-from scaletrain.memory.units import format_bytes, parse_bytes
 from scaletrain.cli.flags import add_number
+from scaletrain.console import make_console
+from scaletrain.memory.units import format_bytes, parse_bytes
 
 
 def add_find_batch_size_arguments(parser: argparse.ArgumentParser) -> None:

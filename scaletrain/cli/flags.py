@@ -5,10 +5,10 @@ flag and the rule, exit 2, while the arguments are parsed, before any work start
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
-from scaletrain.options import Check
 from scaletrain.errors import ConfigError
+from scaletrain.options import Check
 
 
 def number(flag: str, kind: type, check: Check) -> Callable[[str], int | float]:

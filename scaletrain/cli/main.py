@@ -16,11 +16,21 @@ import threading
 from dataclasses import dataclass
 
 from scaletrain.distributed.env import hand_to_launcher, under_launcher
+from scaletrain.errors import (
+    DIVERGED_EXIT_CODE,
+    INTERRUPTED_EXIT_CODE,
+    PRUNED_EXIT_CODE,
+    TERMINATED_EXIT_CODE,
+    USER_CODE_FAILED_EXIT_CODE,
+    WRITE_FAILED_EXIT_CODE,
+    NonFiniteLossError,
+    RunPruned,
+    Terminated,
+    UserError,
+    WriteFailed,
+)
 from scaletrain.lifecycle import stops
 from scaletrain.training import threads
-from scaletrain.errors import (DIVERGED_EXIT_CODE, INTERRUPTED_EXIT_CODE, PRUNED_EXIT_CODE, TERMINATED_EXIT_CODE,
-                               USER_CODE_FAILED_EXIT_CODE, WRITE_FAILED_EXIT_CODE, NonFiniteLossError, RunPruned,
-                               Terminated, UserError, WriteFailed)
 from scaletrain.user_code.failures import user_failure
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.text import Text
 
-from scaletrain.tracking.store import DEFAULT_STORE
 from scaletrain.cli.flags import add_number
+from scaletrain.tracking.store import DEFAULT_STORE
 
 
 def add_multi_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,11 +61,11 @@ def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import given_overrides
     from scaletrain.config import TrainConfig
-    from scaletrain.options import from_mapping
     from scaletrain.distributed.launch import inside_worker, launch
     from scaletrain.distributed.strategies.registry import build_layout
     from scaletrain.errors import UserError
     from scaletrain.experiments.ensemble import check_members, evaluate_ensemble
+    from scaletrain.options import from_mapping
     from scaletrain.tracking.store import RunStore
     with RunStore(args.store, create=False) as store:
         records = [store.get(i) for i in args.run_ids]

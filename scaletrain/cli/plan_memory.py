@@ -9,13 +9,12 @@ import argparse
 import json
 import sys
 
-
-from scaletrain.console import make_console
 from rich.table import Table
 
+from scaletrain.cli.flags import add_number
+from scaletrain.console import make_console
 from scaletrain.errors import ConfigError
 from scaletrain.memory.units import format_bytes, parse_bytes
-from scaletrain.cli.flags import add_number
 
 
 def add_plan_memory_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,8 +139,8 @@ def _print_table(plans, cfg, devices: int, memory: int | None) -> None:
 def _plan_stages(cfg, args: argparse.Namespace) -> int:
     """A row per stage of one replica (memory/pipeline_plan.py)."""
     from scaletrain.data.registry import sample_and_example
-    from scaletrain.memory.planner import PlanRequest
     from scaletrain.memory.pipeline_plan import plan_pipeline
+    from scaletrain.memory.planner import PlanRequest
     from scaletrain.training.defaults import settle_precision_here
     settle_precision_here(cfg)
     d = cfg.distributed.pipeline

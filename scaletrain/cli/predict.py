@@ -34,8 +34,8 @@ def run_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.train import given_overrides
     from scaletrain.distributed.launch import inside_worker, launch
     from scaletrain.errors import UserError
-    from scaletrain.lifecycle.paths import check_writable_file
     from scaletrain.inference.predict import check_samples, input_shape, predict_run, prediction_config, read_samples
+    from scaletrain.lifecycle.paths import check_writable_file
     from scaletrain.tracking.store import RunStore
     from scaletrain.training.preflight import preflight
     out = Path(args.out)

@@ -12,10 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from scaletrain.cli.console import wide_console
+from scaletrain.cli.flags import add_number
 from scaletrain.errors import UserError, first_line
 from scaletrain.lifecycle.paths import check_writable_file
 from scaletrain.tracking.store import DEFAULT_STORE, RunRecord, RunStore
-from scaletrain.cli.flags import add_number
 
 
 def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,6 +147,7 @@ def run_runs(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _export(args: argparse.Namespace, console: Console) -> int:
     import os
+
     from scaletrain.tracking.loggers import check_trackers
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:

@@ -8,10 +8,10 @@ import json
 import math
 import sys
 
-from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.cli.flags import add_number
+from scaletrain.console import make_console
 from scaletrain.errors import ConfigError
 from scaletrain.prediction.hardware import H100_PEAK, INTERCONNECTS
 
@@ -48,9 +48,9 @@ def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
         return _measured_table(args.measured, args.json)
     from scaletrain.cli.train import config_from_args
     from scaletrain.distributed.strategies.registry import strategy_class
+    from scaletrain.precision.hardware import H100, auto_precision
     from scaletrain.prediction.measure import measure_single_device
     from scaletrain.prediction.predictors import PredictionRequest, predictor_for
-    from scaletrain.precision.hardware import H100, auto_precision
     from scaletrain.training.defaults import settle_precision_here
     cfg = config_from_args(args)
     if args.assume_h100_mfu is not None and cfg.precision.policy == "auto":

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from rich.table import Table
 
+from scaletrain.cli.flags import add_number
 from scaletrain.console import make_console
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.paths import check_new_output_dir
-from scaletrain.cli.flags import add_number
 
 
 def add_shard_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,9 +21,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from scaletrain.config import FLAG_ALIASES, FLAG_NAMES, TrainConfig, load_toml
-from scaletrain.options import field_docs, from_mapping
-from scaletrain.lifecycle.resume import merge_mappings
 from scaletrain.errors import ConfigError
+from scaletrain.lifecycle.resume import merge_mappings
+from scaletrain.options import field_docs, from_mapping
 
 DEFAULT_RECIPE = "mnist1d-cnn"
 TOP_LEVEL_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))

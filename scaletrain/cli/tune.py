@@ -39,9 +39,8 @@ def run_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from scaletrain.cli.console import wide_console
     from scaletrain.cli.train import config_from_args
     from scaletrain.experiments.space import SearchSpace
-    from scaletrain.experiments.tune import Tuner, TuneSettings
+    from scaletrain.experiments.tune import Tuner, TuneSettings, epoch_metrics, resolve_objective
     from scaletrain.lifecycle.paths import check_folder_name, check_writable_dir, check_writable_file
-    from scaletrain.experiments.tune import epoch_metrics, resolve_objective
     from scaletrain.training.preflight import run_task
     space = SearchSpace.load(args.space)
     cfg = config_from_args(args)

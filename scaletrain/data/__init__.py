@@ -23,8 +23,7 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.data.registry import load_dataset, sample_shape
-    from scaletrain.data.source import DATA_SOURCES
     from scaletrain.data.dataset import ArraySplit, Dataset, as_features, as_labels, make_dataset
     from scaletrain.data.loaders import DeviceLoader, Normalizer, StreamingLoader, choose_placement
-    from scaletrain.data.source import register_dataset
+    from scaletrain.data.registry import load_dataset, sample_shape
+    from scaletrain.data.source import DATA_SOURCES, register_dataset

@@ -12,7 +12,6 @@ from scaletrain.data.dataset import ArraySplit, Dataset, as_labels, make_dataset
 from scaletrain.data.source import register_dataset
 from scaletrain.errors import DataError
 
-
 # What a CIFAR python batch is made of: a dict of bytes, ints, lists and one numpy array. The
 # pickle names numpy's array reconstructor, ndarray and dtype (numpy 1.x or 2.x module paths);
 # anything else is refused, so a crafted batch file cannot run code when loaded.

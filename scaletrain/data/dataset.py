@@ -25,15 +25,15 @@ class ArraySplit:
         return len(self.y)
 
     # What every split offers (data/user.py's TorchSplit too): a range of it, and its first samples.
-    def part(self, start: int, end: int) -> "ArraySplit":
+    def part(self, start: int, end: int) -> ArraySplit:
         """Samples [start, end) (views, no copy)."""
         return ArraySplit(map_inputs(lambda t: t[start:end], self.x), self.y[start:end])
 
-    def head(self, n: int) -> "ArraySplit":
+    def head(self, n: int) -> ArraySplit:
         """The first `n` samples."""
         return self.part(0, n)
 
-    def pieces(self, bounds: list[int]) -> Iterator["ArraySplit"]:
+    def pieces(self, bounds: list[int]) -> Iterator[ArraySplit]:
         """Samples [bounds[i], bounds[i + 1]) after one another, as tensors (the shard writer's)."""
         return (self.part(start, end) for start, end in zip(bounds, bounds[1:]))
 
@@ -58,7 +58,7 @@ class Dataset:
     # asked for, and no figure is reported as a test figure.
     test_held_out: bool = True
 
-    def split_names(self) -> dict[str, "ArraySplit"]:
+    def split_names(self) -> dict[str, ArraySplit]:
         """The splits by the names the user knows them by: train, val (given or held out), test
         (where one was)."""
         named = {"train": self.train}

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, make_dataset,
-                                     random_split, with_channel_dim)
 from scaletrain.data.cache import cached_tensors
+from scaletrain.data.dataset import (
+    ArraySplit,
+    Dataset,
+    as_features,
+    as_labels,
+    make_dataset,
+    random_split,
+    with_channel_dim,
+)
 from scaletrain.data.source import register_dataset
 from scaletrain.errors import UserError
-
 
 # Bumped when the conversion below changes what a cached entry holds (data/cache.py keys on it).
 MNIST1D_CONVERSION = 1
@@ -31,7 +37,8 @@ def load_mnist1d(num_samples: int | None = None, seed: int = 42) -> Dataset:
                         "run: pip install 'scaletrain[mnist1d]'") from None
 
     def generate() -> dict[str, torch.Tensor]:
-        from mnist1d.data import get_dataset_args, make_dataset as make_mnist1d
+        from mnist1d.data import get_dataset_args
+        from mnist1d.data import make_dataset as make_mnist1d
         args = get_dataset_args()
         args.num_samples = num_samples or args.num_samples
         args.seed = seed

@@ -4,12 +4,12 @@ the strategies apply to inputs, written once for both forms."""
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-Inputs = Union[torch.Tensor, dict[str, torch.Tensor]]
+Inputs = torch.Tensor | dict[str, torch.Tensor]
 
 
 def map_inputs(fn: Callable[[torch.Tensor], torch.Tensor], x: Inputs) -> Inputs:

@@ -10,8 +10,8 @@ any step draws exactly the augmentations the uninterrupted run would have.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -41,7 +41,7 @@ class Normalizer:
         out = (x.to(torch.float32) - self.mean) / self.std
         return out if out.dtype == self.dtype else out.to(self.dtype)
 
-    def to(self, device) -> "Normalizer":
+    def to(self, device) -> Normalizer:
         if self.mean is None:
             return self
         return Normalizer(self.mean.to(device), self.std.to(device), self.dtype)
@@ -131,12 +131,12 @@ class _Positions(torch.utils.data.Sampler):
     costs a 5 s join timeout: a `--num-workers 2` run spent 30 s at exit, a second fit() in one
     process 30 s in whatever it was doing when the collector ran."""
 
-    def __init__(self, source: "StreamingLoader", with_epoch: bool = False):
+    def __init__(self, source: StreamingLoader, with_epoch: bool = False):
         self._source = weakref.ref(source)
         self.with_epoch = with_epoch   # (epoch, index) keys, for SeededSamples
 
     @property
-    def source(self) -> "StreamingLoader":
+    def source(self) -> StreamingLoader:
         return self._source()
 
     def __iter__(self):

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
 from scaletrain.data.source import data_source, home_expanded
 

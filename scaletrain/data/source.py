@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from scaletrain.config import DATA_SETS as DATA_SET_CHOICES
 from scaletrain.registry import Registry

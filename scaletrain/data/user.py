@@ -17,16 +17,25 @@ import dataclasses
 import itertools
 import random
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler, Subset, get_worker_info
 from torch.utils.data import Dataset as TorchDataset
 
-from scaletrain.data.dataset import (ArraySplit, Dataset, as_features, as_labels, held_out, hold_out_validation,
-                                     infer_num_classes, make_dataset, numeric)
+from scaletrain.data.dataset import (
+    ArraySplit,
+    Dataset,
+    as_features,
+    as_labels,
+    held_out,
+    hold_out_validation,
+    infer_num_classes,
+    make_dataset,
+    numeric,
+)
 from scaletrain.errors import DataError, add_context
 
 # The keys a dict sample's target goes by (Hugging Face's `labels`/`label`, and the usual others).
@@ -204,7 +213,7 @@ class TorchSplit:
         """Every sample in order, as the user's set returns it (read in this process)."""
         return (read_sample(self.dataset, i) for i in range(len(self)))
 
-    def part(self, start: int, end: int) -> "TorchSplit":
+    def part(self, start: int, end: int) -> TorchSplit:
         """Samples [start, end): one replica's evaluation range."""
         part = TorchSplit(Subset(self.dataset, range(start, end)), self.name, self.collate_fn, self.num_workers,
                           self.batch_size)
@@ -266,7 +275,7 @@ class StreamSplit(TorchSplit):
     def samples(self) -> Iterator:
         return itertools.islice(counted_records(self.dataset), self.start, self.start + len(self))
 
-    def part(self, start: int, end: int) -> "StreamSplit":
+    def part(self, start: int, end: int) -> StreamSplit:
         part = StreamSplit(self.dataset, self.name, self.collate_fn, self.num_workers, self.batch_size,
                            self.start + start, self.start + end)
         part.label_bound = self.label_bound
@@ -414,7 +423,7 @@ def split_name(data: Any) -> str:
     return type(own_dataset(data)).__name__
 
 
-def _random_parts(split: "TorchSplit", fraction: float, seed: int) -> tuple["TorchSplit", "TorchSplit"]:
+def _random_parts(split: TorchSplit, fraction: float, seed: int) -> tuple[TorchSplit, TorchSplit]:
     """(rest, held out) of a map-style split, as hold_out_validation cuts an in-memory one."""
     rest, out = held_out(len(split), fraction, seed, split.name)
     part = lambda idx, suffix: TorchSplit(Subset(split.dataset, idx.tolist()), split.name + suffix,  # noqa: E731

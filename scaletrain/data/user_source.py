@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-
 from scaletrain.adapters import is_lightning_data_module
 from scaletrain.data.dataset import Dataset
 from scaletrain.data.user import as_dataset, as_split

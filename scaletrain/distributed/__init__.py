@@ -21,7 +21,13 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.distributed.strategies.registry import STRATEGIES
     from scaletrain.distributed.batching import BatchDivision, divide_batch
     from scaletrain.distributed.env import DistEnv, dist_env
-    from scaletrain.distributed.strategies import Strategy, build_strategy, plannable_strategies, register_strategy, resolve_device
+    from scaletrain.distributed.strategies import (
+        Strategy,
+        build_strategy,
+        plannable_strategies,
+        register_strategy,
+        resolve_device,
+    )
+    from scaletrain.distributed.strategies.registry import STRATEGIES

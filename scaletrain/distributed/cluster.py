@@ -69,7 +69,7 @@ class ClusterSpec:
                 "MASTER_PORT": str(self.master_port)}
 
 
-def parse_cluster_spec(text: str, source: str = ENV_VAR) -> ClusterSpec:
+def parse_cluster_spec(text: str, source: str = ENV_VAR) -> ClusterSpec:   # noqa: C901 - one check per TF_CONFIG field; flat
     def _fail(problem: str) -> ConfigError:
         return ConfigError(f"{source} {problem}; expected e.g. '{{\"cluster\": {{\"worker\": [\"host0:12345\", "
                            f"\"host1:12345\"]}}, \"task\": {{\"type\": \"worker\", \"index\": 0}}}}'")

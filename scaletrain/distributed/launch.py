@@ -74,10 +74,11 @@ def launch(nproc: int, max_restarts: int, device: str, worker_argv: list[str], c
            role=lambda rank: f"worker rank {rank}", devices: list[int] | tuple[int, ...] = ()) -> int:
     """Runs the elastic agent in this process, each worker running `scaletrain COMMAND
     WORKER_ARGV` (on its one of `devices`, --devices, where given); returns the job's exit code."""
-    from scaletrain.distributed.devices import check_host_devices
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
+
+    from scaletrain.distributed.devices import check_host_devices
 
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     check_host_devices(list(devices), "cuda" if wants_cuda else "cpu")

@@ -38,7 +38,7 @@ class Layout:
     chief_evaluates: bool = False
 
     @classmethod
-    def build(cls, strategy_cls, config, world: int, rank: int = 0) -> "Layout":
+    def build(cls, strategy_cls, config, world: int, rank: int = 0) -> Layout:
         """The layout of `world` processes under the strategy class `strategy_cls` and its
         DistributedConfig `config`; raises ConfigError (one line, with the fix) for a count the
         strategy cannot use."""

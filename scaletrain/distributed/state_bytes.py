@@ -38,7 +38,7 @@ class ModelState:
     gathered_param_bytes: int   # parameters all-gathered during the step (zero2, fsdp)
     host_bytes: int = 0         # state kept in host memory instead of on the device (cpu offload)
 
-    def offloaded(self) -> "ModelState":
+    def offloaded(self) -> ModelState:
         """The same state with the parameter, gradient and optimizer shards moved to the host."""
         return ModelState(self.params, 0, 0, 0, self.gathered_param_bytes,
                           self.host_bytes + self.param_bytes + self.grad_bytes + self.optimizer_bytes)

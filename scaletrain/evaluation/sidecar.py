@@ -23,11 +23,11 @@ from rich.console import Console
 from scaletrain.checkpoint.checkpointer import load_model_weights
 from scaletrain.checkpoint.store import CheckpointStore
 from scaletrain.config import DistributedConfig, TrainConfig
-from scaletrain.options import from_mapping
 from scaletrain.errors import UserError
 from scaletrain.lifecycle import RunFolder, checkpoint_store
 from scaletrain.lifecycle.folder import EVALUATIONS
 from scaletrain.lifecycle.lock import LOCK_FILE
+from scaletrain.options import from_mapping
 from scaletrain.tracking.store import RunStore, process_alive
 from scaletrain.training import build_training
 
@@ -83,7 +83,7 @@ class SidecarEvaluator:
     def close(self) -> None:
         self.built.close()
 
-    def __enter__(self) -> "SidecarEvaluator":
+    def __enter__(self) -> SidecarEvaluator:
         return self
 
     def __exit__(self, *exc) -> None:

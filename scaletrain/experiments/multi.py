@@ -9,10 +9,10 @@ from pathlib import Path
 from rich.console import Console
 
 from scaletrain.config import TrainConfig, load_toml
-from scaletrain.options import from_mapping
 from scaletrain.errors import UserError
-from scaletrain.experiments.slots import Finished, SlotPool, device_slots
 from scaletrain.experiments.jobs import settle, training_job
+from scaletrain.experiments.slots import Finished, SlotPool, device_slots
+from scaletrain.options import from_mapping
 from scaletrain.tracking.store import RunRecord, RunStore
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaletrain.config import FLAG_NAMES, TrainConfig, load_toml
-from scaletrain.options import coerce, field_docs, set_path
 from scaletrain.errors import ConfigError
+from scaletrain.options import coerce, field_docs, set_path
 
 TYPES = ("float", "int", "categorical")
 SETTINGS = {"float": {"type", "low", "high", "log", "step", "key"},
@@ -94,7 +94,7 @@ def _check_value(value, key: str, where: str):
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _parameter(name: str, spec, path: Path) -> Parameter:
+def _parameter(name: str, spec, path: Path) -> Parameter:   # noqa: C901 - one check per key of a parameter's spec; flat
     where = f"space file {path}, parameter '{name}'"
     if not isinstance(spec, dict):
         raise ConfigError(f"{where} must be a table ([{name}] with type = ...)")

@@ -15,14 +15,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
-
-from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.config import TrainConfig
+from scaletrain.console import make_console
 from scaletrain.errors import UserError
-from scaletrain.experiments.slots import Finished, SlotPool, device_slots
 from scaletrain.experiments.jobs import settle, training_job
+from scaletrain.experiments.slots import Finished, SlotPool, device_slots
 from scaletrain.tracking.store import RunStore
 
 LR_SCALINGS = ("none", "linear", "sqrt")

@@ -22,22 +22,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-
-from scaletrain.console import make_console
 from rich.table import Table
 
 from scaletrain.config import TrainConfig, load_toml, write_toml
-from scaletrain.options import from_mapping
+from scaletrain.console import make_console
 from scaletrain.errors import PRUNED_EXIT_CODE, UserError
+from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV
 from scaletrain.experiments.slots import Finished, SlotPool, device_slots
 from scaletrain.experiments.space import SearchSpace
-from scaletrain.experiments.study import (HEARTBEAT_S, WORKER_ATTR, build_pruner, build_sampler,
-                                          fail_orphaned_trials, open_storage, require_optuna)
-from scaletrain.experiments.jobs import settle, training_job
+from scaletrain.experiments.study import (
+    HEARTBEAT_S,
+    WORKER_ATTR,
+    build_pruner,
+    build_sampler,
+    fail_orphaned_trials,
+    open_storage,
+    require_optuna,
+)
+from scaletrain.options import from_mapping
 from scaletrain.summary import RunSummary
 from scaletrain.tasks import TASKS
 from scaletrain.tracking.store import RunRecord, RunStore
+
 
 def epoch_metrics(task) -> tuple[str, ...]:
     """The per-epoch metrics a run of `task` logs: its validation metrics, the training loss and its

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from scaletrain.config import TrainConfig
-from scaletrain.options import from_mapping, to_mapping
 from scaletrain.errors import UserError
-from scaletrain.lifecycle.resume import merge_mappings
 from scaletrain.inference.saved import saved_model_path, saved_run_config
+from scaletrain.lifecycle.resume import merge_mappings
+from scaletrain.options import from_mapping, to_mapping
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
 

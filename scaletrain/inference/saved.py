@@ -7,9 +7,9 @@ import copy
 from pathlib import Path
 
 from scaletrain.config import TrainConfig
-from scaletrain.options import from_mapping
 from scaletrain.errors import UserError
 from scaletrain.lifecycle.folder import MODEL
+from scaletrain.options import from_mapping
 from scaletrain.tracking.store import RunRecord
 
 

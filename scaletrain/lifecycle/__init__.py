@@ -35,9 +35,18 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.lifecycle.plan import RUNS_ROOT, checkpoint_store, make_checkpointer, resume_source, run_name, RunPlan, TakenFolder, plan_run
-    from scaletrain.lifecycle.run import Run, RunRequest, settle_config, start_run
-    from scaletrain.lifecycle.lock import FolderLock, RunFolderBusy
     from scaletrain.lifecycle.folder import RunFolder
+    from scaletrain.lifecycle.lock import FolderLock, RunFolderBusy
     from scaletrain.lifecycle.paths import check_new_output_dir, check_writable_dir, check_writable_file
+    from scaletrain.lifecycle.plan import (
+        RUNS_ROOT,
+        RunPlan,
+        TakenFolder,
+        checkpoint_store,
+        make_checkpointer,
+        plan_run,
+        resume_source,
+        run_name,
+    )
     from scaletrain.lifecycle.resume import locked_differences, resume_config
+    from scaletrain.lifecycle.run import Run, RunRequest, settle_config, start_run

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from scaletrain.checkpoint import Checkpointer, CheckpointStore
 from scaletrain.config import TrainConfig
-from scaletrain.options import from_mapping, to_mapping
 from scaletrain.errors import ConfigError, UserError, WriteFailed
 from scaletrain.lifecycle.folder import RunFolder, enclosing_run
 from scaletrain.lifecycle.lock import FolderLock
 from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
 from scaletrain.lifecycle.resume import describe_differences, locked_differences
+from scaletrain.options import from_mapping, to_mapping
 from scaletrain.tracking.store import RunStore, new_run_id
 
 RUNS_ROOT = Path("scaletrain-runs")

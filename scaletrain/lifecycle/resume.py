@@ -9,8 +9,8 @@ of model, data, optimizer, precision or batch plan is an error naming the keys.
 from __future__ import annotations
 
 from scaletrain.config import TrainConfig, resumable_keys
-from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 from scaletrain.errors import ConfigError
+from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 
 # Which keys may change is declared on each field (`resumable=True` in config.py): how long it
 # trains and when it stops, how it runs (numerically equivalent), what it writes and shows.

@@ -24,21 +24,35 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from scaletrain.callbacks import (AllocatorRetries, EarlyStopping, MetricsLog, ProgressBar, StopAtTarget, Throughput,
-                                  TotalTime)
+from scaletrain.callbacks import (
+    AllocatorRetries,
+    EarlyStopping,
+    MetricsLog,
+    ProgressBar,
+    StopAtTarget,
+    Throughput,
+    TotalTime,
+)
 from scaletrain.checkpoint.space import Reserved
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig
-from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 from scaletrain.data import load_dataset
 from scaletrain.errors import UserError
-from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
-from scaletrain.lifecycle.resume import resume_config
-from scaletrain.lifecycle.plan import (RunPlan, TakenFolder, make_checkpointer, plan_run, record_job_end, resume_source,
-                                      run_name)
-from scaletrain.lifecycle.stops import StopWatch
 from scaletrain.lifecycle.folder import RunFolder
+from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
+from scaletrain.lifecycle.plan import (
+    RunPlan,
+    TakenFolder,
+    make_checkpointer,
+    plan_run,
+    record_job_end,
+    resume_source,
+    run_name,
+)
+from scaletrain.lifecycle.resume import resume_config
+from scaletrain.lifecycle.stops import StopWatch
 from scaletrain.optim.schedules import replica_lr_scale
+from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
 from scaletrain.tracking.loggers import build_trackers, check_trackers
 from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
@@ -46,7 +60,6 @@ from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.training.build import task_for
 from scaletrain.training.defaults import Setting, describe_settings, settle_precision_here
 from scaletrain.training.preflight import settle_model_optimizer
-
 
 SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)
 
@@ -101,7 +114,7 @@ def agree_on_plan(cfg: TrainConfig, env, strategy) -> tuple[RunPlan, TrainConfig
             from_mapping(TrainConfig, message["config"]))
 
 
-def start_run(request: RunRequest, env, strategy, console: Console, extra_callbacks=()) -> "Run":
+def start_run(request: RunRequest, env, strategy, console: Console, extra_callbacks=()) -> Run:
     """Every rank's run, started (see the module doc). `extra_callbacks`: a caller's own (a tuner's
     pruning), last, so an epoch is recorded before one of them stops the run."""
     wall_start = time.perf_counter()
@@ -220,7 +233,7 @@ class Run:
         if self.env.restart_count:
             console.print(f"torchrun restart {self.env.restart_count}: resuming from the newest complete checkpoint")
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from scaletrain.errors import Terminated
 
@@ -42,7 +42,7 @@ class StopWatch:
         threading.Thread(target=self._watch, name="scaletrain-stop-watch", daemon=True).start()
 
     @classmethod
-    def arm(cls, last_words: Callable[[], None]) -> "StopWatch | None":
+    def arm(cls, last_words: Callable[[], None]) -> StopWatch | None:
         """A watcher, where this is the main thread of a process whose stop handler is ours."""
         if threading.current_thread() is not threading.main_thread() \
                 or signal.getsignal(signal.SIGTERM) is not on_stop_signal:

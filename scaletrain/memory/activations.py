@@ -8,16 +8,16 @@ applied exactly as the trainer applies it, and LiveBytes counts what it holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from scaletrain.data.inputs import tensors
-from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.models import build_model
+from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.models.blocks import find_blocks
 from scaletrain.tasks import Task
 

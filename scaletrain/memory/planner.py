@@ -19,13 +19,12 @@ from typing import Any
 
 import torch
 
-
+from scaletrain.data.inputs import map_inputs, tensors
 from scaletrain.errors import ConfigError
 from scaletrain.memory.activations import build_fake_model, trace_step
 from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.model_state import PLAN_STRATEGIES, ParamInfo, model_state
 from scaletrain.precision import get_policy
-from scaletrain.data.inputs import map_inputs, tensors
 from scaletrain.tasks import Task, build_task
 
 # torch gives each CUDA stream's cuBLAS handle a 32 MiB workspace on Hopper (4 x 8 MiB), drawn from

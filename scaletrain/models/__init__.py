@@ -14,6 +14,6 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.models.registry import MODEL_BUILDERS, build_model
-    from scaletrain.models.names import model_names
     from scaletrain.models.builder import register_model
+    from scaletrain.models.names import model_names
+    from scaletrain.models.registry import MODEL_BUILDERS, build_model

@@ -7,8 +7,8 @@ options (`[model.options]`), and returns a plain nn.Module."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torch import nn
 

@@ -15,6 +15,6 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.precision.policies import POLICIES, PrecisionPolicy, get_policy
-    from scaletrain.precision.loss_scaler import DynamicLossScaler
     from scaletrain.precision.float32_modules import keep_in_float32
+    from scaletrain.precision.loss_scaler import DynamicLossScaler
+    from scaletrain.precision.policies import POLICIES, PrecisionPolicy, get_policy

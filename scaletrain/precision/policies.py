@@ -17,7 +17,6 @@ from scaletrain.config import PRECISIONS as PRECISION_CHOICES
 from scaletrain.precision.float32_modules import keep_in_float32
 from scaletrain.registry import Registry
 
-
 # `--precision auto`: settled for the device before anything builds a policy (hardware.py).
 AUTO = "auto"
 

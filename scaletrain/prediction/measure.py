@@ -265,6 +265,7 @@ def server_seconds_per_byte(tensor_bytes: int, repeats: int = 5, workers: int = 
     In fresh buffers, as the server allocates them: the stack of 8 pushes of 16 MiB took 83 ms a
     step, twice what adding each into one reused sum measured (BENCHMARKS.md)."""
     import time
+
     from scaletrain.distributed.strategies.ps.protocol import reply
     message = torch.full((max(tensor_bytes // 4, 1),), 1e-3)
     params = torch.zeros_like(message)

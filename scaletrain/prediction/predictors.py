@@ -8,15 +8,23 @@ prediction/scaling.py's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from scaletrain.errors import ConfigError
 from scaletrain.prediction.hardware import get_interconnect
 from scaletrain.prediction.measure import StepMeasurement
-from scaletrain.prediction.scaling import (SHARDED_KINDS, ScalingInputs, device_counts, explain, predict,
-                                        predict_parameter_server, predict_pipeline, predict_tensor_parallel,
-                                        strategy_traffic)
+from scaletrain.prediction.scaling import (
+    SHARDED_KINDS,
+    ScalingInputs,
+    device_counts,
+    explain,
+    predict,
+    predict_parameter_server,
+    predict_pipeline,
+    predict_tensor_parallel,
+    strategy_traffic,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,9 @@ read back once per evaluation (the trainer's rule for the hot path).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import inspect
 import re
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch

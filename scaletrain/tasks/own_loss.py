@@ -43,7 +43,7 @@ class OwnLoss(Task):
             self.default_target = "perplexity"
 
     @classmethod
-    def for_model(cls, model, dataset_task: str) -> "OwnLoss":
+    def for_model(cls, model, dataset_task: str) -> OwnLoss:
         """The task for `model`, checked to take labels=; with no model yet (what sizes its output
         before it is built) unchecked: it is checked again once built."""
         if model is None:

@@ -171,7 +171,7 @@ class RunStore:
         self.timeout_s = timeout_s
         try:
             self._conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
-            self._conn.execute("PRAGMA busy_timeout = %d" % int(timeout_s * 1000))
+            self._conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
             _use_wal(self._conn, timeout_s)
             # In WAL mode NORMAL still never corrupts the database (a crashed process loses nothing
             # committed; only a power cut can drop the last transactions) and skips an fsync per

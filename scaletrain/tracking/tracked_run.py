@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from scaletrain.config import TrainConfig, config_digest
-from scaletrain.options import to_mapping
 from scaletrain.errors import RunPruned, Terminated, UserError
+from scaletrain.options import to_mapping
 from scaletrain.tracking.environment import capture_environment
 from scaletrain.tracking.recorder import RunRecorder
 from scaletrain.tracking.store import RunStore

@@ -17,9 +17,9 @@ from scaletrain.checkpoint.weights import load_weights, weights_flag
 from scaletrain.config import TrainConfig
 from scaletrain.data import Dataset, load_dataset
 from scaletrain.distributed import Strategy, resolve_device
+from scaletrain.errors import ConfigError
 from scaletrain.models import build_model
 from scaletrain.tasks import Task, build_task
-from scaletrain.errors import ConfigError
 from scaletrain.training.preflight import meta_model, model_memory_problem, run_task
 from scaletrain.training.threads import AdaptiveThreads, ThreadChoice, choose_threads, wait_policy
 from scaletrain.training.trainer import Trainer
@@ -37,7 +37,7 @@ class TrainingParts:
     def close(self, clean: bool = True) -> None:
         self.trainer.close(clean)
 
-    def __enter__(self) -> "TrainingParts":
+    def __enter__(self) -> TrainingParts:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -20,7 +20,8 @@ Two ways of writing them, one state:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -11,8 +11,8 @@ prefixes); the forwards returned are what the step and evaluation call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

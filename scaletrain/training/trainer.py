@@ -24,7 +24,15 @@ from torch import nn
 from scaletrain.adapters import adapted
 from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig, identity_digest
-from scaletrain.data import ArraySplit, Dataset, DeviceLoader, Normalizer, StreamingLoader, as_features, choose_placement
+from scaletrain.data import (
+    ArraySplit,
+    Dataset,
+    DeviceLoader,
+    Normalizer,
+    StreamingLoader,
+    as_features,
+    choose_placement,
+)
 from scaletrain.data.inputs import Inputs, first_rows, map_inputs
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
@@ -38,8 +46,13 @@ from scaletrain.precision.hardware import device_facts, precision_warnings, sett
 from scaletrain.tasks import Task, build_task, checked_sums
 from scaletrain.training.clock import DeviceClock
 from scaletrain.training.counters import DeviceCounters
-from scaletrain.training.defaults import (Setting, choose_channels_last, choose_cudnn_benchmark,
-                                          fixed_batch_shapes, has_2d_convolutions)
+from scaletrain.training.defaults import (
+    Setting,
+    choose_channels_last,
+    choose_cudnn_benchmark,
+    fixed_batch_shapes,
+    has_2d_convolutions,
+)
 from scaletrain.training.memory import PeakMemory
 from scaletrain.training.parallelize import parallelize
 from scaletrain.training.snapshot import TrainingSnapshot, init_optimizer_state
@@ -194,7 +207,7 @@ class Trainer:
             self.strategy.teardown(clean)
             self.owns_strategy = False
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -273,7 +286,7 @@ class Trainer:
             workers = split.num_workers if split.num_workers is not None else data.num_workers
             cls, kwargs = StreamingLoader, {"num_workers": workers}
         elif not isinstance(split, ArraySplit):   # a ShardedSplit: streamed from disk, never whole in memory
-            from scaletrain.data.shards import ShardLoader   # webdataset is an optional extra
+            from scaletrain.data.shards import ShardLoader  # webdataset is an optional extra
             cls, kwargs = ShardLoader, dict(num_workers=data.num_workers, prefetch=data.prefetch,
                                             shuffle_buffer=data.shuffle_buffer)
         elif choose_placement(data.placement, split.x.nbytes + split.y.nbytes, self.device) == "device":

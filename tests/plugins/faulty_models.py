@@ -186,6 +186,7 @@ def loaded_mlp(shape, classes, counter="", delay_s=0.02, slow_process=0, **optio
     one after another then rank by when they ran, not by what they are. With `slow_process` N,
     only the N-th process is slow (a crawl that strikes one run)."""
     import fcntl
+
     import torch
     state = {"slow": None}
 
@@ -215,6 +216,7 @@ def placement_mlp(shape, classes, out="", **options):
     """An MLP that writes, at its first training forward, where its process runs: rank, the cores
     it may use and its thread count (`out`.<rank>, JSON)."""
     import json
+
     import torch
 
     def record(call):

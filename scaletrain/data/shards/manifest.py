@@ -42,7 +42,7 @@ def _shape(value, empty_ok: bool) -> bool:
     return isinstance(value, list) and (empty_ok or len(value) > 0) and all(_count(d, 1) for d in value)
 
 
-def schema_problem(body: dict) -> str | None:
+def schema_problem(body: dict) -> str | None:   # noqa: C901 - one check per field, in the file's order; flat
     """What is wrong with a manifest's fields (types, ranges, shard names inside the folder), or
     None: the one schema every manifest is read through, before any shard is opened."""
     unknown, missing = set(body) - FIELDS, FIELDS - {"stats_shape", "mean", "std"} - set(body)
@@ -144,7 +144,7 @@ class Manifest:
         return json.dumps({"format": FORMAT, **body}, indent=1)
 
     @classmethod
-    def read(cls, folder: str | Path, fetch: Fetch | None = None) -> "Manifest":
+    def read(cls, folder: str | Path, fetch: Fetch | None = None) -> Manifest:
         """The manifest of a shard folder, local or at a URL (`fetch`: how to fetch from one)."""
         fetch = fetch or Fetch()
         if is_url(folder):
@@ -158,7 +158,8 @@ class Manifest:
                 raise DataError(f"{folder} holds no {MANIFEST}; write shards with `scaletrain shard --data NAME --out "
                                 f"{folder}` (a folder whose writing was cut off has none either)")
             text = None
-        from scaletrain.files import parse_json, read_text as read_local
+        from scaletrain.files import parse_json
+        from scaletrain.files import read_text as read_local
         suffix = "; rewrite the shards with `scaletrain shard`"
         try:
             body = parse_json(text if text is not None else read_local(file, error=DataError), str(file), dict,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch

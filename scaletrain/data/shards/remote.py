@@ -147,7 +147,7 @@ class RemoteFile:
     with a cache, the bytes are also written to a temporary file that becomes the cache entry
     when the stream ends matching `sha256`."""
 
-    def __init__(self, url: str, size: int, sha256: str, fetch: Fetch, cache: "ShardCache | None"):
+    def __init__(self, url: str, size: int, sha256: str, fetch: Fetch, cache: ShardCache | None):
         self.url, self.size, self.sha256, self.fetch = url, size, sha256, fetch
         self.offset, self.stream = 0, None
         self.cache, self.spool, self.digest = cache, None, None
@@ -205,7 +205,7 @@ class RemoteFile:
             self.cache.finish(self.spool, self.sha256, keep=complete)
             self.spool = None
 
-    def __enter__(self) -> "RemoteFile":
+    def __enter__(self) -> RemoteFile:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -219,7 +219,7 @@ class ShardCache:
         self.folder, self.limit = folder, limit
 
     @classmethod
-    def for_fetch(cls, fetch: Fetch) -> "ShardCache | None":
+    def for_fetch(cls, fetch: Fetch) -> ShardCache | None:
         from scaletrain.data.cache import cache_dir
         root = cache_dir()
         if root is None or fetch.cache_mb <= 0:

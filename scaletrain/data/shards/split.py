@@ -9,8 +9,8 @@ from braceexpand import braceexpand
 
 from scaletrain.data.dataset import Dataset
 from scaletrain.data.shards.manifest import Manifest, ShardFile
-from scaletrain.data.shards.remote import Fetch, is_url, name_of, parent
 from scaletrain.data.shards.reader import read_split
+from scaletrain.data.shards.remote import Fetch, is_url, name_of, parent
 from scaletrain.errors import ConfigError, DataError
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
-from typing import Iterator
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info

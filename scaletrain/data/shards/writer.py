@@ -7,8 +7,8 @@ import hashlib
 import io
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from webdataset import TarWriter

@@ -16,6 +16,6 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from scaletrain.distributed.strategies.registry import STRATEGIES, build_strategy, plannable_strategies
     from scaletrain.distributed.strategies.base import Strategy, register_strategy
+    from scaletrain.distributed.strategies.registry import STRATEGIES, build_strategy, plannable_strategies
     from scaletrain.distributed.strategies.single import resolve_device

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,11 +21,11 @@ from torch import nn
 from scaletrain.config import STRATEGIES as STRATEGY_CHOICES
 from scaletrain.data.inputs import chunk_inputs, first_rows
 from scaletrain.distributed.env import DistEnv
-from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
 from scaletrain.distributed.layout import Degrees, Layout
+from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
+from scaletrain.distributed.strategies.step_contract import StepContract
 from scaletrain.optim import build_optimizer
 from scaletrain.registry import Registry
-from scaletrain.distributed.strategies.step_contract import StepContract
 
 STRATEGIES = Registry("strategy", "--strategy", choices=STRATEGY_CHOICES)
 # Class decorator: makes a strategy available as `--strategy NAME` (and a config choice).

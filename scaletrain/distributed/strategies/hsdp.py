@@ -22,7 +22,6 @@ from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.fsdp import FSDPStrategy
 
 
-
 @register_strategy("hsdp")
 class HSDPStrategy(FSDPStrategy):
 

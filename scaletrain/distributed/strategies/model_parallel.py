@@ -29,20 +29,18 @@ import inspect
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from scaletrain.distributed.layout import Degrees
 from scaletrain.distributed.partition import describe_stages, stage_layers
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy
+from scaletrain.distributed.strategies.step_contract import StepContract
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import find_blocks
 from scaletrain.optim import squared_norm
-from scaletrain.distributed.strategies.step_contract import StepContract
-
-
 
 
 def _schedule_classes():

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from scaletrain.config import register_table
 from scaletrain.options import option as _f
 
-
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 

@@ -20,8 +20,8 @@ from scaletrain.distributed.partition import partition_by_size
 from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.ddp import DDPStrategy
-from scaletrain.optim import build_optimizer
 from scaletrain.distributed.strategies.step_contract import StepContract
+from scaletrain.optim import build_optimizer
 
 
 @register_strategy("zero1")

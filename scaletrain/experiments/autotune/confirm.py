@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
 
 # MEASURE.md: steady-state throughput over at least 50 steps, or 10 s. The search measures every
 # candidate over the same seeded steps (its loss check compares them step for step); the
@@ -59,7 +58,7 @@ class Confirmation:
     ratios: list[float] = field(default_factory=list)   # per round: its advantage (>1: better than given)
     test_deltas: list[float] = field(default_factory=list)   # per round: its test metric minus the given's
     test_tolerance: float | None = None     # how much test metric a winner may lose (None: not checked)
-    noise: "Confirmation | None" = None     # the given configuration against itself, the same rounds
+    noise: Confirmation | None = None     # the given configuration against itself, the same rounds
 
     @property
     def loses_test(self) -> bool:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import statistics
 
+from scaletrain.errors import PRUNED_EXIT_CODE
 from scaletrain.experiments.autotune.confirm import AGAIN, WINDOW_S, Measured, confirm, window_steps
 from scaletrain.experiments.autotune.measuring import CandidateRuns
 from scaletrain.experiments.autotune.settings import TIME_TO_TARGET, Row, measuring_config, row_key
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV, rate_below_floor
 from scaletrain.experiments.slots import SlotPool
-from scaletrain.errors import PRUNED_EXIT_CODE
 from scaletrain.tracking.store import RunStore
 from scaletrain.training.preflight import run_task
 

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig
-from scaletrain.options import get_path, set_path
 from scaletrain.distributed.strategies.registry import plannable_strategies, strategy_class
 from scaletrain.models.blocks import has_repeated_blocks
+from scaletrain.options import get_path, set_path
 from scaletrain.precision import POLICIES
 from scaletrain.precision.hardware import DeviceFacts, precision_warnings
 from scaletrain.training.preflight import meta_model

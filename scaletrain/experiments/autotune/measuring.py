@@ -21,8 +21,7 @@ from rich.console import Console
 from scaletrain.config import TrainConfig
 from scaletrain.errors import PRUNED_EXIT_CODE
 from scaletrain.experiments.autotune.knobs import Knob
-from scaletrain.experiments.autotune.settings import (THROUGHPUT, TIME_TO_TARGET, AutotuneSettings, Row,
-                                                      measuring_config)
+from scaletrain.experiments.autotune.settings import THROUGHPUT, TIME_TO_TARGET, AutotuneSettings, Row, measuring_config
 from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV, rate_below_floor
 from scaletrain.experiments.slots import Finished, SlotPool

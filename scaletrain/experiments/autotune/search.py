@@ -30,24 +30,30 @@ from rich.console import Console
 from rich.table import Table
 
 from scaletrain.config import TrainConfig, write_toml
-from scaletrain.distributed.strategies import resolve_device
 from scaletrain.data import sample_shape
 from scaletrain.data.dataset import ArraySplit
+from scaletrain.distributed.strategies import resolve_device
 from scaletrain.errors import UserError
 from scaletrain.experiments.autotune.confirm import AGAIN, Confirmation
 from scaletrain.experiments.autotune.confirming import confirm_finalists
 from scaletrain.experiments.autotune.knobs import Knob, apply, candidates, first_candidates, model_facts, system_knobs
 from scaletrain.experiments.autotune.measuring import CandidateRuns
 from scaletrain.experiments.autotune.planning import device_memory, plan_candidates
-from scaletrain.experiments.autotune.settings import (THROUGHPUT, TIME_TO_TARGET, AutotuneSettings, Row, row_key,
-                                                      study_group)
+from scaletrain.experiments.autotune.settings import (
+    THROUGHPUT,
+    TIME_TO_TARGET,
+    AutotuneSettings,
+    Row,
+    row_key,
+    study_group,
+)
 from scaletrain.experiments.slots import SlotPool, device_slots, machine_slot
 from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open_storage, require_optuna
 from scaletrain.experiments.sweep import scaled_lr
 from scaletrain.memory.units import format_bytes
+from scaletrain.tracking.store import RunStore
 from scaletrain.training.defaults import choose_channels_last, settle_precision_here
 from scaletrain.training.threads import choose_threads
-from scaletrain.tracking.store import RunStore
 
 PARAMS_ATTR, OUTCOME_ATTR = "params", "outcome"
 SHOWN_DISCARDS = 3   # discarded candidates with one reason listed row by row; more: one caption line

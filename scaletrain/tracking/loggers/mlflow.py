@@ -55,6 +55,7 @@ class MlflowLogger:
 
     def start(self, info) -> None:
         import logging
+
         from mlflow.tracking import MlflowClient
         # MLflow and its migrations announce a new SQLite store's tables at INFO on stderr.
         for name in ("mlflow", "alembic"):
@@ -94,6 +95,7 @@ def export_runs(store, records, uri: str) -> tuple[list[str], list[str]]:
     already there) run ids."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
+
     from scaletrain.options import flatten_mapping
     client = MlflowClient(tracking_uri=uri)
     exported, present = [], []

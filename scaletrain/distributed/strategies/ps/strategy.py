@@ -46,13 +46,25 @@ from scaletrain.distributed.partition import partition_by_size
 from scaletrain.distributed.strategies.base import register_strategy
 from scaletrain.distributed.strategies.process_group import ProcessGroupStrategy, destroy_process_group
 from scaletrain.distributed.strategies.ps.membership import Heartbeat, roll_call, store_client
-from scaletrain.distributed.strategies.ps.protocol import (DONE, EPOCH_END, GRADIENT, HEADER, IDLE, LOAD, LOST, PULL,
-                                                           REQUEST_TAG, SAVE, SYNC_GRADIENT, read_reply, request)
+from scaletrain.distributed.strategies.ps.protocol import (
+    DONE,
+    EPOCH_END,
+    GRADIENT,
+    HEADER,
+    IDLE,
+    LOAD,
+    LOST,
+    PULL,
+    REQUEST_TAG,
+    SAVE,
+    SYNC_GRADIENT,
+    read_reply,
+    request,
+)
 from scaletrain.distributed.strategies.ps.server import Server
+from scaletrain.distributed.strategies.step_contract import StepContract
 from scaletrain.errors import ConfigError, UserError
 from scaletrain.optim import build_optimizer
-from scaletrain.distributed.strategies.step_contract import StepContract
-
 
 
 def balance(sizes: list[int], servers: int) -> list[list[int]]:
