@@ -259,9 +259,6 @@ class TrackingConfig:
         return list(dict.fromkeys(names))
 
 
-_FOUND_VALID: dict[str, None] = {}   # repr of each configuration found valid, oldest first
-_REMEMBERED = 64
-
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
@@ -322,15 +319,10 @@ class TrainConfig:
     def validate(self) -> None:
         """Checks every field against the values it admits (declared beside it), then the few
         rules that tie fields together, then the files it names. Raises ConfigError naming the key
-        and what it admits. Values already found valid in this process are not checked again
-        (the CLI, the run's start, build_training and the Trainer each accept a configuration
-        from their callers); the files are, as they can come and go."""
-        values = repr(self)
-        if values not in _FOUND_VALID:
-            self._check_values()
-            _FOUND_VALID[values] = None
-            while len(_FOUND_VALID) > _REMEMBERED:
-                del _FOUND_VALID[next(iter(_FOUND_VALID))]
+        and what it admits. Called where a configuration enters: the command line's flags, a run's
+        `settle_config`, `build_training` and the `Trainer` for the Python API; one that hands a
+        checked configuration on says so (`checked=True`), so each is checked once."""
+        self._check_values()
         self._check_files()
 
     def _check_values(self) -> None:

@@ -42,7 +42,7 @@ def run_training(cfg: TrainConfig | RunRequest, console: Console | None = None,
         run = start_run(request, env, strategy, console, callbacks)
         with run:
             trainer = build_training(run.config, strategy=strategy, dataset=run.dataset, task=run.task,
-                                     callbacks=run.callbacks, checkpointer=run.checkpointer).trainer
+                                     callbacks=run.callbacks, checkpointer=run.checkpointer, checked=True).trainer
             run.announce(trainer)
             run.reserve(trainer)
             trainer.fit(run.dataset)

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-import scaletrain.config as config_module
 from scaletrain.cli.main import main
 from scaletrain.config import TrainConfig
 from scaletrain.errors import WriteFailed
@@ -21,7 +20,6 @@ from tests.processes import DIGITS_MLP
 @pytest.fixture
 def checks(monkeypatch):
     """How many times a configuration's values were checked, from a clean slate."""
-    monkeypatch.setattr(config_module, "_FOUND_VALID", {})
     count = {"n": 0}
     original = TrainConfig._check_values
 

@@ -71,7 +71,7 @@ def predict_run(cfg: TrainConfig, run_id: str, *, samples: np.ndarray | None = N
     """The predictions of the model `cfg` names (`prediction_config`) on `samples` or a split of
     its data set, under its strategy: this process is one of cfg.distributed.nproc (under the
     launcher) or the only one."""
-    with build_training(cfg) as built:
+    with build_training(cfg, checked=True) as built:   # (prediction_config checked it)
         trainer, dataset = built.trainer, built.dataset
         trainer.adopt(dataset)
         if samples is not None:

@@ -87,7 +87,8 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
             folders = apply_job_folders(cfg, job_folders())
     cfg.validate()
     check_trackers(cfg.tracking.logger_names())
-    settle_model_optimizer(cfg)   # a LightningModule's own optimizer, in the config the run records
+    if settle_model_optimizer(cfg):   # a LightningModule's own optimizer, in the config the run records
+        cfg.validate()                # (its values are the user's: checked as theirs)
     # `--precision auto` becomes the device's policy in the configuration the run saves, so a
     # resume (or another host of the job, which adopts the chief's) runs the same one.
     precision = settle_precision_here(cfg)

@@ -15,7 +15,22 @@ from scaletrain.models.blocks import chain
 from scaletrain.models.builder import need_image, register_model
 
 
-class CNN1d(nn.Module):
+class FeaturesThenHead(nn.Module):
+    """A network whose forward is `head(features(x))`, both nn.Sequential: its pipeline layers are
+    their children in order (models/blocks.py's chain)."""
+
+    features: nn.Sequential
+    head: nn.Sequential
+
+    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
+        """The forward as a sequence of named layers: what a pipeline cuts between."""
+        return chain(self, "features", "head")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class CNN1d(FeaturesThenHead):
     """A 1-D CNN for MNIST-1D (length-40 sequences). The paper's 3-layer CNN reaches 94 %;
     this one adds BatchNorm and width so it gets there in a few hundred steps on a CPU."""
 
@@ -31,13 +46,6 @@ class CNN1d(nn.Module):
                                       block(2 * c, 2 * c, 1), block(2 * c, 4 * c, 2))
         out_len = (length + 3) // 4
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * c * out_len, num_classes))
-
-    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
-        """The forward as a sequence of named layers: what a pipeline cuts between."""
-        return chain(self, "features", "head")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
 
 
 def conv_bn_relu(cin: int, cout: int) -> nn.Sequential:
@@ -56,7 +64,7 @@ class WideBlock(nn.Module):
         return self.shortcut(x) + self.body(x)
 
 
-class WideResNet(nn.Module):
+class WideResNet(FeaturesThenHead):
     """WideResNet-depth-width as seed 003's lab builds it (after keras_contrib): a 16-channel stem,
     three stages of (depth - 4) / 6 blocks with 16k, 32k, 64k channels and max-pooling between
     stages, global average pooling and a linear classifier. wrn-16-10 on 28x28x1 is the lab's model."""
@@ -78,13 +86,6 @@ class WideResNet(nn.Module):
         self.features = nn.Sequential(*layers)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
 
-    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
-        """The forward as a sequence of named layers: what a pipeline cuts between."""
-        return chain(self, "features", "head")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
 
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int):
@@ -102,7 +103,7 @@ class BasicBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-class ResNet(nn.Module):
+class ResNet(FeaturesThenHead):
     """A CIFAR-style ResNet (3x3 stem, no initial pooling); `blocks=[2,2,2,2]` with widths
     64..512 is ResNet-18. The default is a small three-stage net for quick runs."""
 
@@ -122,13 +123,6 @@ class ResNet(nn.Module):
                 cin = cout
         self.features = nn.Sequential(*layers)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
-
-    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
-        """The forward as a sequence of named layers: what a pipeline cuts between."""
-        return chain(self, "features", "head")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
 
 
 @register_model("cnn1d")

@@ -82,10 +82,12 @@ def _check_model_fits_host(cfg: TrainConfig, sample: tuple) -> None:
 
 
 def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
-              task: Task | None = None, callbacks=(), checkpointer=None) -> TrainingParts:
+              task: Task | None = None, callbacks=(), checkpointer=None, checked: bool = False) -> TrainingParts:
     """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
-    tears it down on `close()`; a given one stays its caller's to tear down."""
-    cfg.validate()
+    tears it down on `close()`; a given one stays its caller's to tear down. `checked`: the caller
+    validated `cfg` and changed nothing since (a run's settle_config), so it is not checked again."""
+    if not checked:
+        cfg.validate()
     threads = set_thread_pools(cfg)
     dataset = dataset if dataset is not None else load_dataset(cfg.data, seed=cfg.seed)
     given = task
@@ -101,7 +103,7 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
         load_weights(model, cfg.model.init_from, weights_flag(cfg.model.init_from))
     # A count chosen from the load follows it epoch by epoch; first, so the epoch's logs say it.
     callbacks = [AdaptiveThreads(threads.setting.value), *callbacks] if threads.adaptive else list(callbacks)
-    trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task)
+    trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task, checked=True)
     trainer.settle_setting(threads.setting)
     trainer.settle_setting(wait_policy())
     trainer.settle_for_data(dataset)      # so the run's start line and record name it too

@@ -33,11 +33,11 @@ def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module
         return build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
 
 
-def settle_model_optimizer(cfg: TrainConfig) -> None:
+def settle_model_optimizer(cfg: TrainConfig) -> bool:
     """Writes into `cfg` the optimizer settings its model brings (a LightningModule's
     configure_optimizers, read off the model built on the meta device), before a run records its
     configuration: the record, the store and a resume then hold what trains. The trainer applies
-    the same settings again (the Python API's path): the same values."""
+    the same settings again (the Python API's path): the same values. Returns whether it wrote."""
     from scaletrain.adapters import is_lightning_module
     from scaletrain.importing import import_function
     named = import_function(cfg.model.name, "model") if ":" in cfg.model.name else None
@@ -47,10 +47,11 @@ def settle_model_optimizer(cfg: TrainConfig) -> None:
         if cfg.optim.lr_schedule == "module" and (named is None or isinstance(named, type)):
             raise ConfigError(f"--lr-schedule module reads a LightningModule's own scheduler; {cfg.model.name} is "
                               "not one: choose constant, step, cosine or onecycle")
-        return
+        return False
     with torch.device("meta"):   # a LightningModule is built from its own arguments: no shapes needed
         model = build_model(cfg.model.name, (1,), 1, **cfg.model.options)
     cfg.optim = model.optim_settings(cfg.optim, cfg.epochs)
+    return True
 
 
 def run_task(cfg: TrainConfig, sample: tuple | None = None):

@@ -67,9 +67,11 @@ MAX_PREDICTION_DIMS = 7   # a prediction's dimensions after the batch's (classes
 
 class Trainer:
     def __init__(self, model: nn.Module, config: TrainConfig | None = None, callbacks=(),
-                 strategy: Strategy | None = None, checkpointer=None, task: Task | None = None):
+                 strategy: Strategy | None = None, checkpointer=None, task: Task | None = None,
+                 checked: bool = False):
         self.config = config or TrainConfig()
-        self.config.validate()
+        if not checked:   # the Python API's door; build_training checked it already (`checked`)
+            self.config.validate()
         cfg = self.config
         model = adapted(model)   # a LightningModule trains through its adapter (adapters/)
         # A model that brings its optimizer settings (a LightningModule's configure_optimizers):
