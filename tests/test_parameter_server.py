@@ -144,13 +144,14 @@ def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tm
     logs = metrics(tmp_path / "r")
     assert [m["optimizer_steps"] for m in logs] == [19]            # positions agree: 19 steps an epoch
     for m in logs:
-        # Worker 1's pushes within the epoch (1 on a quiet machine; 2 once the fast workers' 19 steps
-        # outlasted its 1.5 s under load) are every one dropped, and the epoch never waits for the
-        # rest of its share: it ends with most of worker 1's 19 steps never taken (had it waited,
-        # all 19 would have been pushed). Counted, not timed: how long the epoch took is the load's.
-        late = m["ps_dropped"]
-        assert 1 <= late < 19 / 2 and m["ps_pushes"] == 2 * 19 + late
-        assert m["samples"] == (2 * 19 + late) * 22                # what was trained, worker 1's batches included
+        # Worker 1's pushes within the epoch: 1 on a quiet machine; more once the fast workers' 19
+        # steps outlast its 1.5 s under load (async applies those that come while they train). The
+        # one in flight when the epoch ends is dropped, and the epoch never waits for the rest of
+        # its share: most of worker 1's 19 steps are never taken (had it waited, all 19 would have
+        # been pushed). Counted, not timed: how long the epoch took is the load's.
+        late, worker_1 = m["ps_dropped"], m["ps_pushes"] - 2 * 19
+        assert 1 <= late <= worker_1 < 19 / 2, (late, worker_1)
+        assert m["samples"] == m["ps_pushes"] * 22                 # what was trained, worker 1's batches included
 
 
 @pytest.mark.usefixtures("processes")
