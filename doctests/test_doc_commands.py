@@ -34,6 +34,11 @@ run store). What the harness may change is agreed here, and nothing else:
   `make test` (and `make doc-test`, the doc lines alone) runs the workspaces on two pytest-xdist
   workers, each one's lines in order (a test class each: `_workspace_class`).
 
+A line's `scaletrain` is the installed command's `main()` run in a fresh child of an interpreter
+that imported torch once (`warm_scaletrain`, warm_shim.py; the 5-8 s a cold start costs, on 99
+lines), on the line's own stdin, stdout and stderr; what it starts (torchrun's workers, a sweep's
+trainings) starts cold. `SCALETRAIN_TESTS_COLD=1` runs every line's `scaletrain` cold.
+
 A command passes when it exits 0 and prints no traceback. A trailing `&` runs it in the
 background; its workspace's last line waits for every one.
 
@@ -42,6 +47,7 @@ Run with `make test` (everything) or `make doc-test` (these alone).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import re
@@ -49,6 +55,8 @@ import shlex
 import sqlite3
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,6 +224,31 @@ ALL = [c for f in DOC_FILES for c in commands(f)]
 
 # -- running them ---------------------------------------------------------------------------------
 
+@functools.cache
+def warm_scaletrain() -> tuple[str, str] | None:
+    """(a folder whose `scaletrain` is warm_shim.py, the socket of the warm server it hands commands
+    to), started once per test process: a line's `scaletrain` then runs the installed command's
+    `main()` in a fresh child of an interpreter that imported torch once (tests/warm_cli.py), not
+    in a cold one. SCALETRAIN_TESTS_COLD=1: None, every line's `scaletrain` starts cold."""
+    if os.environ.get("SCALETRAIN_TESTS_COLD") == "1":
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="scaletrain-warm-"))
+    sock = folder / "server"
+    server = subprocess.Popen([sys.executable, "-m", "tests.warm_cli", "--socket", str(sock)], cwd=REPO,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    atexit.register(server.kill)
+    shim = folder / "scaletrain"
+    shim.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "warm_shim.py").read_text())
+    shim.chmod(0o755)
+    for _ in range(600):    # bound before it imports anything
+        if sock.exists() or server.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert sock.exists(), f"the warm server did not start (exit {server.poll()})"
+    return str(folder), str(sock)
+
+
 class Workspace:
     """One doc file's working folder, home and background commands."""
 
@@ -228,11 +261,16 @@ class Workspace:
         for name, text in {**FILES, **files}.items():
             (self.root / name).write_text(text)
         self.background: list[tuple[str, subprocess.Popen]] = []
-        bin_dir = str(Path(sys.executable).parent)
+        bin_dirs = [str(Path(sys.executable).parent)]
+        warm = warm_scaletrain()
+        if warm is not None:   # a line's `scaletrain` starts warm (warm_shim.py); its own processes cold
+            bin_dirs.insert(0, warm[0])
         # One thread a line: two workers share the two cores (torch's default, a thread per core in
         # each, left both lines waiting on each other's threads: the 8-point sweep took 3.2x its time alone).
-        self.env = {**os.environ, "HOME": str(self.home), "PATH": bin_dir + os.pathsep + os.environ["PATH"],
+        self.env = {**os.environ, "HOME": str(self.home), "PATH": os.pathsep.join([*bin_dirs, os.environ["PATH"]]),
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        if warm is not None:
+            self.env["SCALETRAIN_WARM_SOCKET"] = warm[1]
         # A user's data cache under their home: not the one tests/conftest.py sets for its session,
         # which a doc line would otherwise share when `make test` runs both on one worker.
         from scaletrain.data.cache import CACHE_ENV  # here: reading the lines needs no torch

@@ -5,6 +5,7 @@ a part that fails or outlives its limit costs that part alone."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,17 +19,20 @@ PARTS = ("environment", "smoke", "precision", "peers", "memory_lab", "autotune",
 
 
 def kit(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    # A rehearsal of code paths, not of speed: one thread a process (as the CLI tests run), so its
+    # processes and the other test worker's do not fight over two cores (with two threads each,
+    # its peers part ran 4x its idle time beside the suite and outlived its limit).
     return subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--out", str(out), "--rehearse", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def results(out: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 
-@pytest.mark.timeout(900)   # 2 minutes idle; beside the other test worker, up to twice that
+@pytest.mark.timeout(1500)   # hang guards: 3.5 minutes idle, 6.5 beside the suite
 def test_rehearsal_runs_every_part_and_writes_at_most_8_files(tmp_path):
-    done = kit(tmp_path, timeout=850)
+    done = kit(tmp_path, timeout=1450)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == sorted([f"{p}.json" for p in PARTS] + ["summary.md"])   # the lease brings back 8
@@ -72,16 +76,18 @@ def test_rehearsal_runs_every_part_and_writes_at_most_8_files(tmp_path):
 
 
 def test_a_failing_part_and_a_part_past_its_limit_cost_only_themselves(tmp_path):
-    done = kit(tmp_path, "--parts", "environment,smoke,precision", "--fail", "environment", "--limit", "smoke=4",
-               timeout=200)
+    # smoke hangs once it has listed its cases (a few seconds in; its 40 s limit leaves a busy
+    # machine room to get there), so its limit is what stops it, whatever the load.
+    done = kit(tmp_path, "--parts", "environment,smoke,precision", "--fail", "environment", "--hang", "smoke",
+               "--limit", "smoke=40", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     found = results(tmp_path)
     assert found["environment"]["status"] == "failed"
     assert "failure injected into part environment" in found["environment"]["error"]
     assert "RuntimeError" in found["environment"]["output_tail"]   # its traceback came back with it
     smoke = found["smoke"]
-    assert smoke["status"] == "timed out" and smoke["error"] == "stopped at its 4 s limit"
-    assert smoke["notes"]["unreached"], "a part stopped at its limit lists what it did not reach"
+    assert smoke["status"] == "timed out" and smoke["error"] == "stopped at its 40 s limit"
+    assert "cli: resume" in smoke["notes"]["unreached"], "a part stopped at its limit lists what it did not reach"
     assert found["precision"]["status"] == "passed"   # the part after both still ran
     summary = (tmp_path / "summary.md").read_text()
     assert "| environment | failed |" in summary and "| smoke | timed out |" in summary

@@ -84,7 +84,7 @@ def test_user_task_through_the_cli_on_two_processes(tmp_path):
     flags = ["--model", "multilabel:build", "--data", "multilabel:splits", "--task", "multilabel:MultiLabel"]
     planned = run(["plan-memory", *flags, "--batch-size", "64"], tmp_path)
     assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
-    tuned = run(["autotune", *flags, "--trials", "2", "--confirm-rounds", "1", "--steps", "3", "--knobs", "steps_per_execution",
+    tuned = run(["autotune", *flags, "--trials", "2", "--confirm-rounds", "0", "--steps", "3", "--knobs", "steps_per_execution",
                  "--out", tmp_path / "tuned"], tmp_path)
     assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
 
@@ -251,7 +251,7 @@ def test_plan_memory_and_autotune_on_a_hugging_face_model(tmp_path, hf_gpt):
     flags = ["--model", "hf_gpt:build", "--data", "hf_gpt:splits", "--batch-size", "32"]
     planned = run(["plan-memory", *flags, "--activation-checkpointing"], tmp_path)
     assert planned.returncode == 0 and "activations traced" in planned.stdout, planned.stderr[-2000:]
-    tuned = run(["autotune", *flags, "--trials", "2", "--confirm-rounds", "1", "--steps", "3", "--knobs", "activation_checkpointing",
+    tuned = run(["autotune", *flags, "--trials", "2", "--confirm-rounds", "0", "--steps", "3", "--knobs", "activation_checkpointing",
                  "--out", tmp_path / "tuned"], tmp_path)
     assert tuned.returncode == 0 and "best:" in tuned.stdout, tuned.stdout[-2000:] + tuned.stderr[-2000:]
     assert "refused" not in tuned.stdout     # recomputed blocks give the baseline's loss

@@ -12,6 +12,14 @@ itself (torchrun's workers, a sweep's trainings) are ordinary ones.
 Protocol (one JSON line each way): the client sends {args, cwd, env, out, err}; the server
 answers {"pid": N} once the child runs, then {"code": C} when it has exited (C < 0: killed by
 signal -C, as subprocess reports it). One command at a time per server.
+
+`--socket PATH` serves the doc lines' `scaletrain` instead (doctests/: warm_shim.py is the
+command a line's shell finds first on PATH): each connection sends {args, cwd, env} with the
+shim's own stdin, stdout and stderr attached (SCM_RIGHTS), and its child runs the console script's
+`main()` on those very descriptors (pipes, redirections and `&` as the shell made them), with the
+script's folder first on sys.path as the installed `scaletrain` has it. Connections are served at
+once (a background line runs beside the next): a handler process per connection, forked from the
+server, which has run nothing, forks the command and reports its end.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import atexit
 import json
 import os
 import runpy
+import signal
+import socket
 import sys
 import threading
 import traceback
@@ -27,12 +37,14 @@ import traceback
 PRELOADED = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint", "numpy")
 
 
-def _child(request: dict) -> int:
-    """Runs in the forked child: becomes `python -m scaletrain ARGS` in `cwd` with `env`."""
-    stdin = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(stdin, 0)
-    for fd, path in ((1, request["out"]), (2, request["err"])):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
+    """Runs in the forked child: becomes `python -m scaletrain ARGS` in `cwd` with `env` (stdin
+    empty, output to the request's files), or with `fds` the installed `scaletrain ARGS` on those
+    descriptors."""
+    if fds is None:
+        fds = (os.open(os.devnull, os.O_RDONLY),
+               *(os.open(request[key], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for key in ("out", "err")))
+    for target, fd in zip(fds, (0, 1, 2)):
         os.dup2(target, fd)
         os.close(target)
     sys.stdin = open(0, closefd=False)
@@ -46,10 +58,16 @@ def _child(request: dict) -> int:
         import torch
         torch.set_num_threads(int(threads))
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.getcwd(), *extra, *[p for p in BASE_PATH if p not in extra]]
+    console = request.get("console", False)
+    # -m puts the working folder first; the installed script, its own folder.
+    first = os.path.dirname(sys.executable) if console else os.getcwd()
+    sys.path[:] = [first, *extra, *[p for p in BASE_PATH if p not in extra]]
     sys.argv = ["scaletrain", *request["args"]]
     code = 0
     try:
+        if console:
+            from scaletrain.cli.main import main
+            sys.exit(main())
         runpy.run_module("scaletrain", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -86,9 +104,57 @@ def serve() -> None:
         replies.write(json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n")
 
 
+def serve_socket(listener: socket.socket) -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # handlers are reaped as they end
+    while True:
+        conn, _ = listener.accept()
+        if os.fork() == 0:
+            code = 1
+            try:
+                listener.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)   # this handler waits for its command
+                code = _handle(conn)
+            finally:
+                os._exit(code)
+        conn.close()
+
+
+def _handle(conn: socket.socket) -> int:
+    """One connection: the command's child, its pid, then its exit code."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            return 1
+        data += more
+    request = {**json.loads(data), "console": True}
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            conn.close()
+            code = _child(request, tuple(fds))
+        finally:
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    _, status = os.waitpid(pid, 0)
+    conn.sendall((json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+    return 0
+
+
 if __name__ == "__main__":
+    listener = None
+    if sys.argv[1:2] == ["--socket"]:   # bound at once: a command connecting early waits in the backlog
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(sys.argv[2])
+        listener.listen(64)
     for name in PRELOADED:
         __import__(name)
     # What sys.path is without the server's own folder (-m put it first): each child puts its own.
     BASE_PATH = [p for p in sys.path[1:]]
-    serve()
+    if listener is not None:
+        serve_socket(listener)
+    else:
+        serve()

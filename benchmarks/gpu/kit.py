@@ -36,6 +36,7 @@ class Part:
     started: float = field(default_factory=time.monotonic)
     status: str = "running"
     error: str | None = None
+    hang_after_plan: bool = False   # `--hang PART`: the runner's limit is what ends it (tests the runner)
 
     @property
     def device(self) -> torch.device:
@@ -52,6 +53,8 @@ class Part:
         """The cases this part means to run: those its limit leaves unreached stay listed."""
         self.notes["unreached"] = list(names)
         self.save()
+        while self.hang_after_plan:
+            time.sleep(3600)
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
