@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up ./.venv first (scripts/setup.sh).
-.PHONY: train test doc-test setup check
+.PHONY: train test doc-test setup check test-xla
 
 setup:
 	bash scripts/setup.sh all
@@ -37,3 +37,10 @@ test:
 doc-test:
 	bash scripts/setup.sh dev
 	bash scripts/timed.sh "make doc-test" .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder doctests
+
+# XLA devices (TPUs) through torch_xla, run for real on XLA on a CPU (PJRT_DEVICE=CPU): its tests in
+# .venv-xla (torch 2.9.0 + torch_xla 2.9.0, scripts/setup-xla.sh). Not part of `make test`/CI yet:
+# see docs/testing.md ("XLA") for what it takes and the split proposed.
+test-xla:
+	bash scripts/setup.sh xla
+	bash scripts/timed.sh "make test-xla" .venv-xla/bin/python -m pytest -q -p no:cacheprovider tests/xla

@@ -275,8 +275,9 @@ class TrainConfig:
     per_replica_batch_size: int | None = _f(None, "fix the per-replica batch instead (global = replicas x this)", ge=1)
     accumulate_to_global: bool = _f(False, "with both batch sizes fixed, make up the global batch by gradient accumulation")
     seed: int = _f(0, "seed for weights, data order and augmentation", ge=0)
-    device: str = _f("auto", "auto, cpu, cuda or cuda:N", pattern=r"auto|cpu|cuda(:[0-9]+)?",
-                     rule="auto, cpu, cuda or cuda:N", resumable=True)
+    device: str = _f("auto", "auto, cpu, cuda, cuda:N or xla (a TPU, or XLA on a CPU, through torch_xla: "
+                             "bash scripts/setup.sh xla)", pattern=r"auto|cpu|cuda(:[0-9]+)?|xla",
+                     rule="auto, cpu, cuda, cuda:N or xla", resumable=True)
     steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1, resumable=True)
     compile: bool = _f(False, "apply torch.compile to the model", resumable=True)
     threads: int | None = _f(None, "intra-op CPU threads (torch.set_num_threads; default: torch's own, one per "

@@ -68,9 +68,18 @@ class RunSummary:
         return json.dumps(asdict(self), indent=2)
 
 
+def device_label(device: torch.device) -> str:
+    """The device as the run's start line names it: `cuda:0`, `cpu`; an XLA device with what it
+    is (`xla:0 (XLA on a CPU, 4 device(s); not a TPU)`)."""
+    return f"{device} ({device_name(device).removeprefix('xla (')}" if device.type == "xla" else str(device)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    if device.type == "xla":   # what ran, honestly named: "XLA on a CPU, 4 device(s); not a TPU"
+        from scaletrain.accelerators import xla
+        return xla.describe()
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 

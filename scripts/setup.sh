@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-all}"
 python="${PYTHON:-python3}"
+if [ "$extras" = "xla" ]; then   # an environment of its own (torch_xla pins its torch): .venv-xla
+  exec bash scripts/setup-xla.sh
+fi
 
 has_torch() {
   "$1" - <<'PY' 2>/dev/null

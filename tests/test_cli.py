@@ -145,7 +145,11 @@ def _bad_inputs(tmp_path):
         (digits + ["--lr", "nan"], "'optim.lr' must be a finite number"),
         (digits + ["--warmup-epochs", "-0.5"], "'optim.warmup_epochs' must be >= 0"),
         (digits + ["--step-milestones", "5,-1"], "'optim.step_milestones' has an item that must be >= 0"),
-        (digits + ["--device", "gpu"], "'device' must be auto, cpu, cuda or cuda:N"),
+        (digits + ["--device", "gpu"], "'device' must be auto, cpu, cuda, cuda:N or xla"),
+        # XLA devices need torch_xla, which this environment never has (.venv-xla has: tests/xla/).
+        (digits + ["--device", "xla"], "--device xla needs torch_xla, which this environment does not have; "
+                                      "bash scripts/setup.sh xla"),
+        (digits + ["--strategy", "spmd"], "--strategy spmd runs on xla devices only; use --device xla"),
         (digits + ["--run-id", "a b/c"], "'tracking.run_id' must be 1-64 letters"),
         (digits + ["--compile-mode", "fastest"], "'compile_mode' must be one of default"),
         (digits + ["--augment", "rotate"], "'data.augment' has an item that must be one of shift, flip"),
@@ -189,6 +193,14 @@ def test_bad_input_through_the_real_console_entry_point(tmp_path):
     assert result.stderr.strip().startswith("scaletrain: error:") and "Traceback" not in result.stderr
     result = run_cli("train", "--epochs", "many", cwd=tmp_path)
     assert result.returncode == 2 and "invalid int value: 'many'" in result.stderr
+
+
+def test_the_planners_answer_not_modelled_for_xla_in_one_line_rather_than_a_figure(tmp_path, capsys):
+    for command in ("plan-memory", "scaling", "find-batch-size"):
+        code = main([command, "--device", "xla", "--model", "mlp", "--data", "digits"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{command}: not modelled for XLA devices" in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
 
 
 def test_a_command_line_argparse_refuses_is_one_line_naming_the_help_to_read(capsys):

@@ -31,8 +31,11 @@ def add_find_batch_size_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
+    from scaletrain.accelerators import xla
     from scaletrain.cli.train import config_from_args
     from scaletrain.distributed.launch import inside_worker, launch
+    xla.refuse_unmodelled("find-batch-size", vars(args).get("device"), "it reads a CUDA device's or a CPU's "
+                          "memory, not an XLA device's")
     cfg = config_from_args(args)
     limit = parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit is not None else None
     if cfg.distributed.nproc > 1 and not inside_worker():

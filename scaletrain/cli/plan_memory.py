@@ -34,6 +34,7 @@ def _choices(text: str, default: tuple[str, ...]) -> list[str]:
 
 
 def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
+    from scaletrain.accelerators import xla
     from scaletrain.cli.train import config_from_args
     from scaletrain.data.registry import sample_and_example
     from scaletrain.distributed import STRATEGIES
@@ -45,6 +46,8 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     # --precision and --strategy take comma lists here: taken out before the config (one value
     # each) is built and checked, and each name checked on its own below.
     values = vars(args)
+    xla.refuse_unmodelled("plan-memory", values.get("device"), "its memory model is a CUDA device's caching "
+                          "allocator and a CPU's resident memory")
     named = values.get("distributed.strategy")
     if named in STRATEGIES and STRATEGIES[named].memory_plan == "stage":
         return _plan_stages(config_from_args(args), args)     # a row per stage of one replica

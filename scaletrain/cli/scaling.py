@@ -46,12 +46,14 @@ def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
 def run_scaling(args: argparse.Namespace, argv: list[str]) -> int:
     if args.measured:
         return _measured_table(args.measured, args.json)
+    from scaletrain.accelerators import xla
     from scaletrain.cli.train import config_from_args
     from scaletrain.distributed.strategies.registry import strategy_class
     from scaletrain.precision.hardware import H100, auto_precision
     from scaletrain.prediction.measure import measure_single_device
     from scaletrain.prediction.predictors import PredictionRequest, predictor_for
     from scaletrain.training.defaults import settle_precision_here
+    xla.refuse_unmodelled("scaling", vars(args).get("device"), "its step and link models are a GPU's and a CPU's")
     cfg = config_from_args(args)
     if args.assume_h100_mfu is not None and cfg.precision.policy == "auto":
         cfg.precision.policy = auto_precision(H100)[0]    # what auto runs on the H100 assumed

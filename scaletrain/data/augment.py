@@ -18,13 +18,14 @@ class DeviceAugment:
         if self.shift_enabled:
             x = self._random_shift(x)
         if self.flip_enabled:
-            flip = torch.rand(x.shape[0], device=x.device, generator=self.generator) < 0.5
+            flip = torch.rand(x.shape[0], device=self.generator.device, generator=self.generator).to(x.device) < 0.5
             flip = flip.view(-1, *([1] * (x.ndim - 1)))
             x = torch.where(flip, x.flip(-1), x)
         return x
 
     def _offsets(self, n: int, device) -> torch.Tensor:
-        return torch.randint(0, 2 * self.shift + 1, (n,), device=device, generator=self.generator)
+        # Drawn where the generator lives (the device, or the CPU for an XLA device: loaders.py).
+        return torch.randint(0, 2 * self.shift + 1, (n,), device=self.generator.device, generator=self.generator).to(device)
 
     def _random_shift(self, x: torch.Tensor) -> torch.Tensor:
         s, n = self.shift, x.shape[0]

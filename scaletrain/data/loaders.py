@@ -64,8 +64,12 @@ class _BatchSource:
         self.shuffle, self.drop_last, self.seed, self.epoch = shuffle, drop_last, seed, 0
         self.rank, self.world_size, self.start_batch = rank, world_size, 0
         self.normalizer = normalizer.to(device)
-        self.generator = torch.Generator(device=device).manual_seed(seed)   # the order: same on every rank
-        self.augment_generator = torch.Generator(device=device)
+        # The order (the same on every rank) and the augmentations' draws come from generators on
+        # the device where it has them (CPU, CUDA), else on the CPU, copied over (an XLA device:
+        # an epoch's order once, a batch's offsets each; the same order as a CPU run's).
+        draws = device if device.type in ("cpu", "cuda") else torch.device("cpu")
+        self.generator = torch.Generator(device=draws).manual_seed(seed)
+        self.augment_generator = torch.Generator(device=draws)
         self.augment = DeviceAugment(augment, shift, self.augment_generator) if augment else None
         # What the model is called with, from a finished batch (the task's: a model that computes
         # its own loss takes the targets among its inputs).
@@ -88,7 +92,7 @@ class _BatchSource:
     def _order(self, generator: torch.Generator, device) -> torch.Tensor:
         """This rank's sample indices for the epoch, from `start_batch` on, batch after batch."""
         n = len(self.split)
-        order = (torch.randperm(n, device=device, generator=generator) if self.shuffle
+        order = (torch.randperm(n, device=generator.device, generator=generator).to(device) if self.shuffle
                  else torch.arange(n, device=device))
         if self.world_size > 1:
             order = order[rank_positions(len(self), self.batch_size, self.rank, self.world_size).to(device)]

@@ -37,7 +37,8 @@ from scaletrain.checkpoint.space import Reserved
 from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig
 from scaletrain.data import load_dataset
-from scaletrain.errors import UserError
+from scaletrain.distributed.strategies.registry import strategy_class
+from scaletrain.errors import ConfigError, UserError
 from scaletrain.lifecycle.folder import RunFolder
 from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
 from scaletrain.lifecycle.plan import (
@@ -53,12 +54,13 @@ from scaletrain.lifecycle.resume import resume_config
 from scaletrain.lifecycle.stops import StopWatch
 from scaletrain.optim.schedules import replica_lr_scale
 from scaletrain.options import flatten_mapping, from_mapping, to_mapping
-from scaletrain.summary import RunSummary, build_summary, device_name, print_summary
+from scaletrain.summary import RunSummary, build_summary, device_label, device_name, print_summary
 from scaletrain.tracking.loggers import build_trackers, check_trackers
 from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.training.build import task_for
 from scaletrain.training.defaults import Setting, describe_settings, settle_precision_here
+from scaletrain.training.device_rules import device_problem
 from scaletrain.training.preflight import settle_model_optimizer
 
 SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)
@@ -89,6 +91,10 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     check_trackers(cfg.tracking.logger_names())
     if settle_model_optimizer(cfg):   # a LightningModule's own optimizer, in the config the run records
         cfg.validate()                # (its values are the user's: checked as theirs)
+    world = max(env.world_size, cfg.distributed.nproc)
+    problem = device_problem(cfg, strategy_class(cfg.distributed, world), world)
+    if problem:                       # before the device is opened (an XLA device's rules)
+        raise ConfigError(problem)
     # `--precision auto` becomes the device's policy in the configuration the run saves, so a
     # resume (or another host of the job, which adopts the chief's) runs the same one.
     precision = settle_precision_here(cfg)
@@ -217,7 +223,7 @@ class Run:
         n_params = sum(p.numel() for p in trainer.model.parameters())
         console.print(f"scaletrain: {cfg.model.name} ({n_params / 1e6:.2f}M params) on {dataset.name} "
                       f"({dataset.describe_splits()}, {trainer.task.name}), {cfg.precision.policy} on "
-                      f"{trainer.device}, strategy {strategy.name}, {self.plan.describe()} {self.run_id} in "
+                      f"{device_label(trainer.device)}, strategy {strategy.name}, {self.plan.describe()} {self.run_id} in "
                       f"{self.plan.folder}", soft_wrap=True)
         console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
         console.print(f"settings: {describe_settings(settings)}", soft_wrap=True)

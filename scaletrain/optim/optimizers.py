@@ -29,6 +29,19 @@ def _param_groups(params: list[nn.Parameter], weight_decay: float, decay_all: bo
             for (decay, _), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
 
 
+def fused_kernels(device_type: str) -> bool:
+    """Whether torch has fused SGD/AdamW kernels for this kind of device (CPU and CUDA; not XLA)."""
+    return device_type in ("cpu", "cuda")
+
+
+def device_problem(optimizer: str, device_type: str) -> str | None:
+    """Why `optimizer` cannot update parameters on this kind of device without host syncs, or None."""
+    if optimizer == "sgd" and not fused_kernels(device_type):
+        return (f"--optimizer sgd on an {device_type.upper()} device: torch's SGD without its fused kernel reads the "
+                "LR back to the host every step; use --optimizer adamw")
+    return None
+
+
 def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: bool = False,
                     params: list[nn.Parameter] | None = None) -> torch.optim.Optimizer:
     """An optimizer whose every param group holds the same LR tensor on `device`.
@@ -40,6 +53,8 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: boo
     for g in groups:
         g["lr"] = lr
     if cfg.optimizer == "sgd":
+        if not fused_kernels(device.type):
+            raise ConfigError(device_problem("sgd", device.type))
         if any(kind != "Tensor" and kind != "Parameter" for kind in {type(p.data).__name__ for g in groups
                                                                      for p in g["params"]}):
             # Fused SGD has no sharding rule for DTensors (torch registers fused Adam/AdamW only), and
@@ -58,6 +73,11 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: boo
         return opt
     if cfg.optimizer == "adamw":
         beta1, beta2 = cfg.betas
+        if not fused_kernels(device.type):
+            # No fused kernel there (an XLA device): torch's per-tensor update, traced into the
+            # step's graph, `capturable` so that its step count and LR stay on the device (else it
+            # reads them back to the host every step).
+            return torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), foreach=False, capturable=True)
         return torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), fused=True, capturable=capturable)
     raise ConfigError(f"unknown optimizer '{cfg.optimizer}'; choose one of: {', '.join(OPTIMIZERS)}")
 

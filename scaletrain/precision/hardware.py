@@ -42,7 +42,16 @@ def device_facts(device: torch.device) -> DeviceFacts:
     """The facts of this process's device, read once."""
     if device.type == "cuda":
         return DeviceFacts("cuda", torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    if device.type == "xla":
+        return xla_facts()
     return DeviceFacts(device.type, device.type, cpu_flags=_cpu_flags())
+
+
+def xla_facts() -> DeviceFacts:
+    """An XLA device's facts, named by what the devices are ("TPU", or "CPU" for XLA on a CPU),
+    read without starting its runtime."""
+    from scaletrain.accelerators import xla
+    return DeviceFacts("xla", xla.kind(), cpu_flags=_cpu_flags())
 
 
 def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -67,6 +76,11 @@ def auto_precision(facts: DeviceFacts) -> tuple[str, str]:
             return "bf16-mixed", f"{facts.name} computes bfloat16 natively (compute capability {cc})"
         return "fp32", (f"{facts.name} (compute capability {cc}) has no native bfloat16 (8.0 and newer); "
                         "--precision fp16-mixed may be faster there")
+    if facts.kind == "xla" and facts.name == "TPU":
+        return "bf16-mixed", "a TPU computes bfloat16 natively"
+    if facts.kind == "xla":
+        return "fp32", (f"XLA on a {facts.name} computes in float32 by default (a TPU would default to bf16-mixed); "
+                        "--precision bf16-mixed runs it through XLA's autocast")
     return "fp32", (f"on a {facts.kind.upper()} the default is float32; try --precision bf16-mixed, or "
                     "`scaletrain autotune`, which measures it")
 

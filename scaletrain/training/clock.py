@@ -6,10 +6,26 @@ import time
 
 import torch
 
+from scaletrain.accelerators import xla
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif xla.is_xla(device):
+        xla.wait()
+
+
+def _nothing() -> None:
+    pass
+
+
+def execution_boundary(device: torch.device):
+    """What ends one host round-trip's work on `device` (called after each chunk of
+    `steps_per_execution` steps, and after each evaluation batch): nothing where kernels run as
+    they are issued (CPU, CUDA); on an XLA device the traced graph is cut there and started, so a
+    chunk of N steps is one graph (accelerators/xla.py)."""
+    return xla.sync if xla.is_xla(device) else _nothing
 
 
 class DeviceClock:

@@ -43,12 +43,15 @@ def settle_precision_here(cfg) -> Setting:
     """Writes the policy `--precision auto` means on the device this process trains on (cfg.device)
     into the configuration; returns it as a Setting (why: None where the configuration named it).
     Every command that plans, measures or starts a run from a configuration settles it first."""
+    from scaletrain.accelerators.xla import device_type
     from scaletrain.distributed import resolve_device
-    from scaletrain.precision.hardware import device_facts, settle_precision
+    from scaletrain.precision.hardware import device_facts, settle_precision, xla_facts
     requested = cfg.precision.policy
     if requested != "auto":
         return Setting("precision", requested, None)
-    cfg.precision.policy, why = settle_precision(requested, device_facts(resolve_device(cfg.device)))
+    # An XLA device is not opened here: SPMD must be switched on before its runtime starts.
+    facts = xla_facts() if device_type(cfg.device) == "xla" else device_facts(resolve_device(cfg.device))
+    cfg.precision.policy, why = settle_precision(requested, facts)
     return Setting("precision", cfg.precision.policy, why)
 
 
@@ -62,12 +65,16 @@ def has_2d_convolutions(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
+def _a_device(device: torch.device) -> str:
+    return "an XLA device" if device.type == "xla" else "a CPU"
+
+
 def choose_channels_last(given: bool | None, device: torch.device, convolutions_2d: bool) -> Setting:
     """`--channels-last` as given, or (None) on for a GPU and a model with 2-D convolutions."""
     if given is not None:
         return Setting("channels_last", given, None)
-    if device.type != "cuda":
-        return Setting("channels_last", False, "auto: off on a CPU")
+    if device.type != "cuda":   # (XLA chooses its own layouts)
+        return Setting("channels_last", False, f"auto: off on {_a_device(device)}")
     if not convolutions_2d:
         return Setting("channels_last", False, "auto: the model has no 2-D convolutions")
     return Setting("channels_last", True, "auto: 2-D convolutions on a GPU; --no-channels-last turns it off")
@@ -78,7 +85,7 @@ def choose_cudnn_benchmark(given: bool | None, device: torch.device, fixed_shape
     if given is not None:
         return Setting("cudnn.benchmark", given, None)
     if device.type != "cuda":
-        return Setting("cudnn.benchmark", False, "auto: no cuDNN on a CPU")
+        return Setting("cudnn.benchmark", False, f"auto: no cuDNN on {_a_device(device)}")
     if not fixed_shapes:
         return Setting("cudnn.benchmark", False, "auto: the batches' shapes may vary (your collate function)")
     return Setting("cudnn.benchmark", True, "auto: every batch has one shape; --no-cudnn-benchmark turns it off")

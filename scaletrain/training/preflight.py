@@ -23,6 +23,7 @@ from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.errors import ConfigError
 from scaletrain.models import build_model
 from scaletrain.models.blocks import find_blocks
+from scaletrain.training.device_rules import device_problem
 
 
 def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module:
@@ -118,9 +119,13 @@ def model_problem(cfg: TrainConfig, model: torch.nn.Module, layout: Layout) -> s
 
 def check_job(cfg: TrainConfig, world: int, model: torch.nn.Module | None = None) -> Layout:
     """The layout of a job of `world` processes training `cfg`, checked: its process counts, its
-    batch plan and the strategy's rules about the model (`model`: built on the meta device, or
-    None to build it here). Raises ConfigError. Autotune asks it of every candidate."""
-    layout = Layout.build(strategy_class(cfg.distributed, world), cfg.distributed, world)
+    batch plan, the device it names and the strategy's rules about the model (`model`: built on
+    the meta device, or None to build it here). Raises ConfigError. Autotune asks it of every candidate."""
+    strategy = strategy_class(cfg.distributed, world)
+    problem = device_problem(cfg, strategy, world)
+    if problem:
+        raise ConfigError(problem)
+    layout = Layout.build(strategy, cfg.distributed, world)
     divide_batch(cfg.batch_size, cfg.per_replica_batch_size, layout.replicas, cfg.optim.grad_accum_steps,
                cfg.accumulate_to_global)
     problem = model_problem(cfg, model if model is not None else meta_model(cfg), layout)

@@ -18,6 +18,10 @@ from __future__ import annotations
 import json
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from scaletrain.accelerators import xla
+from scaletrain.accelerators.xla import is_xla
 
 RUN_COUNTERS = ("applied_steps", "skipped", "slot")  # the same on every rank
 
@@ -33,10 +37,13 @@ def _optimizer_tensors(trainer) -> dict[str, torch.Tensor]:
     return out
 
 
-def _rng_tensors() -> dict[str, torch.Tensor]:
+def _rng_tensors(device: torch.device) -> dict[str, torch.Tensor]:
     out = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = torch.cuda.get_rng_state()
+    if is_xla(device):   # the XLA device's own generator (dropout there): its 64-bit seed, in two halves
+        seed = xla.rng_state()
+        out["xla"] = torch.tensor([seed >> 32, seed & 0xFFFFFFFF], dtype=torch.int64)
     return out
 
 
@@ -44,6 +51,31 @@ def _apply_rng(rng: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
+    if "xla" in rng:
+        high, low = (int(v) for v in rng["xla"])
+        xla.set_rng_state(high << 32 | low)
+
+
+def on_host(state: dict) -> dict:
+    """`state` with every tensor copied to the host (an XLA device's state, for checkpoints)."""
+    return tree_map(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, state)
+
+
+@torch.no_grad()
+def copy_into(live: dict, filled: dict) -> dict:
+    """Copies the tensors of `filled` (host copies of `live`'s, as `on_host` made them) into
+    `live`'s, in place; returns `live` with `filled`'s plain values."""
+    live_leaves, spec = tree_flatten(live)
+    filled_leaves, filled_spec = tree_flatten(filled)
+    assert spec == filled_spec, "a checkpoint template changed shape while it was filled"
+    out = []
+    for mine, loaded in zip(live_leaves, filled_leaves, strict=True):
+        if isinstance(mine, torch.Tensor):
+            mine.copy_(loaded)
+            out.append(mine)
+        else:
+            out.append(loaded)
+    return tree_unflatten(out, spec)
 
 
 def _host_json(trainer) -> str:
@@ -71,7 +103,7 @@ def trainer_state(trainer) -> dict:
         "counters": {k: v for k, v in counters.items() if k in RUN_COUNTERS},
         "scaler": trainer.scaler.state_tensors() if trainer.scaler is not None else {},
         # Per rank: each rank's RNG, and the loss and metric sums of its own shard so far.
-        f"rank{rank}": {"rng": _rng_tensors(),
+        f"rank{rank}": {"rng": _rng_tensors(trainer.device),
                         "epoch_counters": {k: v for k, v in counters.items() if k not in RUN_COUNTERS}},
         "host": {"json": _host_json(trainer)},
     }

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from scaletrain.accelerators.xla import is_xla
 from scaletrain.adapters import adapted
 from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig, identity_digest
@@ -44,7 +45,7 @@ from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
 from scaletrain.precision.hardware import device_facts, precision_warnings, settle_precision
 from scaletrain.tasks import Task, build_task, checked_sums
-from scaletrain.training.clock import DeviceClock
+from scaletrain.training.clock import DeviceClock, execution_boundary
 from scaletrain.training.counters import DeviceCounters
 from scaletrain.training.defaults import (
     Setting,
@@ -53,10 +54,11 @@ from scaletrain.training.defaults import (
     fixed_batch_shapes,
     has_2d_convolutions,
 )
+from scaletrain.training.device_rules import device_problem
 from scaletrain.training.memory import PeakMemory
 from scaletrain.training.parallelize import parallelize
 from scaletrain.training.snapshot import TrainingSnapshot, init_optimizer_state
-from scaletrain.training.state import load_template, load_trainer_state, trainer_state
+from scaletrain.training.state import copy_into, load_template, load_trainer_state, on_host, trainer_state
 from scaletrain.training.step import TrainStep
 
 __all__ = ["Trainer", "resolve_device"]
@@ -88,6 +90,9 @@ class Trainer:
         if own_optim is not None and isinstance(strategy, Serving):
             raise ConfigError(f"--strategy {strategy.name}: its servers build the optimizer from the config, not from "
                               "the model's own (configure_optimizers); use ddp, zero1 or fsdp")
+        problem = device_problem(cfg, type(strategy), strategy.env.world_size)
+        if problem:
+            raise ConfigError(problem)
         if self.owns_strategy:
             strategy.setup(cfg.device)
         self.strategy = strategy
@@ -145,10 +150,12 @@ class Trainer:
                                          growth_interval=cfg.precision.growth_interval)
                        if self.policy.loss_scaling else None)
         # The eager step counts on the host (a few kernels at each read instead of a dozen a step);
-        # a captured graph and fp16's overflow-dependent count need the device (counters.py).
-        self.counters = DeviceCounters(self.device, host_indexed=not self.use_graphs and self.scaler is None,
-                                       defer_metrics=not cfg.compile)
+        # a captured graph, fp16's overflow-dependent count and an XLA device's traced graph (a
+        # host index would be a constant of it: a new graph each step) need the device (counters.py).
+        self.counters = DeviceCounters(self.device, host_indexed=not self.use_graphs and self.scaler is None
+                                       and not is_xla(self.device), defer_metrics=not cfg.compile)
         self.clock = DeviceClock(self.device)
+        self.end_execution = execution_boundary(self.device)
         self.stop_training = False
         self.history: list[dict] = []
         self.warmup_s = 0.0
@@ -236,19 +243,28 @@ class Trainer:
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        """Everything a resumed run needs, as live tensors plus one JSON string (training/state.py)."""
-        return trainer_state(self)
+        """Everything a resumed run needs, as live tensors plus one JSON string (training/state.py);
+        on an XLA device, host copies of them (torch.distributed.checkpoint reads host memory)."""
+        state = trainer_state(self)
+        return on_host(state) if is_xla(self.device) else state
 
     def load_template(self, saved_world_size: int, saved_replicas: int | None = None) -> dict:
         """The state dict to fill in place from a checkpoint taken on `saved_world_size` ranks
-        holding `saved_replicas` model replicas (default: one per rank)."""
-        return load_template(self, saved_world_size, saved_replicas or saved_world_size)
+        holding `saved_replicas` model replicas (default: one per rank). On an XLA device it is
+        host copies, which `load_state_dict` copies into the live tensors."""
+        template = load_template(self, saved_world_size, saved_replicas or saved_world_size)
+        if not is_xla(self.device):
+            return template
+        self._live_template = template
+        return on_host(template)
 
     def load_state_dict(self, state: dict, saved_world_size: int | None = None,
                         saved_replicas: int | None = None) -> dict:
         """Applies a state (filled from `load_template`); returns its plain values."""
         if saved_world_size is None:   # saved by this very layout
             saved_world_size, saved_replicas = self.layout.world, self.layout.replicas
+        if getattr(self, "_live_template", None) is not None:   # an XLA device's: filled on the host
+            state, self._live_template = copy_into(self._live_template, state), None
         return load_trainer_state(self, state, saved_world_size, saved_replicas or saved_world_size)
 
     def position(self) -> dict:
@@ -388,6 +404,7 @@ class Trainer:
         else:
             for _ in range(2 if self.config.compile else 1):
                 self.train_step(x, y)
+            self.end_execution()
             self._step = self.train_step
         if self.config.eval_each_epoch:
             self.evaluate_loader(val_loader, max_batches=1, reduce=False)
@@ -417,6 +434,7 @@ class Trainer:
             self.callbacks.call("on_train_batch_begin", self, self.global_step)
             for x, y in chunk:
                 self._step(x, y)
+            self.end_execution()   # an XLA device runs the chunk's steps as one graph (clock.py)
             epoch_step += len(chunk)
             self.global_step += len(chunk)
             self.epoch_step = epoch_step
@@ -504,6 +522,7 @@ class Trainer:
         for output, y in self.strategy.evaluate(islice(loader, max_batches), self._eval_forward, self._pad_input):
             if counts:
                 sums += checked_sums(self.task.eval_sums(output, y), self.task)
+            self.end_execution()
         self.model.train(was_training)
         if reduce and self.strategy.world_size > 1:
             self.strategy.all_reduce_sum_(sums)

@@ -61,6 +61,9 @@ class Strategy(ABC):
     hides_behind = "backward"
     # The --grad-compression values its gradient exchange applies (Layout.build refuses the others).
     grad_compressions: tuple[str, ...] = ("none",)
+    # The kinds of device (torch.device.type) it runs on; the launch refuses the others in one line
+    # (training/preflight.py). XLA devices train through single and spmd only.
+    device_types: tuple[str, ...] = ("cpu", "cuda")
 
     def __init__(self, config, env: DistEnv, layout: Layout | None = None):
         self.config = config     # the DistributedConfig

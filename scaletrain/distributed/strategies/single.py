@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import torch
 
+from scaletrain.accelerators import xla
 from scaletrain.distributed.strategies.base import Strategy, register_strategy
 from scaletrain.errors import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        kind = xla.device_type(name)
+        return xla.device() if kind == "xla" else torch.device(kind)
+    if name == "xla":
+        if not xla.installed():
+            raise ConfigError(xla.MISSING)
+        return xla.device()
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
+        raise ConfigError(f"unknown device '{name}'; use auto, cpu, cuda, cuda:N or xla") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device '{name}' was asked for but CUDA is not available; use --device cpu")
     return device
@@ -26,6 +32,7 @@ class SingleDevice(Strategy):
     memory_plan = None   # plan one device as ddp with --devices 1
     # Nothing crosses a link: a configuration made for several processes runs here unchanged.
     grad_compressions = ("none", "bf16", "fp16", "powersgd")
+    device_types = ("cpu", "cuda", "xla")
 
     @classmethod
     def layout_problem(cls, layout, config) -> str | None:
