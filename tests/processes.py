@@ -142,10 +142,23 @@ class _WarmCli:
                 self._start()
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {"args": args, "cwd": cwd, "env": env, "out": str(out), "err": str(err)}
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-            pid = self._reply(None)["pid"]
-            done = self._reply(timeout)
+            pid = None
+            try:
+                self.proc.stdin.write((json.dumps(request) + "\n").encode())
+                self.proc.stdin.flush()
+                pid = self._reply(None)["pid"]
+                done = self._reply(timeout)
+            except BaseException:
+                # Interrupted mid-command (pytest-timeout's limit, Ctrl-C): the server's reply for
+                # this command is still to come, so the next command would read it as its own. The
+                # command and this server end here; the next command starts a fresh server.
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                self.proc.kill()
+                self.proc.wait()
+                self.proc = None
+                raise
             if done is None:
                 os.kill(pid, signal.SIGKILL)
                 self._reply(None)

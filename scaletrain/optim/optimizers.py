@@ -30,8 +30,9 @@ def _param_groups(params: list[nn.Parameter], weight_decay: float, decay_all: bo
 
 
 def fused_kernels(device_type: str) -> bool:
-    """Whether torch has fused SGD/AdamW kernels for this kind of device (CPU and CUDA; not XLA)."""
-    return device_type in ("cpu", "cuda")
+    """Whether torch has fused SGD/AdamW kernels for this kind of device: not on an XLA device
+    (CPU and CUDA have them; the meta and fake devices the planners count on take them too)."""
+    return device_type != "xla"
 
 
 def device_problem(optimizer: str, device_type: str) -> str | None:

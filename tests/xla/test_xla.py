@@ -12,6 +12,9 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")   # before torch_xla is imported
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Each CLI run here compiles its graphs afresh: up to minutes a run on the 2-core CPU under load.
+pytestmark = pytest.mark.timeout(1800)
+
 torch_xla = pytest.importorskip("torch_xla")
 import torch_xla.debug.metrics as met  # noqa: E402
 
