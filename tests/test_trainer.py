@@ -236,6 +236,7 @@ def test_streaming_with_worker_processes_trains_like_the_device_path(tmp_path, d
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("processes")   # torch.compile on a CPU starts Python to probe the vector ISA (once a process)
 def test_compiled_run_matches_eager_and_reports_warmup(tmp_path, digits):
     eager = fit(small_config(tmp_path, epochs=1), digits)
     compiled = fit(small_config(tmp_path, epochs=1, compile=True), digits)
