@@ -44,23 +44,34 @@ def config(device: str, model: str = "cnn1d", **fields) -> TrainConfig:
     return cfg
 
 
-def train(cfg: TrainConfig) -> tuple[Trainer, list[dict]]:
+def users_model(input_shape, num_classes) -> torch.nn.Module:
+    """A model of the user's own, as the Python API takes it: any nn.Module."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(input_shape[-1], 16), torch.nn.GELU(),
+                               torch.nn.LayerNorm(16), torch.nn.Linear(16, num_classes))
+
+
+def train(cfg: TrainConfig, users: bool = False) -> tuple[Trainer, list[dict]]:
     dataset = load_dataset(cfg.data, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
+    if users:
+        model = users_model(dataset.input_shape, dataset.num_classes)
+    else:
+        model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.options)
     trainer = Trainer(model, cfg)
     return trainer, trainer.fit(dataset)
 
 
-@pytest.mark.parametrize("model", ["cnn1d", "mlp"])
+@pytest.mark.parametrize("model", ["cnn1d", "mlp", "users"])
 def test_one_xla_device_trains_as_the_cpu_does(model):
-    """The registry's models through the same Trainer, step and metrics: the same data order (drawn
+    """The registry's models and a user's own nn.Module through the same Trainer, step and
+    metrics: the same data order (drawn
     on the host), the same initial weights, the same training losses as the CPU's to float32
     rounding (XLA's convolution rounds differently from oneDNN's: 3e-6 apart after 24 steps).
     The labels are noise, so the validation loss of a model memorising them magnifies that
     rounding (1e-3 apart by the second epoch): it is held to 1e-2."""
-    _, on_cpu = train(config("cpu", model=model))
-    trainer, on_xla = train(config("xla", model=model))
+    registered = "mlp" if model == "users" else model   # (the user's takes the MLP's data)
+    _, on_cpu = train(config("cpu", model=registered), users=model == "users")
+    trainer, on_xla = train(config("xla", model=registered), users=model == "users")
     assert trainer.device.type == "xla"
     for a, b in zip(on_cpu, on_xla, strict=True):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=2e-5)
