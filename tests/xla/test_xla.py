@@ -5,9 +5,11 @@ tested in tests/test_cli.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
-os.environ.setdefault("PJRT_DEVICE", "CPU")   # before torch_xla is imported
+if importlib.util.find_spec("torch_xla"):     # (the main environment's workers keep their own)
+    os.environ.setdefault("PJRT_DEVICE", "CPU")   # before torch_xla is imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
