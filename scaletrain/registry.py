@@ -109,7 +109,7 @@ class Choices:
 
     def __contains__(self, name: object) -> bool:
         if self.importable and isinstance(name, str) and ":" in name:
-            from scaletrain.importing import FUNCTION_NAME
+            from scaletrain.user_code.importing import FUNCTION_NAME
             return bool(FUNCTION_NAME.fullmatch(name))
         declared = self.declared.variants() if self.declared is not None else {}
         return name in self._fixed or name in self._names or name in declared
@@ -132,7 +132,6 @@ class Registry(Mapping[str, Any]):
     def __init__(self, kind: str, flag: str, choices: Choices | None = None):
         self.kind, self.flag, self.choices = kind, flag, choices
         self._entries: dict[str, Any] = {}
-        self._imported: dict[str, Any] = {}     # users' own `package.module:Name`, by that name
         self._all_loaded = False
 
     def add(self, name: str, entry: Any) -> Any:
@@ -176,12 +175,10 @@ class Registry(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         if (name not in self._entries and self.choices is not None and self.choices.importable
                 and isinstance(name, str) and ":" in name):
-            # A user's own `package.module:Name`: imported on lookup and kept, but never listed
-            # among the registered entries (it is the user's, not ours).
-            if name not in self._imported:
-                from scaletrain.importing import import_function
-                self._imported[name] = import_function(name, self.kind)
-            return self._imported[name]
+            # A user's own `package.module:Name`: imported on lookup (once a process, by user_code/),
+            # never listed among the registered entries (it is the user's, not ours).
+            from scaletrain.user_code.importing import import_function
+            return import_function(name, self.kind)
         self._load(name)
         return self._entries[name]
 

@@ -353,3 +353,37 @@ def test_a_test_that_declared_processes_starts_them_and_is_in_their_tier(request
     import sys
     assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
     assert request.node.get_closest_marker("processes") is not None     # `make check` leaves it out
+
+
+# -- the user's code has one owner (issue 65) ------------------------------------------------------
+
+def _lightning_questions(path: Path) -> list[str]:
+    """Where `path` asks about Lightning itself: imports it, or names one of its classes."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            found += [f"imports {n}" for n in names if n.split(".")[0] in ("lightning", "pytorch_lightning")]
+        elif isinstance(node, ast.Constant) and node.value in ("LightningModule", "LightningDataModule"):
+            found.append(f"names {node.value!r}")
+    return found
+
+
+def test_only_user_code_and_the_adapter_ask_about_lightning():
+    """A LightningModule or DataModule is recognised in user_code/lightning.py and trained through
+    adapters/lightning.py; everyone else asks them (`names_lightning_module`, `adapted`)."""
+    allowed = {PACKAGE / "user_code" / "lightning.py", PACKAGE / "adapters" / "lightning.py"}
+    asked = [f"{path.relative_to(ROOT)}: {what}" for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
+             for what in _lightning_questions(path)]
+    assert not asked, asked
+    assert _lightning_questions(PACKAGE / "user_code" / "lightning.py")     # the rule sees what it looks for
+
+
+def test_only_user_code_imports_a_users_module():
+    """`package.module:name` is imported in one place (user_code/importing.py, once a process);
+    the registries, the model builder and the data loader ask it."""
+    importers = sorted(str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py")
+                       if "def import_function" in path.read_text() or "FUNCTION_NAME = " in path.read_text())
+    assert importers == ["scaletrain/user_code/importing.py"], importers
+    data_imports = {target for source, target, _ in imports() if source == "data"}
+    assert "adapters" not in data_imports, "data/ imports adapters/: a user's DataModule is read in user_code/"

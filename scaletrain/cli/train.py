@@ -24,6 +24,7 @@ from scaletrain.config import FLAG_ALIASES, FLAG_NAMES, TrainConfig, load_toml
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.resume import merge_mappings
 from scaletrain.options import field_docs, from_mapping
+from scaletrain.user_code.lightning import names_lightning_module
 
 DEFAULT_RECIPE = "mnist1d-cnn"
 TOP_LEVEL_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
@@ -164,16 +165,10 @@ def _refuse_optimizer_flags_a_model_sets(cfg: TrainConfig, args: argparse.Namesp
     from scaletrain.adapters import OWN_OPTIMIZER_FIELDS
     given = {k.split(".", 1)[1] for k in vars(args) if k.startswith("optim.")}
     named = [f for f in OWN_OPTIMIZER_FIELDS if f in given]
-    if named and ":" in cfg.model.name and _is_lightning_model(cfg):
+    if named and names_lightning_module(cfg.model.name):
         flags = ", ".join(FLAG_NAMES.get(f"optim.{f}", "--" + f.replace("_", "-")) for f in named)
         raise ConfigError(f"{flags}: {cfg.model.name} is a LightningModule whose configure_optimizers sets the "
                           "optimizer and its schedule; drop the flag, or change configure_optimizers")
-
-
-def _is_lightning_model(cfg: TrainConfig) -> bool:
-    from scaletrain.adapters import is_lightning_module
-    from scaletrain.importing import import_function
-    return is_lightning_module(import_function(cfg.model.name, "model"))
 
 
 def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namespace, recipe: dict) -> None:
@@ -232,7 +227,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         problem = None
     if problem:
         raise ConfigError(problem)
-    if ":" in cfg.model.name and cfg.distributed.strategy != "auto" and _is_lightning_model(cfg):
+    if cfg.distributed.strategy != "auto" and names_lightning_module(cfg.model.name):
         from scaletrain.distributed.capabilities import Serving
         if issubclass(strategy_class(cfg.distributed, cfg.distributed.nproc), Serving):
             raise ConfigError(f"--strategy {cfg.distributed.strategy}: its servers build the optimizer from the "

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from scaletrain.adapters import is_lightning_data_module
 from scaletrain.data.dataset import Dataset
 from scaletrain.data.user import as_dataset, as_split
 from scaletrain.errors import DataError
+from scaletrain.user_code.importing import import_function
+from scaletrain.user_code.lightning import data_module_splits, is_lightning_data_module
 
 
 def user_source(name: str):
@@ -22,7 +23,6 @@ def user_source(name: str):
 
 
 def load_user_data(name: str, cfg) -> Dataset:
-    from scaletrain.importing import import_function
     function = import_function(name, "data")
     try:
         result = function(**cfg.options)
@@ -51,25 +51,3 @@ def load_user_data(name: str, cfg) -> Dataset:
     return as_dataset(splits["train"], splits.get("val"), splits.get("test"), val_fraction=cfg.val_fraction,
                       name=name)
 
-
-def data_module_splits(module, name: str) -> dict:
-    """A LightningDataModule's splits as Lightning's `fit` and `test` read them: prepare_data, then
-    setup("fit") for the training and validation loaders, setup("test") for the test loader, each
-    split only where the module defines its loader."""
-    base = next(b for b in type(module).__mro__ if b.__name__ == "LightningDataModule")
-    defines = [hook for hook in ("val_dataloader", "test_dataloader")
-               if getattr(type(module), hook) is not getattr(base, hook)]
-    try:
-        module.prepare_data()
-        module.setup("fit")
-        splits = {"train": module.train_dataloader()}
-        if "val_dataloader" in defines:
-            splits["val"] = module.val_dataloader()
-        if "test_dataloader" in defines:
-            module.setup("test")
-            splits["test"] = module.test_dataloader()
-    except DataError:
-        raise
-    except Exception as exc:   # the user's data module failed: its message, one line
-        raise DataError(f"data '{name}' (a LightningDataModule) raised {type(exc).__name__}: {exc}") from None
-    return splits

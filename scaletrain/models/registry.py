@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from scaletrain.adapters import adapted, is_lightning_module
+from scaletrain.adapters import adapted
 from scaletrain.errors import ConfigError
-from scaletrain.importing import import_function
 from scaletrain.models.builder import MODEL_BUILDERS
 from scaletrain.models.names import model_names
+from scaletrain.user_code.importing import import_function
+from scaletrain.user_code.lightning import names_lightning_module
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options) -> nn.Module:
@@ -29,7 +30,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 def _build(name: str, shape: tuple[int, ...], classes: int, options: dict) -> nn.Module:
     if ":" in name:  # a user's builder: f(input_shape, num_classes, **options) -> nn.Module
         builder = import_function(name, "model")
-        if is_lightning_module(builder):   # a LightningModule class: built with its own arguments only
+        if names_lightning_module(name):   # a LightningModule class: built with its own arguments only
             from scaletrain.adapters.lightning import LightningAdapter
             return LightningAdapter.build(builder, options)
         model = builder(shape, classes, **options)

@@ -39,12 +39,12 @@ def settle_model_optimizer(cfg: TrainConfig) -> bool:
     configure_optimizers, read off the model built on the meta device), before a run records its
     configuration: the record, the store and a resume then hold what trains. The trainer applies
     the same settings again (the Python API's path): the same values. Returns whether it wrote."""
-    from scaletrain.adapters import is_lightning_module
-    from scaletrain.importing import import_function
-    named = import_function(cfg.model.name, "model") if ":" in cfg.model.name else None
-    if named is None or not is_lightning_module(named):
+    from scaletrain.user_code.importing import import_function
+    from scaletrain.user_code.lightning import names_lightning_module
+    if not names_lightning_module(cfg.model.name):
         # 'module' is what a LightningModule's own scheduler sets; a builder function may still
         # return one (its trainer reads it then), anything else has no schedule to bring.
+        named = import_function(cfg.model.name, "model") if ":" in cfg.model.name else None
         if cfg.optim.lr_schedule == "module" and (named is None or isinstance(named, type)):
             raise ConfigError(f"--lr-schedule module reads a LightningModule's own scheduler; {cfg.model.name} is "
                               "not one: choose constant, step, cosine or onecycle")

@@ -1,5 +1,6 @@
-"""A user's own function named `package.module:function` (a model builder, a data set): imported
-from the working directory or PYTHONPATH, its failures worded as one line for the command line."""
+"""A user's own function named `package.module:function` (a model builder, a data set, a task):
+imported from the working directory or PYTHONPATH, once a process (every later question about the
+same name gets the same object), its failures worded as one line for the command line."""
 
 from __future__ import annotations
 
@@ -23,8 +24,17 @@ def cwd_importable() -> None:
         sys.path.insert(0, here)
 
 
+_IMPORTED: dict[str, Callable] = {}
+
+
 def import_function(name: str, kind: str) -> Callable:
     """The function `name` (`package.module:function`) names; `kind` words the errors ("model")."""
+    if name not in _IMPORTED:
+        _IMPORTED[name] = _import(name, kind)
+    return _IMPORTED[name]
+
+
+def _import(name: str, kind: str) -> Callable:
     if not FUNCTION_NAME.fullmatch(name):
         raise ConfigError(f"{kind} '{name}': expected package.module:function")
     module_name, _, attr = name.partition(":")
