@@ -150,7 +150,8 @@ def test_a_model_is_cut_by_its_layers_flops_not_their_parameters():
     count, the first stage would take nearly all the FLOPs."""
     from scaletrain.models.layer_costs import meta_layer_costs
     from scaletrain.tasks import TASKS
-    costs = meta_layer_costs("wrn-16-4", {}, (1, 28, 28), 10, TASKS["classification"](), 16)
+    costs = meta_layer_costs(lambda: build_model("wrn-16-4", (1, 28, 28), 10), (1, 28, 28), 10,
+                             TASKS["classification"](), 16)
     with torch.device("meta"):
         model = build_model("wrn-16-4", (1, 28, 28), 10)
     flops = {c.name: c.flops for c in costs}

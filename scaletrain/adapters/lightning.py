@@ -93,15 +93,6 @@ class LightningAdapter(nn.Module):
         module.log_dict = self._log_dict
         module.setup("fit")
 
-    @classmethod
-    def build(cls, lightning_class: type, options: dict) -> LightningAdapter:
-        """`--model package.module:LitModel`: the class built with the model's options."""
-        try:
-            module = lightning_class(**options)
-        except TypeError as exc:
-            raise ConfigError(f"{lightning_class.__name__}(**model options): {exc}") from None
-        return cls(module)
-
     # ------------------------------------------------------------- the steps
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None):
         if targets is None:   # inference (predict, export): the module's own forward

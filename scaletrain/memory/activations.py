@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from scaletrain.adapters import adapted
 from scaletrain.data.inputs import tensors
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.models import build_model
@@ -46,8 +47,8 @@ def build_fake_model(model_name: str, options: dict, input_shape, num_classes: i
     default = torch.get_default_dtype()
     torch.set_default_dtype(storage_dtype)
     try:
-        with mode:
-            model = build_model(model_name, tuple(input_shape), num_classes, **options)
+        with mode:   # as the training builds it: a LightningModule through its adapter
+            model = adapted(build_model(model_name, tuple(input_shape), num_classes, **options))
     finally:
         torch.set_default_dtype(default)
     try:

@@ -18,6 +18,7 @@ allocated and the live model's buffers (BatchNorm's running statistics) are neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,15 +63,14 @@ def layer_costs(model: nn.Module, example: torch.Tensor) -> list[LayerCost]:
     return costs
 
 
-def meta_layer_costs(model_name: str, options: dict, input_shape, outputs: int, task, micro_batch: int,
+def meta_layer_costs(build: Callable[[], nn.Module], input_shape, outputs: int, task, micro_batch: int,
                      activation_checkpointing: bool = False, block_classes=()) -> list[LayerCost]:
-    """The layer costs of the model a configuration names, built on the meta device in float32
-    (checkpointed blocks as the trainer checkpoints them) for a micro-batch of `task`'s example
-    data: the one recipe the training and the memory planner share, so both cut alike."""
+    """The layer costs of the model `build()` makes (as the training builds it), built on the meta
+    device in float32 (checkpointed blocks as the trainer checkpoints them) for a micro-batch of
+    `task`'s example data: the one recipe the training and the memory planner share, so both cut alike."""
     from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
-    from scaletrain.models.registry import build_model
     with torch.device("meta"):
-        model = build_model(model_name, tuple(input_shape), outputs, **options)
+        model = build()
         example, _ = task.example_batch(micro_batch, tuple(input_shape), outputs, torch.float32)
     if activation_checkpointing:
         apply_activation_checkpointing(model, block_classes)

@@ -3,14 +3,14 @@ builder.py) and is imported when a name it declares is asked for (registry.py), 
 is one decorated builder in one new file. A
 user's own builder is named `package.module:function` and takes the same arguments as ours but
 the variant: `f(input_shape, num_classes, **options) -> nn.Module`; a Lightning LightningModule
-class named so is built with the options alone and trained through its adapter (adapters/).
+class named so is built with the options alone. Built as the user wrote it: what trains it as ours
+(a LightningModule through adapters/) is the training's to apply (`adapted`), not the registry's.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from scaletrain.adapters import adapted
 from scaletrain.errors import ConfigError
 from scaletrain.models.builder import MODEL_BUILDERS
 from scaletrain.models.names import model_names
@@ -30,15 +30,11 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 def _build(name: str, shape: tuple[int, ...], classes: int, options: dict) -> nn.Module:
     if ":" in name:  # a user's builder: f(input_shape, num_classes, **options) -> nn.Module
         builder = import_function(name, "model")
-        if names_lightning_module(name):   # a LightningModule class: built with its own arguments only
-            from scaletrain.adapters.lightning import LightningAdapter
-            return LightningAdapter.build(builder, options)
-        model = builder(shape, classes, **options)
+        # A LightningModule class is built with its own arguments only.
+        model = builder(**options) if names_lightning_module(name) else builder(shape, classes, **options)
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model '{name}' returned {type(model).__name__}, not a torch.nn.Module")
-        # A builder that returns a LightningModule: adapted here, as its class would be, so its own
-        # task and steps train (the trainer's adapted() would see it only after the task was chosen).
-        return adapted(model)
+        return model
     family, _, variant = (name, "", "") if name in MODEL_BUILDERS else name.partition("-")
     if family not in MODEL_BUILDERS:
         raise ConfigError(f"unknown model '{name}'; choose one of: {', '.join(model_names())}")

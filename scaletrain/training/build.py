@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scaletrain.adapters import adapted
 from scaletrain.checkpoint.weights import load_weights, weights_flag
 from scaletrain.config import TrainConfig
 from scaletrain.data import Dataset, load_dataset
@@ -96,7 +97,9 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     outputs = task.output_size(dataset)
     _check_model_fits_host(cfg, (dataset.input_shape, outputs))
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model.name, dataset.input_shape, outputs, **cfg.model.options)
+    # A LightningModule (its class named, or returned by a builder) trains through its adapter,
+    # adapted before the task is chosen: it brings its own.
+    model = adapted(build_model(cfg.model.name, dataset.input_shape, outputs, **cfg.model.options))
     # A model with its own loss trains on it; one that brings its task (a LightningModule) on that.
     task = given or build_task(cfg.task, dataset.task, model, dataset.example)
     if cfg.model.init_from is not None:   # before the strategy wraps or shards it: every rank reads the whole file

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from scaletrain.adapters import adapted
 from scaletrain.checkpoint.weights import check_fits, read_weights, weights_flag
 from scaletrain.config import TrainConfig
 from scaletrain.data.registry import sample_and_example, sample_shape
@@ -31,7 +32,7 @@ def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module
     `sample`: (input shape, output size) where the caller has them (else read from the data set)."""
     input_shape, outputs = sample if sample is not None else sample_shape(cfg.data)[:2]
     with torch.device("meta"):
-        return build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)
+        return adapted(build_model(cfg.model.name, input_shape, outputs, **cfg.model.options))
 
 
 def settle_model_optimizer(cfg: TrainConfig) -> bool:
@@ -50,7 +51,7 @@ def settle_model_optimizer(cfg: TrainConfig) -> bool:
                               "not one: choose constant, step, cosine or onecycle")
         return False
     with torch.device("meta"):   # a LightningModule is built from its own arguments: no shapes needed
-        model = build_model(cfg.model.name, (1,), 1, **cfg.model.options)
+        model = adapted(build_model(cfg.model.name, (1,), 1, **cfg.model.options))
     cfg.optim = model.optim_settings(cfg.optim, cfg.epochs)
     return True
 
@@ -74,7 +75,8 @@ def layer_costs_of(cfg: TrainConfig, micro_batch: int) -> list:
     from scaletrain.models.layer_costs import meta_layer_costs
     from scaletrain.tasks import TASKS
     input_shape, outputs, task = sample_shape(cfg.data)
-    return meta_layer_costs(cfg.model.name, dict(cfg.model.options), input_shape, outputs, TASKS[task](), micro_batch,
+    return meta_layer_costs(lambda: adapted(build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)),
+                            input_shape, outputs, TASKS[task](), micro_batch,
                             cfg.memory.activation_checkpointing, tuple(cfg.memory.block_classes))
 
 

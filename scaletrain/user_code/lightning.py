@@ -28,8 +28,8 @@ def is_lightning_data_module(obj: Any) -> bool:
 
 def names_lightning_module(model_name: str) -> bool:
     """Whether `--model model_name` is a LightningModule class (`package.module:LitModel`), built
-    from its own arguments. A registered name never is; a builder function is asked when it is
-    called (it may return one: models/registry.py adapts what it returns)."""
+    from its own arguments. A registered name never is; a builder function may still return one
+    (`adapters.adapted` recognises the model it built)."""
     return ":" in model_name and is_lightning_module(import_function(model_name, "model"))
 
 
