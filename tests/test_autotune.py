@@ -168,6 +168,10 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     assert len(tried) == 3 and len(set(keys)) == 3          # three candidates, none measured twice
     numbers = {r["trial"] for r in tried}
     assert set(done_before) <= numbers and killed not in numbers   # kept, not run again; the killed one asked anew
+    # The same folder asked to tune another training: refused, not scored by this one's measurements.
+    other = run(["delay_s=0.1" if a == "delay_s=0.2" else a for a in args], tmp_path)
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-2000:]
+    assert "holds a study of another training (it differs in model.options)" in other.stderr, other.stderr
 
 
 @pytest.mark.usefixtures("processes")

@@ -183,6 +183,7 @@ def test_lr_schedule_module_without_a_lightning_module_is_one_line_before_the_ru
 
 
 @pytest.mark.usefixtures("processes")
+@pytest.mark.timeout(600)   # a dozen commands, three of them launchers: a hang guard, not a speed claim
 def test_a_lightning_module_through_the_cli(tmp_path):
     """Its DataModule's loaders give the splits; a target on a metric it logs stops the run; an
     optimizer flag its configure_optimizers sets is refused before anything starts; then ddp on two

@@ -96,6 +96,11 @@ def test_tune_reaches_95_percent_on_digits_and_resumes_after_a_kill(tmp_path):
     listing = run_here(["runs", "list", "--group", "tune-space", "--json"], tmp_path)
     run_ids = {r["run"] for r in json.loads(listing.stdout)}
     assert {t.user_attrs["run_id"] for t in study.get_trials() if t.number in after} <= run_ids
+    # The study asked to search around another training: refused, its trials kept as they were.
+    other = run([*args, "--epochs", "4"], tmp_path)
+    assert other.returncode == 2 and "holds a study of another training (it differs in epochs)" in other.stderr, \
+        other.stderr[-2000:]
+    assert len(_finished(optuna.load_study(study_name="space", storage=storage))) == 6
 
 
 

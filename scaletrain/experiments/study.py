@@ -3,12 +3,14 @@ as PostgreSQL, for trials from several hosts), sampler and pruner."""
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 import time
 import warnings
 
 from scaletrain.errors import UserError, first_line
+from scaletrain.options import flatten_mapping, to_mapping
 from scaletrain.tracking.store import process_alive
 
 # The user attribute naming the process (host:pid) that asked for a trial and runs its training.
@@ -93,3 +95,36 @@ def fail_orphaned_trials(study, storage) -> list[int]:
             except Exception:
                 pass  # another process closed it first
     return failed
+
+
+# Settings that change no trial's measurement: a resumed study may differ in them (the thread count
+# is chosen from the load at each start).
+_NOT_MEASURED = frozenset({"threads", "progress", "log_every", "metrics_format", "overwrite", "save_model",
+                           "data.download", "data.shard_cache_mb", "distributed.max_restarts"})
+GIVEN_ATTR = "given"
+
+
+def given_training(cfg, varied: set[str]) -> str:
+    """The training a study searches around, less the settings its trials vary (`varied`) and
+    those that change no measurement, as canonical JSON: what a resumed study must share."""
+    flat = flatten_mapping(to_mapping(cfg))
+    return json.dumps({key: value for key, value in flat.items()
+                       if key not in varied and key not in _NOT_MEASURED
+                       and not key.startswith(("tracking.", "checkpoint.")) and not key.endswith("timeout_s")},
+                      sort_keys=True, default=str)
+
+
+def check_same_training(study, given: str, where: str) -> None:
+    """Records `given` on a new study; refuses, in one line, to resume one that searched another
+    training (its trials' values would score this one's, merged into one result)."""
+    recorded = study.user_attrs.get(GIVEN_ATTR)
+    if recorded is None and not study.trials:
+        study.set_user_attr(GIVEN_ATTR, given)
+        return
+    if recorded == given:
+        return
+    before, now = json.loads(recorded or "{}"), json.loads(given)
+    differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k)) if recorded else []
+    what = f"it differs in {', '.join(differ[:4])}" if differ else "it was recorded without its settings"
+    raise UserError(f"{where} holds a study of another training ({what}); use a new --out (or --study-name) "
+                    "for this one")

@@ -36,7 +36,9 @@ from scaletrain.experiments.study import (
     WORKER_ATTR,
     build_pruner,
     build_sampler,
+    check_same_training,
     fail_orphaned_trials,
+    given_training,
     open_storage,
     require_optuna,
 )
@@ -175,6 +177,8 @@ class Tuner:
         elif attrs.get("space") != self.s.space.text:
             self.console.print("note: the space file differs from the one this study started with; "
                                "finished trials keep their values")
+        check_same_training(study, given_training(self.base, {p.key for p in self.s.space.parameters}),
+                            f"study '{self.s.study_name}' in {self.s.storage_url}")
         return study
 
     # -- the trial budget ---------------------------------------------------------------------

@@ -48,7 +48,14 @@ from scaletrain.experiments.autotune.settings import (
     study_group,
 )
 from scaletrain.experiments.slots import SlotPool, device_slots, machine_slot
-from scaletrain.experiments.study import WORKER_ATTR, fail_orphaned_trials, open_storage, require_optuna
+from scaletrain.experiments.study import (
+    WORKER_ATTR,
+    check_same_training,
+    fail_orphaned_trials,
+    given_training,
+    open_storage,
+    require_optuna,
+)
 from scaletrain.experiments.sweep import scaled_lr
 from scaletrain.memory.units import format_bytes
 from scaletrain.tracking.store import RunStore
@@ -149,8 +156,9 @@ class AutoTuner:
             study.set_user_attr("space", space)
             study.set_user_attr("base", row_key(self.grid[0]))
         elif study.user_attrs["space"] != space:
-            raise UserError(f"{self.s.out} holds a search over other knobs or another configuration; "
-                            "use a new --out (or --study-name) for this one")
+            raise UserError(f"{self.s.out} holds a search over other knobs; use a new --out (or --study-name) "
+                            "for this one")
+        check_same_training(study, given_training(self.base, {k.key for k in self.knobs}), str(self.s.out))
         return study
 
     def _fail_orphans(self, study) -> None:
