@@ -38,7 +38,7 @@ def every_command_takes(kind, tmp_path):
         assert "per device" in found
     ok(run(["plan-memory", *data], tmp_path), "activations traced")
     ok(run(["scaling", *data], tmp_path), "efficiency")
-    ok(run(["autotune", *data, "--trials", "1", "--steps", "2", "--knobs", "num_workers"], tmp_path), "best:")
+    ok(run(["autotune", *data, "--trials", "1", "--confirm-rounds", "0", "--steps", "2"], tmp_path), "best:")
     ok(run(["sweep", "batch-size", "32", *data, "--epochs", "1", "--out", "sweep"], tmp_path))
     # The trained models: predictions on their validation split, in order, one row a sample.
     ok(run(["predict", runs["1"], "--split", "val", "--out", "val.npy"], tmp_path))

@@ -100,7 +100,7 @@ def fail_orphaned_trials(study, storage) -> list[int]:
 # Settings that change no trial's measurement: a resumed study may differ in them (the thread count
 # is chosen from the load at each start).
 _NOT_MEASURED = frozenset({"threads", "progress", "log_every", "metrics_format", "overwrite", "save_model",
-                           "data.download", "data.shard_cache_mb", "distributed.max_restarts"})
+                           "data.download", "data.shard_cache_mb", "distributed.max_restarts", "distributed.devices"})
 GIVEN_ATTR = "given"
 
 
