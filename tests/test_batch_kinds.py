@@ -47,22 +47,8 @@ def every_command_takes(kind, tmp_path):
     ok(run(["ensemble", runs["1"], runs["2"]], tmp_path), "accuracy")
 
 
-# A class a kind: each is a scope of its own, so the test workers share the kinds out.
-class TestTensors:
-    def test_every_command(self, tmp_path):
-        every_command_takes("tensors", tmp_path)
-
-
-class TestTuples:
-    def test_every_command(self, tmp_path):
-        every_command_takes("tuples", tmp_path)
-
-
-class TestDicts:
-    def test_every_command(self, tmp_path):
-        every_command_takes("dicts", tmp_path)
-
-
-class TestEncodings:
-    def test_every_command(self, tmp_path):
-        every_command_takes("encodings", tmp_path)
+# A class a kind (TestTensors, TestTuples, ...): each is a scope of its own, so the test workers share
+# the kinds out.
+for _kind in ("tensors", "tuples", "dicts", "encodings"):
+    globals()[f"Test{_kind.title()}"] = type(f"Test{_kind.title()}", (), {
+        "test_every_command": lambda self, tmp_path, kind=_kind: every_command_takes(kind, tmp_path)})

@@ -25,3 +25,11 @@ def adapted(model: Any) -> Any:
         from scaletrain.adapters.lightning import LightningAdapter
         return LightningAdapter(model)
     return model
+
+
+def model_to_train(name: str, input_shape, outputs: int, **options) -> Any:
+    """The model `--model name` trains as: built by the registry as its author wrote it (ours, or
+    the user's `package.module:name`), then adapted (a LightningModule, its class named or returned
+    by a builder, through its adapter). What the training, the planners and the preflight build."""
+    from scaletrain.models import build_model
+    return adapted(build_model(name, tuple(input_shape), outputs, **options))

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from scaletrain.adapters import adapted
+from scaletrain.adapters import model_to_train
 from scaletrain.data.inputs import tensors
 from scaletrain.memory.tracker import LiveBytes, storage_key
-from scaletrain.models import build_model
 from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.models.blocks import find_blocks
 from scaletrain.tasks import Task
@@ -48,7 +47,7 @@ def build_fake_model(model_name: str, options: dict, input_shape, num_classes: i
     torch.set_default_dtype(storage_dtype)
     try:
         with mode:   # as the training builds it: a LightningModule through its adapter
-            model = adapted(build_model(model_name, tuple(input_shape), num_classes, **options))
+            model = model_to_train(model_name, input_shape, num_classes, **options)
     finally:
         torch.set_default_dtype(default)
     try:

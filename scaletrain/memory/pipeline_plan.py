@@ -18,14 +18,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from scaletrain.adapters import adapted
+from scaletrain.adapters import model_to_train
 from scaletrain.distributed.partition import stage_layers
 from scaletrain.errors import ConfigError
 from scaletrain.memory.activations import build_fake_model
 from scaletrain.memory.model_state import ParamInfo, model_state
 from scaletrain.memory.planner import CUBLAS_WORKSPACE_BYTES, PlanRequest
 from scaletrain.memory.tracker import LiveBytes, storage_key
-from scaletrain.models import build_model
 from scaletrain.models.layer_costs import meta_layer_costs
 from scaletrain.precision import get_policy
 
@@ -74,7 +73,7 @@ def plan_pipeline(req: PlanRequest, stages: int, microbatches: int, schedule: st
     task = req.make_task(traced.model)
     # Cut as the training cuts: by the layers' costs at this micro-batch, unless the user named cuts.
     costs = None if split_points else meta_layer_costs(
-        lambda: adapted(build_model(req.model, tuple(req.input_shape), req.num_classes, **req.model_options)),
+        lambda: model_to_train(req.model, req.input_shape, req.num_classes, **req.model_options),
         req.input_shape, req.num_classes, task, micro, req.activation_checkpointing, req.block_classes)
     groups = stage_layers(traced.model, stages, split_points, costs)
     plans = []

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from scaletrain.adapters import adapted
+from scaletrain.adapters import model_to_train
 from scaletrain.checkpoint.weights import load_weights, weights_flag
 from scaletrain.config import TrainConfig
 from scaletrain.data import Dataset, load_dataset
 from scaletrain.distributed import Strategy, resolve_device
 from scaletrain.errors import ConfigError
-from scaletrain.models import build_model
 from scaletrain.tasks import Task, build_task
 from scaletrain.training.preflight import meta_model, model_memory_problem, run_task
 from scaletrain.training.threads import AdaptiveThreads, ThreadChoice, choose_threads, wait_policy
@@ -99,7 +98,7 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     torch.manual_seed(cfg.seed)
     # A LightningModule (its class named, or returned by a builder) trains through its adapter,
     # adapted before the task is chosen: it brings its own.
-    model = adapted(build_model(cfg.model.name, dataset.input_shape, outputs, **cfg.model.options))
+    model = model_to_train(cfg.model.name, dataset.input_shape, outputs, **cfg.model.options)
     # A model with its own loss trains on it; one that brings its task (a LightningModule) on that.
     task = given or build_task(cfg.task, dataset.task, model, dataset.example)
     if cfg.model.init_from is not None:   # before the strategy wraps or shards it: every rank reads the whole file

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from scaletrain.adapters import adapted
+from scaletrain.adapters import model_to_train
 from scaletrain.checkpoint.weights import check_fits, read_weights, weights_flag
 from scaletrain.config import TrainConfig
 from scaletrain.data.registry import sample_and_example, sample_shape
@@ -22,7 +22,6 @@ from scaletrain.distributed.batching import divide_batch
 from scaletrain.distributed.layout import Layout
 from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.errors import ConfigError
-from scaletrain.models import build_model
 from scaletrain.models.blocks import find_blocks
 from scaletrain.training.device_rules import device_problem
 
@@ -32,7 +31,7 @@ def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module
     `sample`: (input shape, output size) where the caller has them (else read from the data set)."""
     input_shape, outputs = sample if sample is not None else sample_shape(cfg.data)[:2]
     with torch.device("meta"):
-        return adapted(build_model(cfg.model.name, input_shape, outputs, **cfg.model.options))
+        return model_to_train(cfg.model.name, input_shape, outputs, **cfg.model.options)
 
 
 def settle_model_optimizer(cfg: TrainConfig) -> bool:
@@ -51,7 +50,7 @@ def settle_model_optimizer(cfg: TrainConfig) -> bool:
                               "not one: choose constant, step, cosine or onecycle")
         return False
     with torch.device("meta"):   # a LightningModule is built from its own arguments: no shapes needed
-        model = adapted(build_model(cfg.model.name, (1,), 1, **cfg.model.options))
+        model = model_to_train(cfg.model.name, (1,), 1, **cfg.model.options)
     cfg.optim = model.optim_settings(cfg.optim, cfg.epochs)
     return True
 
@@ -75,7 +74,7 @@ def layer_costs_of(cfg: TrainConfig, micro_batch: int) -> list:
     from scaletrain.models.layer_costs import meta_layer_costs
     from scaletrain.tasks import TASKS
     input_shape, outputs, task = sample_shape(cfg.data)
-    return meta_layer_costs(lambda: adapted(build_model(cfg.model.name, input_shape, outputs, **cfg.model.options)),
+    return meta_layer_costs(lambda: model_to_train(cfg.model.name, input_shape, outputs, **cfg.model.options),
                             input_shape, outputs, TASKS[task](), micro_batch,
                             cfg.memory.activation_checkpointing, tuple(cfg.memory.block_classes))
 
