@@ -387,3 +387,24 @@ def test_only_user_code_imports_a_users_module():
     assert importers == ["scaletrain/user_code/importing.py"], importers
     # What the registries build and load is the user's code as written; adapting it is the training's.
     assert drawn_layers()["adapters"] < min(drawn_layers()[unit] for unit in ("data", "models", "tasks"))
+
+
+def test_data_asks_a_task_its_questions_never_its_name():
+    """data/ reads targets as the task asks (`Task.integer_labels`, `class_outputs`, `vocabulary`,
+    `normalised_inputs`, `any_targets`, through `targets_of`), so a task of a new kind is one file in tasks/: no
+    module of data/ compares anything with a task's name."""
+    from scaletrain.config import TASKS
+
+    names = set(TASKS) - {"auto"}
+    branches = []
+    for path in (PACKAGE / "data").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                literals = {s.value for s in sides if isinstance(s, ast.Constant)} | {
+                    e.value for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set))
+                    for e in s.elts if isinstance(e, ast.Constant)}
+                if literals & names:
+                    branches.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert names >= {"classification", "regression", "language-model"}
+    assert branches == [], branches

@@ -40,8 +40,8 @@ from torch import nn
 
 from scaletrain.adapters import OWN_OPTIMIZER_FIELDS
 from scaletrain.config import OptimConfig
-from scaletrain.data.inputs import Inputs, batch_rows
 from scaletrain.errors import ConfigError
+from scaletrain.inputs import Inputs, batch_rows
 from scaletrain.tasks.base import Task
 
 # Hooks whose behaviour scaletrain provides: overriding them changes nothing we would do.

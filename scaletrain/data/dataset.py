@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from scaletrain.data.inputs import map_inputs, tensors
 from scaletrain.errors import DataError
+from scaletrain.inputs import map_inputs, tensors
+from scaletrain.tasks import targets_of
 
 
 @dataclass(slots=True)
@@ -187,7 +188,7 @@ def make_dataset(name: str, train: ArraySplit, test: ArraySplit, num_classes: in
                         f"{tuple(test.x.shape[1:])} (shape mismatch)")
     if len(train) == 0:
         raise DataError(f"{name}: the training split is empty")
-    if task == "language-model":
+    if not targets_of(task).normalised_inputs:
         return Dataset(name=name, train=train, test=test, num_classes=num_classes, mean=None, std=None, val=val,
                        task=task)
     x = train.x.to(torch.float64)

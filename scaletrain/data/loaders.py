@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from scaletrain.data.augment import DeviceAugment
 from scaletrain.data.dataset import ArraySplit
-from scaletrain.data.inputs import Inputs, map_inputs, tensors
 from scaletrain.data.sharding import rank_positions
 from scaletrain.data.user import SeededSamples, StreamBatches, StreamSplit, TorchSplit, collate_pairs
 from scaletrain.errors import Terminated, UserError
+from scaletrain.inputs import Inputs, map_inputs, tensors
 
 
 @dataclass(slots=True)

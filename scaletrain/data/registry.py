@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
 from scaletrain.data.source import data_source, home_expanded
+from scaletrain.tasks import targets_of
 
 
 def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
@@ -22,7 +23,7 @@ def sample_and_example(cfg) -> tuple[tuple[int, ...], int, str, tuple | None]:
         return (*known, None)
     ds = load_dataset(cfg)
     y = ds.examples.y
-    outputs = ds.num_classes if ds.task != "regression" else (1 if y.ndim == 1 else y.shape[1])
+    outputs = ds.num_classes if targets_of(ds.task).class_outputs else (1 if y.ndim == 1 else y.shape[1])
     return ds.input_shape, outputs, ds.task, ds.example
 
 

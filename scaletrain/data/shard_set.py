@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from scaletrain.data.source import register_dataset
 from scaletrain.errors import ConfigError
+from scaletrain.tasks import targets_of
 
 
 def shards_package():
@@ -23,7 +24,7 @@ def _fetch(cfg):
 
 def _sample(cfg):
     manifest = shards_package().manifest_for(cfg.data_dir, _fetch(cfg))
-    outputs = manifest.num_classes if manifest.task != "regression" else (manifest.y_shape or [1])[0]
+    outputs = manifest.num_classes if targets_of(manifest.task).class_outputs else (manifest.y_shape or [1])[0]
     return tuple(manifest.sample_shape), outputs, manifest.task
 
 

@@ -37,6 +37,7 @@ from scaletrain.data.dataset import (
     numeric,
 )
 from scaletrain.errors import DataError, add_context
+from scaletrain.tasks import targets_of
 
 # The keys a dict sample's target goes by (Hugging Face's `labels`/`label`, and the usual others).
 TARGET_KEYS = ("labels", "label", "targets", "target", "y")
@@ -59,7 +60,7 @@ def split_batch(batch: Any, source: str = "a batch") -> tuple[Any, torch.Tensor]
         inputs = [k for k in batch if k not in TARGET_KEYS]
         if not inputs:
             raise DataError(f"{source}: a dict sample needs an input beside its target '{targets[0]}'")
-        # One input is passed to the model positionally; several by name (data/inputs.py).
+        # One input is passed to the model positionally; several by name (inputs.py).
         x = batch[inputs[0]] if len(inputs) == 1 else {k: batch[k] for k in inputs}
         return x, batch[targets[0]]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
@@ -447,16 +448,17 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
     y = splits["train"].examples.y if isinstance(splits["train"], TorchSplit) else splits["train"].y
     # A user's own task (`package.module:Name`) scores whatever the targets are: the data's own
     # kind still decides how they are read (classes counted, labels checked).
-    chosen = infer_task(train, y) if task == "auto" or ":" in task or task == "own-loss" else task
-    if chosen == "classification" and y.is_floating_point():
-        raise DataError(f"{name}: classification needs integer labels, the targets are {y.dtype}; "
+    chosen = infer_task(train, y) if task == "auto" or ":" in task or targets_of(task).any_targets else task
+    asks = targets_of(chosen)
+    if asks.integer_labels and y.is_floating_point():
+        raise DataError(f"{name}: {chosen} needs integer labels, the targets are {y.dtype}; "
                         "use task='regression' (--task regression)")
-    classes = class_count(train, splits["train"], num_classes, count_classes) if chosen != "regression" else 1
-    if chosen == "language-model" and num_classes is None and hasattr(train, "vocab_size"):
+    classes = class_count(train, splits["train"], num_classes, count_classes) if asks.class_outputs else 1
+    if asks.vocabulary and num_classes is None and hasattr(train, "vocab_size"):
         classes = int(train.vocab_size)
     in_memory = all(s is None or isinstance(s, ArraySplit) for s in splits.values())
     if in_memory:   # the device-resident path, normalised with the training split's statistics
-        if chosen == "classification":
+        if asks.integer_labels:
             splits = {k: v if v is None else ArraySplit(v.x, as_labels(v.y, len(v), classes, f"{name} ({k})"))
                       for k, v in splits.items()}
         test_split = splits["test"] or splits["val"]
@@ -478,7 +480,7 @@ def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "au
     if parts["test"] is None:
         parts["test"], parts["val"] = parts["val"], None
     for part in parts.values():
-        if part is not None and chosen == "classification":
+        if part is not None and asks.integer_labels:
             part.label_bound = classes or None
     return Dataset(name=name, train=parts["train"], test=parts["test"], num_classes=classes, mean=None, std=None,
                    val=parts["val"], task=chosen, test_held_out=splits["test"] is not None)

@@ -15,7 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from scaletrain.adapters import model_to_train
-from scaletrain.data.inputs import tensors
+from scaletrain.inputs import tensors
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.models.blocks import find_blocks

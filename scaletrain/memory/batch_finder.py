@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from scaletrain.data.inputs import first_rows, map_inputs, tensors
 from scaletrain.errors import ConfigError
+from scaletrain.inputs import first_rows, map_inputs, tensors
 from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.tracker import LiveBytes
 from scaletrain.training.snapshot import TrainingSnapshot

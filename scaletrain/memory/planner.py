@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from scaletrain.data.inputs import map_inputs, tensors
 from scaletrain.errors import ConfigError
+from scaletrain.inputs import map_inputs, tensors
 from scaletrain.memory.activations import build_fake_model, trace_step
 from scaletrain.memory.bracket import largest_fitting
 from scaletrain.memory.model_state import PLAN_STRATEGIES, ParamInfo, model_state

@@ -10,8 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scaletrain.callbacks import Throughput
 from scaletrain.config import DistributedConfig, TrainConfig
-from scaletrain.data.inputs import batch_rows, first_rows, map_inputs
 from scaletrain.errors import ConfigError
+from scaletrain.inputs import batch_rows, first_rows, map_inputs
 from scaletrain.models.blocks import find_blocks, pipeline_layers
 from scaletrain.training import build_training
 

@@ -2,6 +2,16 @@
 registers its task (`@register_task`) and is imported when its name is asked for (registry.py),
 so a new task is one new file."""
 
-from scaletrain.tasks.base import TASKS, Task, build_task, checked_loss, checked_sums, computes_own_loss, register_task
+from scaletrain.tasks.base import (
+    TASKS,
+    Task,
+    build_task,
+    checked_loss,
+    checked_sums,
+    computes_own_loss,
+    register_task,
+    targets_of,
+)
 
-__all__ = ["TASKS", "Task", "build_task", "checked_loss", "checked_sums", "computes_own_loss", "register_task"]
+__all__ = ["TASKS", "Task", "build_task", "checked_loss", "checked_sums", "computes_own_loss", "register_task",
+           "targets_of"]

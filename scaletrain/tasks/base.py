@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from scaletrain.config import TASKS as TASK_CHOICES
-from scaletrain.data.inputs import Inputs, call_model
 from scaletrain.errors import ConfigError, add_context
+from scaletrain.inputs import Inputs, call_model
 from scaletrain.registry import Registry
 
 TASKS = Registry("task", "--task", choices=TASK_CHOICES)
@@ -39,6 +39,20 @@ class Task(ABC):
     train_metric: str = ""
     # Length of the vector `eval_sums` returns.
     n_sums: int = 0
+    # What the task asks of its data's targets. data/ asks these (by the task's name: `targets_of`),
+    # never the name itself, so a task of one more kind is one file here.
+    # Targets are class indices: integer labels, refused as floats and checked in [0, classes) as read.
+    integer_labels: bool = False
+    # Targets index the model's outputs (classes, tokens): its width is the data's class count, and
+    # a stored shard's target past it is refused as read. Otherwise the width is the targets' own.
+    class_outputs: bool = True
+    # A data set's `vocab_size` states its class count (token ids).
+    vocabulary: bool = False
+    # Inputs standardised with the training split's per-channel statistics (not token ids: indices).
+    normalised_inputs: bool = True
+    # Scores whatever the targets are (a model's own loss): the data's own kind of targets decides
+    # how they are read, as it does for a user's task class.
+    any_targets: bool = False
 
     def forward(self, model, x: Inputs) -> Any:
         """The model's output for a batch's inputs: its one input positionally, several (a dict
@@ -127,6 +141,13 @@ class Task(ABC):
 # metric may not take one of them.
 OWN_TRAIN_KEYS = ("loss",)
 METRIC_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def targets_of(name: str) -> type[Task]:
+    """The class of the task `name` (registered, or the user's `package.module:Name`), whose
+    attributes say what it asks of its data's targets (`integer_labels`, `class_outputs`,
+    `vocabulary`, `normalised_inputs`, `any_targets`): what data/ asks instead of branching on task names."""
+    return TASKS.get(name)
 
 
 def computes_own_loss(model) -> bool:

@@ -14,6 +14,7 @@ class Classification(Task):
     default_target = "accuracy"
     train_metric = "accuracy"
     n_sums = 3   # loss, correct, count
+    integer_labels = True
 
     def loss(self, output, target):
         # The softmax and the loss in float32: fp16 softmax saturates (seed 000).

@@ -17,6 +17,8 @@ class LanguageModel(Task):
     default_target = "perplexity"
     train_metric = "accuracy"
     n_sums = 3   # token loss, correct tokens, tokens
+    vocabulary = True            # the class count is the vocabulary
+    normalised_inputs = False    # token ids are indices into the embedding
 
     def loss(self, output, target):
         # (N, T, V) logits against (N, T) next tokens, every position weighted alike.

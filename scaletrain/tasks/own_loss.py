@@ -15,8 +15,8 @@ import math
 
 import torch
 
-from scaletrain.data.inputs import Inputs, batch_rows
 from scaletrain.errors import ConfigError
+from scaletrain.inputs import Inputs, batch_rows
 from scaletrain.tasks.base import Task, register_task
 
 
@@ -34,6 +34,7 @@ class OwnLoss(Task):
     default_target = "loss"
     train_metric = ""
     n_sums = 2   # loss x samples, samples
+    any_targets = True
 
     def __init__(self, input_name: str = "input_ids", tokens: bool = False, keywords: dict | None = None):
         self.input_name = input_name

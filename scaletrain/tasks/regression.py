@@ -19,6 +19,7 @@ class Regression(Task):
     default_target = "r2"
     train_metric = "mae"
     n_sums = 5   # squared error, absolute error, sum y, sum y^2, count
+    class_outputs = False   # one output per real-valued target
 
     def loss(self, output, target):
         return F.mse_loss(_match(output, target), target.float())

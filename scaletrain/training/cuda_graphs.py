@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from scaletrain.data.inputs import Inputs, map_inputs, tensors
+from scaletrain.inputs import Inputs, map_inputs, tensors
 from scaletrain.training.step import TrainStep
 
 WARMUP_ITERS = 3  # eager iterations on a side stream before capture, as the PyTorch docs do

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from scaletrain.data.inputs import Inputs
 from scaletrain.distributed.strategies.base import Strategy
+from scaletrain.inputs import Inputs
 from scaletrain.optim import LRSchedule, fill_lr, set_lr, squared_norm
 from scaletrain.precision import DynamicLossScaler, PrecisionPolicy
 from scaletrain.tasks import Task, checked_loss

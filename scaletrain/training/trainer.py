@@ -34,12 +34,12 @@ from scaletrain.data import (
     as_features,
     choose_placement,
 )
-from scaletrain.data.inputs import Inputs, first_rows, map_inputs
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
 from scaletrain.distributed.batching import BatchDivision
 from scaletrain.distributed.capabilities import Serving, epoch_control
 from scaletrain.errors import ConfigError, NonFiniteLossError, add_context
+from scaletrain.inputs import Inputs, first_rows, map_inputs
 from scaletrain.optim import LRSchedule, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings

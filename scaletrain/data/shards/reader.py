@@ -27,6 +27,7 @@ from scaletrain.data.dataset import ArraySplit
 from scaletrain.data.shards.manifest import Manifest, ShardFile
 from scaletrain.data.shards.remote import open_remote
 from scaletrain.errors import DataError
+from scaletrain.tasks import targets_of
 
 RawSample = tuple[bytes, bytes]   # (x.npy, y.npy)
 BLOCK = 512
@@ -135,6 +136,8 @@ class BatchDecoder:
     def __init__(self, manifest: Manifest):
         self.manifest = manifest
         self.x_header, self.y_header = _headers(manifest)
+        # Class ids (or tokens) index the output layer: one past it is refused as read.
+        self.class_targets = targets_of(manifest.task).class_outputs
 
     def _stack(self, arrays: list[bytes], header: bytes, shape: list[int], dtype: str) -> torch.Tensor:
         n = len(header)
@@ -150,7 +153,7 @@ class BatchDecoder:
         m = self.manifest
         x = self._stack([s[0] for s in samples], self.x_header, m.sample_shape, m.x_dtype)
         y = self._stack([s[1] for s in samples], self.y_header, m.y_shape, m.y_dtype)
-        if m.task != "regression" and y.numel() and (int(y.min()) < 0 or int(y.max()) >= m.num_classes):
+        if self.class_targets and y.numel() and (int(y.min()) < 0 or int(y.max()) >= m.num_classes):
             # A class id past the output layer would index out of range on the device (a CUDA
             # assert far from here); on the host, in the loader, it is one line naming the data.
             bad = int(y.min()) if int(y.min()) < 0 else int(y.max())

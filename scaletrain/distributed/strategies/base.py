@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from scaletrain.config import STRATEGIES as STRATEGY_CHOICES
-from scaletrain.data.inputs import chunk_inputs, first_rows
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.layout import Degrees, Layout
 from scaletrain.distributed.state_bytes import ModelState, ParamInfo, StateBytes, replicated_state
 from scaletrain.distributed.strategies.step_contract import StepContract
+from scaletrain.inputs import chunk_inputs, first_rows
 from scaletrain.optim import build_optimizer
 from scaletrain.registry import Registry
 

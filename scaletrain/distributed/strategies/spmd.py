@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from scaletrain.accelerators import xla
-from scaletrain.data.inputs import map_inputs
 from scaletrain.distributed.strategies.base import Strategy, register_strategy
 from scaletrain.errors import ConfigError
+from scaletrain.inputs import map_inputs
 
 
 @register_strategy("spmd")

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from scaletrain.data.inputs import Inputs
+from scaletrain.inputs import Inputs
 from scaletrain.precision import DynamicLossScaler
 from scaletrain.tasks import Task
 
