@@ -37,7 +37,8 @@ run store). What the harness may change is agreed here, and nothing else:
 A line's `scaletrain` is the installed command's `main()` run in a fresh child of an interpreter
 that imported torch once (`warm_scaletrain`, warm_shim.py; the 5-8 s a cold start costs, on 99
 lines), on the line's own stdin, stdout and stderr; what it starts (torchrun's workers, a sweep's
-trainings) starts cold. `SCALETRAIN_TESTS_COLD=1` runs every line's `scaletrain` cold.
+trainings) starts from the same server (tests/warm_child.py stands in for each: SCALETRAIN_CHILD_COMMAND).
+`SCALETRAIN_TESTS_COLD=1` runs every line's `scaletrain`, and all it starts, cold.
 
 A command passes when it exits 0 and prints no traceback. A trailing `&` runs it in the
 background; its workspace's last line waits for every one.
@@ -47,7 +48,6 @@ Run with `make test` (everything) or `make doc-test` (these alone).
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import re
@@ -56,7 +56,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,20 +231,14 @@ def warm_scaletrain() -> tuple[str, str] | None:
     in a cold one. SCALETRAIN_TESTS_COLD=1: None, every line's `scaletrain` starts cold."""
     if os.environ.get("SCALETRAIN_TESTS_COLD") == "1":
         return None
+    from tests.warm_cli import start_socket_server
+
     folder = Path(tempfile.mkdtemp(prefix="scaletrain-warm-"))
-    sock = folder / "server"
-    server = subprocess.Popen([sys.executable, "-m", "tests.warm_cli", "--socket", str(sock)], cwd=REPO,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    atexit.register(server.kill)
     shim = folder / "scaletrain"
     shim.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "warm_shim.py").read_text())
     shim.chmod(0o755)
-    for _ in range(600):    # bound before it imports anything
-        if sock.exists() or server.poll() is not None:
-            break
-        time.sleep(0.1)
-    assert sock.exists(), f"the warm server did not start (exit {server.poll()})"
+    sock = folder / "server"
+    start_socket_server(sock, {**os.environ, "OMP_NUM_THREADS": "1"})
     return str(folder), str(sock)
 
 
@@ -269,8 +262,9 @@ class Workspace:
         # each, left both lines waiting on each other's threads: the 8-point sweep took 3.2x its time alone).
         self.env = {**os.environ, "HOME": str(self.home), "PATH": os.pathsep.join([*bin_dirs, os.environ["PATH"]]),
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-        if warm is not None:
-            self.env["SCALETRAIN_WARM_SOCKET"] = warm[1]
+        if warm is not None:   # and what the line's command starts (workers, trainings): warm_child.py
+            from tests.warm_cli import child_env
+            self.env.update(child_env(Path(warm[1])))
         # A user's data cache under their home: not the one tests/conftest.py sets for its session,
         # which a doc line would otherwise share when `make test` runs both on one worker.
         from scaletrain.data.cache import CACHE_ENV  # here: reading the lines needs no torch

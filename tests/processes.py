@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
 import json
 import os
@@ -26,6 +27,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from tests.warm_cli import child_env, start_socket_server
 
 PLUGINS = Path(__file__).parent / "plugins"
 # Small and quick: the MLP on digits, no progress bar.
@@ -104,7 +107,17 @@ def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
     if os.environ.get("SCALETRAIN_TESTS_COLD") == "1":
         return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
                               cwd=cwd, env=cli_env(**env), timeout=timeout)
-    return _warm.run([str(a) for a in args], str(cwd), cli_env(**env), timeout)
+    # What the command starts itself (a launcher's workers, a sweep's or autotune's trainings)
+    # starts warm too, from this process's socket server (warm_child.py stands in for each).
+    return _warm.run([str(a) for a in args], str(cwd), cli_env(**_warm_children(), **env), timeout)
+
+
+@functools.cache
+def _warm_children() -> dict[str, str]:
+    """SCALETRAIN_CHILD_COMMAND and the socket of this pytest process's warm server for children."""
+    sock = Path(tempfile.mkdtemp(prefix="scaletrain-children-")) / "server"
+    start_socket_server(sock, cli_env())
+    return child_env(sock)
 
 
 class _WarmCli:

@@ -4,6 +4,7 @@ scaling, sharding arithmetic, the checkpoint store's publishing rules, resume in
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -222,3 +223,25 @@ def test_powersgd_wire_elements_are_what_torchs_hook_sends():
         assert state.total_numel_after_compression < state.total_numel_before_compression / 2
     finally:
         destroy_process_group()
+
+
+def test_a_child_command_starts_the_workers_and_trainings_and_a_bad_one_is_one_line(tmp_path, capsys, monkeypatch):
+    """SCALETRAIN_CHILD_COMMAND (what the tests point at a warm interpreter) runs the launcher's
+    workers as it is (torchrun's --no-python) and a sweep's trainings; one that names no
+    executable is refused in one line before anything starts."""
+    from scaletrain.experiments.slots import scaletrain_argv
+
+    monkeypatch.setenv("SCALETRAIN_CHILD_COMMAND", f"{sys.executable} 'my shim.py'")
+    args = torchrun_arguments(2, 0, ["--epochs", "1"])
+    assert args[args.index("--no-python"):] == ["--no-python", sys.executable, "my shim.py", "train", "--epochs", "1"]
+    assert scaletrain_argv("train", "--config", "a.toml") == [sys.executable, "my shim.py", "train", "--config", "a.toml"]
+    monkeypatch.delenv("SCALETRAIN_CHILD_COMMAND")
+    assert torchrun_arguments(2, 0, ["--epochs", "1"])[-5:] == ["-m", "scaletrain", "train", "--epochs", "1"]
+    assert scaletrain_argv("train")[:3] == [sys.executable, "-m", "scaletrain"]
+    for bad, said in (("/no/such/shim", "'/no/such/shim' is not an executable"), ("'open", "does not parse")):
+        monkeypatch.setenv("SCALETRAIN_CHILD_COMMAND", bad)
+        code = main(["train", "--model", "mlp", "--data", "digits", "--epochs", "1", "--nproc", "2",
+                     "--run-dir", str(tmp_path / "r")])
+        err = capsys.readouterr().err
+        assert code == 2 and said in err and err.count("\n") == 1, err
+        assert not (tmp_path / "r").exists()

@@ -25,16 +25,43 @@ server, which has run nothing, forks the command and reports its end.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import runpy
+import shlex
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 import traceback
+from pathlib import Path
 
 PRELOADED = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint", "numpy")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def start_socket_server(sock: Path, env: dict) -> subprocess.Popen:
+    """This module serving `--socket sock` (ended at exit), once it listens (before it imports torch)."""
+    server = subprocess.Popen([sys.executable, "-m", "tests.warm_cli", "--socket", str(sock)], cwd=REPO,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+    atexit.register(server.kill)
+    for _ in range(600):
+        if sock.exists() or server.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert sock.exists(), f"the warm server did not start (exit {server.poll()})"
+    return server
+
+
+def child_env(sock: Path) -> dict[str, str]:
+    """What makes scaletrain's own child processes (a launcher's workers, a sweep's trainings) start
+    from the server at `sock` (warm_child.py stands in for each: SCALETRAIN_CHILD_COMMAND)."""
+    shim = Path(__file__).with_name("warm_child.py")
+    return {"SCALETRAIN_WARM_SOCKET": str(sock),
+            "SCALETRAIN_CHILD_COMMAND": f"{shlex.quote(sys.executable)} {shlex.quote(str(shim))}"}
 
 
 def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
@@ -53,6 +80,10 @@ def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    if "ppid" in request:        # a stand-in's (warm_child.py) parent is this process's to its code
+        os.getppid = lambda: request["ppid"]
+    if request.get("affinity"):
+        os.sched_setaffinity(0, request["affinity"])
     threads = request["env"].get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:   # what torch would read at a fresh start
         import torch
@@ -62,6 +93,7 @@ def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
     # -m puts the working folder first; the installed script, its own folder.
     first = os.path.dirname(sys.executable) if console else os.getcwd()
     sys.path[:] = [first, *extra, *[p for p in BASE_PATH if p not in extra]]
+    _site_customize()
     sys.argv = ["scaletrain", *request["args"]]
     code = 0
     try:
@@ -83,6 +115,21 @@ def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def _site_customize() -> None:
+    """What a fresh interpreter's `site` does at start: imports the `sitecustomize` first on the
+    command's own path (a test's hook, on its PYTHONPATH), not the one the server started with."""
+    import importlib.util
+
+    sys.modules.pop("sitecustomize", None)
+    if importlib.util.find_spec("sitecustomize") is None:
+        return
+    try:
+        import sitecustomize  # noqa: F401
+    except Exception:   # noqa: BLE001 - as site.py: said, and the interpreter goes on
+        print("Error in sitecustomize; set PYTHONVERBOSE for traceback:", file=sys.stderr)
+        traceback.print_exc()
 
 
 def serve() -> None:
@@ -127,7 +174,8 @@ def _handle(conn: socket.socket) -> int:
         if not more:
             return 1
         data += more
-    request = {**json.loads(data), "console": True}
+    request = json.loads(data)
+    request["console"] = not request.get("module", False)   # the doc shim's installed command, or -m
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -138,6 +186,18 @@ def _handle(conn: socket.socket) -> int:
             os._exit(code)
     for fd in fds:
         os.close(fd)
+    # The client killed outright (SIGKILL) closes the connection: the command dies the same way.
+    # A pidfd names this very child even once it is reaped (a pid could be reused by then).
+    pidfd = os.pidfd_open(pid)
+
+    def kill_when_closed():
+        with contextlib.suppress(OSError):
+            while conn.recv(4096):
+                pass
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+    threading.Thread(target=kill_when_closed, daemon=True).start()
     conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
     _, status = os.waitpid(pid, 0)
     conn.sendall((json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n").encode())

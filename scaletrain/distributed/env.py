@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 
@@ -26,6 +29,33 @@ class DistEnv:
     def is_chief(self) -> bool:
         return self.rank == 0
 
+
+
+# The executable a scaletrain child process (a launcher's worker, a sweep's or autotune's training)
+# runs as, in place of this interpreter's `-m scaletrain`: anything that takes scaletrain's own
+# arguments. The test suite points it at a client of an interpreter that imported torch once
+# (tests/warm_cli.py), sparing each child the 5-8 s of a cold start on a small CPU.
+CHILD_COMMAND_ENV = "SCALETRAIN_CHILD_COMMAND"
+
+
+def child_command() -> list[str] | None:
+    """The command line SCALETRAIN_CHILD_COMMAND sets (split as a shell would), else None (this
+    interpreter, `-m scaletrain`)."""
+    text = os.environ.get(CHILD_COMMAND_ENV, "")
+    try:
+        command = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"{CHILD_COMMAND_ENV}={text!r} does not parse as a command line ({exc}); quote it as a "
+                          "shell would, or unset it") from None
+    if command and shutil.which(command[0]) is None:
+        raise ConfigError(f"{CHILD_COMMAND_ENV}={text!r}: {command[0]!r} is not an executable; give one that "
+                          "takes scaletrain's arguments, or unset it (children then run `python -m scaletrain`)")
+    return command or None
+
+
+def scaletrain_command() -> list[str]:
+    """How a child process runs scaletrain: `scaletrain_command() + [COMMAND, *ARGS]`."""
+    return child_command() or [sys.executable, "-m", "scaletrain"]
 
 
 def env_int(name: str, default: int, low: int = 0, environ=None, set_by: str = "torchrun") -> int:

@@ -18,7 +18,7 @@ import sys
 import torch
 
 from scaletrain.distributed.cluster import cluster_from_env
-from scaletrain.distributed.env import LAUNCHER_PID_ENV, under_launcher
+from scaletrain.distributed.env import LAUNCHER_PID_ENV, child_command, under_launcher
 from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, ConfigError
 from scaletrain.user_code.failures import HEADLINE_START
 
@@ -55,7 +55,9 @@ def torchrun_arguments(nproc: int, max_restarts: int, worker_argv: list[str], co
         args += ["--nnodes", str(spec.world_size), "--node-rank", str(spec.rank), "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", spec.addresses[0], "--rdzv-id", rdzv_id,
                  "--local-addr", spec.addresses[spec.rank].rsplit(":", 1)[0]]
-    return args + ["-m", "scaletrain", command, *strip_launcher_flags(worker_argv)]
+    # torchrun's `-m` runs this interpreter; a child command of its own runs as it is (--no-python).
+    entry = ["--no-python", *child] if (child := child_command()) else ["-m", "scaletrain"]
+    return args + [*entry, command, *strip_launcher_flags(worker_argv)]
 
 
 def launch_from_config(cfg, layout, argv: list[str], run_dir: str, run_id: str) -> int:

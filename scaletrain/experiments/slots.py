@@ -14,12 +14,12 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scaletrain.distributed.env import scaletrain_command
 from scaletrain.errors import UserError
 
 _PR_SET_PDEATHSIG = 1
@@ -90,8 +90,9 @@ class Finished:
 
 
 def scaletrain_argv(*args: str) -> list[str]:
-    """The command line of a scaletrain subcommand run with this interpreter."""
-    return [sys.executable, "-m", "scaletrain", *args]
+    """The command line of a scaletrain subcommand run as a child process (this interpreter's
+    `-m scaletrain`, or SCALETRAIN_CHILD_COMMAND: distributed/env.py)."""
+    return [*scaletrain_command(), *args]
 
 
 def _child_setup(cpus: list[int] | None) -> Callable[[], None]:
