@@ -35,9 +35,9 @@ run store). What the harness may change is agreed here, and nothing else:
   workers, each one's lines in order (a test class each: `_workspace_class`).
 
 A line's `scaletrain` is the installed command's `main()` run in a fresh child of an interpreter
-that imported torch once (`warm_scaletrain`, warm_shim.py; the 5-8 s a cold start costs, on 99
+that imported torch once (`warm_scaletrain`, tests/warm_client.py; the 5-8 s a cold start costs, on 99
 lines), on the line's own stdin, stdout and stderr; what it starts (torchrun's workers, a sweep's
-trainings) starts from the same server (tests/warm_child.py stands in for each: SCALETRAIN_CHILD_COMMAND).
+trainings) starts from the same server (the same client stands in for each: SCALETRAIN_CHILD_COMMAND).
 `SCALETRAIN_TESTS_COLD=1` runs every line's `scaletrain`, and all it starts, cold.
 
 A command passes when it exits 0 and prints no traceback. A trailing `&` runs it in the
@@ -225,7 +225,7 @@ ALL = [c for f in DOC_FILES for c in commands(f)]
 
 @functools.cache
 def warm_scaletrain() -> tuple[str, str] | None:
-    """(a folder whose `scaletrain` is warm_shim.py, the socket of the warm server it hands commands
+    """(a folder whose `scaletrain` is tests/warm_client.py, the socket of the warm server it hands commands
     to), started once per test process: a line's `scaletrain` then runs the installed command's
     `main()` in a fresh child of an interpreter that imported torch once (tests/warm_cli.py), not
     in a cold one. SCALETRAIN_TESTS_COLD=1: None, every line's `scaletrain` starts cold."""
@@ -235,7 +235,7 @@ def warm_scaletrain() -> tuple[str, str] | None:
 
     folder = Path(tempfile.mkdtemp(prefix="scaletrain-warm-"))
     shim = folder / "scaletrain"
-    shim.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "warm_shim.py").read_text())
+    shim.write_text(f"#!{sys.executable}\n" + (REPO / "tests" / "warm_client.py").read_text())
     shim.chmod(0o755)
     sock = folder / "server"
     start_socket_server(sock, {**os.environ, "OMP_NUM_THREADS": "1"})
@@ -256,13 +256,13 @@ class Workspace:
         self.background: list[tuple[str, subprocess.Popen]] = []
         bin_dirs = [str(Path(sys.executable).parent)]
         warm = warm_scaletrain()
-        if warm is not None:   # a line's `scaletrain` starts warm (warm_shim.py); its own processes cold
+        if warm is not None:   # a line's `scaletrain` starts warm (tests/warm_client.py), and so do its processes
             bin_dirs.insert(0, warm[0])
         # One thread a line: two workers share the two cores (torch's default, a thread per core in
         # each, left both lines waiting on each other's threads: the 8-point sweep took 3.2x its time alone).
         self.env = {**os.environ, "HOME": str(self.home), "PATH": os.pathsep.join([*bin_dirs, os.environ["PATH"]]),
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-        if warm is not None:   # and what the line's command starts (workers, trainings): warm_child.py
+        if warm is not None:   # what the line's command starts (workers, trainings): the same client
             from tests.warm_cli import child_env
             self.env.update(child_env(Path(warm[1])))
         # A user's data cache under their home: not the one tests/conftest.py sets for its session,

@@ -108,7 +108,7 @@ def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
                               cwd=cwd, env=cli_env(**env), timeout=timeout)
     # What the command starts itself (a launcher's workers, a sweep's or autotune's trainings)
-    # starts warm too, from this process's socket server (warm_child.py stands in for each).
+    # starts warm too, from this process's socket server (warm_client.py stands in for each).
     return _warm.run([str(a) for a in args], str(cwd), cli_env(**_warm_children(), **env), timeout)
 
 

@@ -13,11 +13,12 @@ Protocol (one JSON line each way): the client sends {args, cwd, env, out, err}; 
 answers {"pid": N} once the child runs, then {"code": C} when it has exited (C < 0: killed by
 signal -C, as subprocess reports it). One command at a time per server.
 
-`--socket PATH` serves the doc lines' `scaletrain` instead (doctests/: warm_shim.py is the
-command a line's shell finds first on PATH): each connection sends {args, cwd, env} with the
-shim's own stdin, stdout and stderr attached (SCM_RIGHTS), and its child runs the console script's
-`main()` on those very descriptors (pipes, redirections and `&` as the shell made them), with the
-script's folder first on sys.path as the installed `scaletrain` has it. Connections are served at
+`--socket PATH` serves warm_client.py instead: the doc lines' `scaletrain` (the command a line's
+shell finds first on PATH) and the processes scaletrain starts itself (SCALETRAIN_CHILD_COMMAND).
+Each connection sends {args, cwd, env, module, ppid, affinity} with the client's own stdin, stdout
+and stderr attached (SCM_RIGHTS), and its child runs on those very descriptors (pipes,
+redirections and `&` as the shell made them) the console script's `main()`, with the script's
+folder first on sys.path as the installed `scaletrain` has it, or `-m scaletrain` (module). Connections are served at
 once (a background line runs beside the next): a handler process per connection, forked from the
 server, which has run nothing, forks the command and reports its end.
 """
@@ -58,8 +59,8 @@ def start_socket_server(sock: Path, env: dict) -> subprocess.Popen:
 
 def child_env(sock: Path) -> dict[str, str]:
     """What makes scaletrain's own child processes (a launcher's workers, a sweep's trainings) start
-    from the server at `sock` (warm_child.py stands in for each: SCALETRAIN_CHILD_COMMAND)."""
-    shim = Path(__file__).with_name("warm_child.py")
+    from the server at `sock` (warm_client.py stands in for each: SCALETRAIN_CHILD_COMMAND)."""
+    shim = Path(__file__).with_name("warm_client.py")
     return {"SCALETRAIN_WARM_SOCKET": str(sock),
             "SCALETRAIN_CHILD_COMMAND": f"{shlex.quote(sys.executable)} {shlex.quote(str(shim))}"}
 
@@ -80,7 +81,7 @@ def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    if "ppid" in request:        # a stand-in's (warm_child.py) parent is this process's to its code
+    if "ppid" in request:        # the stand-in's (warm_client.py) parent is this process's to its code
         os.getppid = lambda: request["ppid"]
     if request.get("affinity"):
         os.sched_setaffinity(0, request["affinity"])
