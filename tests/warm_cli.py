@@ -82,7 +82,10 @@ def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     if "ppid" in request:        # the stand-in's (warm_client.py) parent is this process's to its code
-        os.getppid = lambda: request["ppid"]
+        # ... to this process only: a process it forks (a DataLoader worker, whose watchdog asks
+        # getppid() whether its parent still lives) sees its real parent.
+        real_getppid, me = os.getppid, os.getpid()
+        os.getppid = lambda: request["ppid"] if os.getpid() == me else real_getppid()
     if request.get("affinity"):
         os.sched_setaffinity(0, request["affinity"])
     threads = request["env"].get("OMP_NUM_THREADS", "")

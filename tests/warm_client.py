@@ -65,7 +65,8 @@ def main() -> int:
         return 1
     code = json.loads(line)["code"]
     if code < 0:   # killed by a signal: end the same way, so the parent sees what it would have
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):   # those two take no handler
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 
