@@ -7,7 +7,8 @@ then forks a child per command: a real process of its own (its own exit code, si
 and process-wide state, from a copy of an interpreter that has run nothing), which runs
 `scaletrain` as `-m` would (runpy, `__main__`, the command's folder first on sys.path, the
 command's environment) and exits through atexit as Python does. Processes the command starts
-itself (torchrun's workers, a sweep's trainings) are ordinary ones.
+itself (torchrun's workers, a sweep's trainings) come from the `--socket` server below, through
+warm_client.py (SCALETRAIN_CHILD_COMMAND), when tests/processes.py asks for them.
 
 Protocol (one JSON line each way): the client sends {args, cwd, env, out, err}; the server
 answers {"pid": N} once the child runs, then {"code": C} when it has exited (C < 0: killed by

@@ -34,7 +34,7 @@ class DistEnv:
 # The executable a scaletrain child process (a launcher's worker, a sweep's or autotune's training)
 # runs as, in place of this interpreter's `-m scaletrain`: anything that takes scaletrain's own
 # arguments. The test suite points it at a client of an interpreter that imported torch once
-# (tests/warm_cli.py), sparing each child the 5-8 s of a cold start on a small CPU.
+# (tests/warm_client.py), sparing each child the 5-8 s of a cold start on a small CPU.
 CHILD_COMMAND_ENV = "SCALETRAIN_CHILD_COMMAND"
 
 
