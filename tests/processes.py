@@ -109,11 +109,18 @@ def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
                               cwd=cwd, env=cli_env(**env), timeout=timeout)
     # What the command starts itself (a launcher's workers, a sweep's or autotune's trainings)
     # starts warm too, from this process's socket server (warm_client.py stands in for each).
-    return _warm.run([str(a) for a in args], str(cwd), cli_env(**_warm_children(), **env), timeout)
+    return _warm.run([str(a) for a in args], str(cwd), cli_env(**warm_children(), **env), timeout)
+
+
+def warm_children() -> dict[str, str]:
+    """The environment under which the scaletrain commands a process starts (through
+    `scaletrain_command()`) start warm, from this pytest process's socket server; none under
+    SCALETRAIN_TESTS_COLD=1."""
+    return {} if os.environ.get("SCALETRAIN_TESTS_COLD") == "1" else _children_server()
 
 
 @functools.cache
-def _warm_children() -> dict[str, str]:
+def _children_server() -> dict[str, str]:
     """SCALETRAIN_CHILD_COMMAND and the socket of this pytest process's warm server for children."""
     sock = Path(tempfile.mkdtemp(prefix="scaletrain-children-")) / "server"
     start_socket_server(sock, cli_env())

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.gpu.kit import Part, case
+from scaletrain.distributed.env import scaletrain_command  # the CLI started as scaletrain starts its children
 
 TITLE = "autotune"
 LIMIT_S = 80.0
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def command(part: Part, folder: Path) -> list[str]:
+    """scaletrain's arguments (started as scaletrain starts its own children)."""
     if part.rehearse:   # (no confirmation round: 3 more cold processes; tests/test_autotune.py confirms on a CPU)
         size = ["--model", "wrn-10-1", "--shape", "3,8,8", "--num-samples", "256", "--batch-size", "32",
                 "--trials", "2", "--steps", "3", "--knobs", "steps_per_execution", "--confirm-rounds", "0"]
@@ -28,15 +29,15 @@ def command(part: Part, folder: Path) -> list[str]:
         size = ["--model", "wrn-16-2", "--shape", "3,32,32", "--num-samples", "2560", "--batch-size", "256",
                 "--trials", "8", "--budget-s", "70", "--steps", "10", "--knobs", "precision,steps_per_execution,channels_last,"
                 "activation_checkpointing,grad_accum_steps"]
-    return [sys.executable, "-m", "scaletrain", "autotune", "--data", "synthetic", *size, "--window-epochs", "2",
+    return ["autotune", "--data", "synthetic", *size, "--window-epochs", "2",
             "--out", str(folder / "autotune"), "--store", str(folder / "runs.db"), "--no-progress"]
 
 
 def tune(part: Part) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="scaletrain-gpu-autotune-"))
-    argv = command(part, folder)
-    part.note(command="scaletrain " + " ".join(argv[3:]))
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=max(part.left_s() - 5, 10))
+    args = command(part, folder)
+    part.note(command="scaletrain " + " ".join(args))
+    done = subprocess.run([*scaletrain_command(), *args], cwd=ROOT, capture_output=True, text=True, timeout=max(part.left_s() - 5, 10))
     print(done.stdout[-4000:], done.stderr[-2000:], flush=True)
     if done.returncode:
         raise RuntimeError(f"autotune exited {done.returncode}: {(done.stderr.strip() or done.stdout.strip() or 'no output').splitlines()[-1]}")

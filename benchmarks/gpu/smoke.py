@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from benchmarks.gpu.kit import Part, Skip, case
+from scaletrain.distributed.env import scaletrain_command  # the CLI started as scaletrain starts its children
 
 TITLE = "smoke"
 LIMIT_S = 85.0
@@ -92,8 +93,7 @@ def train_case(part: Part, overrides: dict) -> dict:
 
 
 def _cli(args: list[str], timeout: float) -> str:
-    done = subprocess.run([sys.executable, "-m", "scaletrain", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run([*scaletrain_command(), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
         raise RuntimeError(f"scaletrain {args[0]} exited {done.returncode}: {lines[-1]}")
