@@ -109,7 +109,11 @@ def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
                               cwd=cwd, env=cli_env(**env), timeout=timeout)
     # What the command starts itself (a launcher's workers, a sweep's or autotune's trainings)
     # starts warm too, from this process's socket server (warm_client.py stands in for each).
-    return _warm.run([str(a) for a in args], str(cwd), cli_env(**warm_children(), **env), timeout)
+    _t = time.monotonic()
+    _r = _warm.run([str(a) for a in args], str(cwd), cli_env(**warm_children(), **env), timeout)
+    with open("/tmp/runs.log", "a") as _f:
+        _f.write(f"{time.monotonic()-_t:7.2f} {os.environ.get('PYTEST_CURRENT_TEST','?')[:60]} {' '.join(map(str,args))[:150]}\n")
+    return _r
 
 
 def warm_children() -> dict[str, str]:
