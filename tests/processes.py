@@ -109,11 +109,31 @@ def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
                               cwd=cwd, env=cli_env(**env), timeout=timeout)
     # What the command starts itself (a launcher's workers, a sweep's or autotune's trainings)
     # starts warm too, from this process's socket server (warm_client.py stands in for each).
-    _t = time.monotonic()
-    _r = _warm.run([str(a) for a in args], str(cwd), cli_env(**warm_children(), **env), timeout)
-    with open("/tmp/runs.log", "a") as _f:
-        _f.write(f"{time.monotonic()-_t:7.2f} {os.environ.get('PYTEST_CURRENT_TEST','?')[:60]} {' '.join(map(str,args))[:150]}\n")
-    return _r
+    return _warm.run([str(a) for a in args], str(cwd), cli_env(**warm_children(), **env), timeout)
+
+
+def python(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
+    """`python ARGS` (a script and its arguments, or `-m MODULE ...`) in `cwd`, as a process of its
+    own, started warm from this process's socket server (cold under SCALETRAIN_TESTS_COLD=1)."""
+    _require_declared()
+    return subprocess.run([*_python_command(), *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          env=cli_env(**warm_children(), **env), timeout=timeout)
+
+
+def torchrun(nproc: int, args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc-per-node NPROC ARGS` (ARGS: a script and its arguments, or
+    `-m MODULE ...`): the launcher and each worker a process of its own, each started warm (the
+    launcher runs the workers with --no-python through the same client)."""
+    command = _python_command()
+    return python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                   *(["--no-python", *command] if len(command) > 1 else []), *args], cwd, timeout, **env)
+
+
+def _python_command() -> list[str]:
+    """What runs `python ARGS` here: warm_client.py --python, or this interpreter when cold."""
+    if os.environ.get("SCALETRAIN_TESTS_COLD") == "1":
+        return [sys.executable]
+    return [sys.executable, str(Path(__file__).with_name("warm_client.py")), "--python"]
 
 
 def warm_children() -> dict[str, str]:

@@ -26,6 +26,7 @@ from tests.processes import (
     run,
     start,
     summary,
+    torchrun,
     wait_for,
 )
 
@@ -111,9 +112,7 @@ def test_exported_model_loads_into_the_bare_model_without_a_process_group(tmp_pa
 
 
 def test_replicas_stay_identical_and_sharded_eval_counts_every_sample_once(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             str(PLUGINS / "ddp_worker.py"), str(tmp_path)],
-                            capture_output=True, text=True, env=cli_env(), timeout=240, cwd=tmp_path)
+    result = torchrun(2, [PLUGINS / "ddp_worker.py", tmp_path], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert _same(r0["state"], r1["state"])

@@ -6,8 +6,6 @@ layouts get one line; a raising stage ends the job."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +16,15 @@ from scaletrain.distributed.partition import balanced_starts, stage_layers
 from scaletrain.errors import ConfigError
 from scaletrain.models import build_model
 from scaletrain.options import from_mapping
-from tests.processes import PLUGINS, assert_a_raising_rank_ends_the_job, cli_env, metrics, run, run_here
+from tests.processes import (
+    PLUGINS,
+    assert_a_raising_rank_ends_the_job,
+    metrics,
+    python,
+    run,
+    run_here,
+    torchrun,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,8 +52,7 @@ def _results(folder, n):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     folder = tmp_path_factory.mktemp("single")
-    result = subprocess.run([sys.executable, WORKER, "{}", str(folder)], capture_output=True, text=True,
-                            env=cli_env(), timeout=240)
+    result = python([WORKER, "{}", folder], folder)
     assert result.returncode == 0, result.stderr[-3000:]
     return _results(folder, 1)
 
@@ -56,9 +61,7 @@ def single(tmp_path_factory):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_model_parallel_training_equals_one_device(single, tmp_path, layout):
     n, settings = LAYOUTS[layout]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                             WORKER, json.dumps(settings), str(tmp_path)], capture_output=True, text=True,
-                            env=cli_env(), timeout=240, cwd=tmp_path)
+    result = torchrun(n, [WORKER, json.dumps(settings), tmp_path], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     got = _results(tmp_path, n)
     # Per-step losses of the last epoch (a schedule averages its micro-batch losses: the same mean).
@@ -97,14 +100,11 @@ SEQUENCES = {
 def test_a_sequence_of_blocks_is_staged_by_cost_and_trains_like_one_device(tmp_path, name):
     model, reference, tol = SEQUENCES[name]
     settings = {"strategy": "pipeline", "stages": 2, "schedule": "1f1b", "microbatches": 4}
-    one = subprocess.run([sys.executable, WORKER, "{}", str(tmp_path), json.dumps({**model, **reference})],
-                         capture_output=True, text=True, env=cli_env(), timeout=240)
+    one = python([WORKER, "{}", tmp_path, json.dumps({**model, **reference})], tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
     single = _results(tmp_path, 1)
     (tmp_path / "rank0.pt").unlink()
-    piped = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            WORKER, json.dumps(settings), str(tmp_path), json.dumps(model)], capture_output=True,
-                           text=True, env=cli_env(), timeout=240, cwd=tmp_path)
+    piped = torchrun(2, [WORKER, json.dumps(settings), tmp_path, json.dumps(model)], tmp_path)
     assert piped.returncode == 0, piped.stderr[-3000:]
     got = _results(tmp_path, 2)
     assert "% of FLOPs" in got["layout"]    # cut by the measured costs

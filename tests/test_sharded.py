@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from scaletrain.config import TrainConfig
 from scaletrain.memory.model_state import ParamInfo, model_state
 from scaletrain.options import from_mapping
 from scaletrain.training import build_training
-from tests.processes import DIGITS_MLP, PLUGINS, cli_env, metrics, run
+from tests.processes import DIGITS_MLP, PLUGINS, metrics, run, torchrun
 
 pytestmark = pytest.mark.timeout(300)
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
@@ -28,9 +26,7 @@ def worker_results(tmp_path_factory):
     out = {}
     for strategy in (*STRATEGIES, "fsdp+offload"):
         folder = tmp_path_factory.mktemp(strategy)
-        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                 "2", str(PLUGINS / "sharded_worker.py"), strategy, str(folder)],
-                                capture_output=True, text=True, env=cli_env(), timeout=240, cwd=folder)
+        result = torchrun(2, [PLUGINS / "sharded_worker.py", strategy, folder], folder)
         assert result.returncode == 0, result.stderr[-3000:]
         out[strategy] = [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return out

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from scaletrain.tracking import RunStore
-from tests.processes import DIGITS_MLP, cli_env, run, run_here, start, wait_for
+from tests.processes import DIGITS_MLP, cli_env, run, run_here, start, torchrun, wait_for
 
 EPOCHS2 = DIGITS_MLP + ["--epochs", "2", "--no-record"]
 
@@ -85,10 +85,8 @@ def test_a_second_training_in_a_locked_folder_exits_at_once_naming_the_holder(tm
 @pytest.mark.usefixtures("processes")
 def test_torchrun_twice_without_rdzv_id_makes_two_runs(tmp_path):
     """torchrun's rendezvous id defaults to 'none': once, every such job shared one folder and id."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-               "-m", "scaletrain", "train", *DIGITS_MLP, "--epochs", "1"]
     for _ in range(2):
-        result = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240)
+        result = torchrun(1, ["-m", "scaletrain", "train", *DIGITS_MLP, "--epochs", "1"], tmp_path)
         assert result.returncode == 0, result.stderr
     folders = sorted(p for p in (tmp_path / "scaletrain-runs").iterdir() if p.is_dir())
     assert len(folders) == 2

@@ -97,18 +97,28 @@ def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
         import torch
         torch.set_num_threads(int(threads))
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    console = request.get("console", False)
-    # -m puts the working folder first; the installed script, its own folder.
-    first = os.path.dirname(sys.executable) if console else os.getcwd()
+    console, python = request.get("console", False), request.get("python")
+    # -m puts the working folder first; a script, its own folder; the installed script, its own folder.
+    if python and python[0] != "-m":
+        first = os.path.dirname(os.path.abspath(python[0]))
+    else:
+        first = os.path.dirname(sys.executable) if console else os.getcwd()
     sys.path[:] = [first, *extra, *[p for p in BASE_PATH if p not in extra]]
     _site_customize()
     sys.argv = ["scaletrain", *request["args"]]
     code = 0
     try:
-        if console:
+        if python and python[0] == "-m":     # `python -m MODULE ARGS` (runpy sets argv[0])
+            sys.argv = ["-m", *python[2:]]
+            runpy.run_module(python[1], run_name="__main__", alter_sys=True)
+        elif python:                         # `python SCRIPT ARGS`
+            sys.argv = list(python)
+            runpy.run_path(python[0], run_name="__main__")
+        elif console:
             from scaletrain.cli.main import main
             sys.exit(main())
-        runpy.run_module("scaletrain", run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_module("scaletrain", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -183,7 +193,7 @@ def _handle(conn: socket.socket) -> int:
             return 1
         data += more
     request = json.loads(data)
-    request["console"] = not request.get("module", False)   # the doc shim's installed command, or -m
+    request["console"] = not request.get("module", False) and not request.get("python")   # the installed command
     pid = os.fork()
     if pid == 0:
         code = 1

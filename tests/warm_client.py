@@ -12,12 +12,14 @@ that imported torch once and runs scaletrain there, and it stands in for that ch
 - a launcher's worker (SCALETRAIN_LAUNCHER_PID set) gets SIGTERM when the launcher dies, as the
   worker itself asks (distributed/env.py `die_with_launcher`), here through this process.
 
-Two uses. Named `scaletrain` (the doc-test writes it first on a doc line's PATH, with this
+Three uses. Named `scaletrain` (the doc-test writes it first on a doc line's PATH, with this
 interpreter as its `#!`), it is the installed command: the child runs the console script's main().
 Otherwise it is SCALETRAIN_CHILD_COMMAND, what scaletrain starts its own children as (a launcher's
 workers, a sweep's, tune's or autotune's trainings; set by tests/processes.py and the doc-test):
-the child runs `python -m scaletrain ARGS`. It imports nothing of torch or scaletrain: ~50 ms,
-where a cold start costs 5-8 s on a small CPU."""
+the child runs `python -m scaletrain ARGS`. A third, `warm_client.py --python ARGS`, is `python
+ARGS` (a script or `-m MODULE`): the tests' own torchrun and its workers (tests/processes.py
+`torchrun`). It imports nothing of torch or scaletrain: ~50 ms, where a cold start costs 5-8 s on
+a small CPU."""
 
 import ctypes
 import json
@@ -45,7 +47,8 @@ def main() -> int:
     _dies_with_launcher()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(os.environ["SCALETRAIN_WARM_SOCKET"])
-    request = {"args": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
+    python = sys.argv[2:] if sys.argv[1:2] == ["--python"] else None   # `--python ARGS`: as `python ARGS`
+    request = {"args": [] if python else sys.argv[1:], "python": python, "cwd": os.getcwd(), "env": dict(os.environ),
                "module": os.path.basename(sys.argv[0]) != "scaletrain",
                "ppid": os.getppid(), "affinity": sorted(os.sched_getaffinity(0))}
     data = (json.dumps(request) + "\n").encode()
