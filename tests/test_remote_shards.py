@@ -67,6 +67,15 @@ class Server:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
+    def sending(self) -> list[str]:
+        """The files it is part way through sending (their first bytes out, not yet their last)."""
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        begun = [line.split(" ", 1)[1] for line in lines if line.startswith("sending ")]
+        for line in lines:
+            if line.startswith("done ") and line[5:] in begun:
+                begun.remove(line[5:])
+        return begun
+
     def requests(self) -> list[tuple[str, str]]:
         lines = self.log.read_text().splitlines() if self.log.exists() else []
         return [tuple(line.split(" ", 1)) for line in lines if line.startswith("/")]
@@ -86,7 +95,8 @@ def test_a_url_trains_as_the_folder_does_through_a_server_killed_mid_epoch(tmp_p
     local = run([*TRAIN, "--data-dir", str(shard_folder), "--run-dir", str(tmp_path / "local")], tmp_path,
                 SCALETRAIN_CACHE_DIR="off")
     assert local.returncode == 0, local.stderr[-2000:]
-    # About 330 KB a shard at 400 KB/s: each takes most of a second, so the kill lands inside one.
+    # About 330 KB a shard at 400 KB/s: each takes most of a second. The kill waits for one part way
+    # out (on a busy machine the workers can have all they asked for and be waiting on the training).
     server = Server(shard_folder, tmp_path / "server.log", rate=400_000)
     servers.append(server.start())
     cache = tmp_path / "cache"
@@ -94,8 +104,9 @@ def test_a_url_trains_as_the_folder_does_through_a_server_killed_mid_epoch(tmp_p
                             "--run-dir", str(tmp_path / "url")], cwd=tmp_path, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "SCALETRAIN_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"})
-    wait_for(lambda: sum(path.startswith("/train-") for path, _ in server.requests()) >= 3, 120,
-             "three training shards asked for")
+    wait_for(lambda: sum(path.startswith("/train-") for path, _ in server.requests()) >= 3
+             and any(path.startswith("/train-") for path in server.sending()), 120,
+             "three training shards asked for, one of them part way out")
     server.kill()            # mid-epoch, mid-shard: two workers are streaming
     with open(server.log, "a") as log:
         log.write("killed\n")

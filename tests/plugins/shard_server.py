@@ -1,7 +1,8 @@
 """Python's own http.server serving a folder, as a user would serve shards (`python -m http.server`),
 with what the URL-shard tests need of a real server: a rate limit (so that a kill lands in the
 middle of a shard), Range requests (`--ranges`; Python's own server ignores them), and a line per
-request in a log file (path and Range header).
+request in a log file (path and Range header), and `sending PATH` / `done PATH` lines as a file's
+first bytes go out and as its last have.
 
     python shard_server.py FOLDER PORT LOG [--rate BYTES_PER_S] [--ranges]
 """
@@ -47,10 +48,17 @@ def main() -> None:
             self.end_headers()
             with open(path, "rb") as file:
                 file.seek(start)
+                sent = 0
                 while chunk := file.read(8192):
                     self.wfile.write(chunk)
+                    if not sent:   # part of it is the client's now: a kill from here on cuts it mid-file
+                        with open(args.log, "a") as log:
+                            log.write(f"sending {self.path}\n")
+                    sent += len(chunk)
                     if args.rate:
                         time.sleep(len(chunk) / args.rate)
+            with open(args.log, "a") as log:
+                log.write(f"done {self.path}\n")
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
