@@ -41,10 +41,9 @@ import time
 import traceback
 from pathlib import Path
 
-# torch and what every training imports; lightning: a LightningModule's own import, 6 s more on
-# this CPU for each Lightning command and each of its workers (scaletrain never imports it: it
-# knows a LightningModule by its classes' names, user_code/lightning.py).
-PRELOADED = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint", "numpy", "lightning")
+# torch and what every training imports. Not lightning (6 s a Lightning process here): its import
+# leaves a native thread behind, and a child forked after it hung in `--compile` (a doc line, 2026-11-29).
+PRELOADED = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint", "numpy")
 REPO = Path(__file__).resolve().parent.parent
 
 
