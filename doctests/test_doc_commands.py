@@ -262,6 +262,10 @@ class Workspace:
         # each, left both lines waiting on each other's threads: the 8-point sweep took 3.2x its time alone).
         self.env = {**os.environ, "HOME": str(self.home), "PATH": os.pathsep.join([*bin_dirs, os.environ["PATH"]]),
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        # A line that compiles starts cold: a --compile training forked from the warm server hung on
+        # a lock (2026-11-29, guide.md's wrn line), where the same training cold ends in seconds.
+        self.cold_env = {**self.env, "PATH": os.pathsep.join([*bin_dirs[1:], os.environ["PATH"]])} \
+            if warm is not None else self.env
         if warm is not None:   # what the line's command starts (workers, trainings): the same client
             from tests.warm_cli import child_env
             self.env.update(child_env(Path(warm[1])))
@@ -269,6 +273,7 @@ class Workspace:
         # which a doc line would otherwise share when `make test` runs both on one worker.
         from scaletrain.data.cache import CACHE_ENV  # here: reading the lines needs no torch
         self.env.pop(CACHE_ENV, None)
+        self.cold_env.pop(CACHE_ENV, None)
 
     def run_ids(self) -> list[str]:
         """Runs of the default recipe's model and data recorded so far, oldest first (the docs'
@@ -314,11 +319,11 @@ class Workspace:
         # The repository's own commands (make, its scripts) run where a user runs them: its root.
         cwd = REPO if text.startswith(("make ", "bash scripts/")) else self.root
         if text.endswith("&"):
-            proc = subprocess.Popen(["bash", "-c", text[:-1]], cwd=cwd, env=self.env, text=True,
+            proc = subprocess.Popen(["bash", "-c", text[:-1]], cwd=cwd, env=self.cold_env if "--compile" in text else self.env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             self.background.append((text, proc))
             return
-        result = subprocess.run(["bash", "-c", text], cwd=cwd, env=self.env, text=True,
+        result = subprocess.run(["bash", "-c", text], cwd=cwd, env=self.cold_env if "--compile" in text else self.env, text=True,
                                 capture_output=True, timeout=TIMEOUT_S)
         _check(text, result.returncode, result.stdout + result.stderr)
 
