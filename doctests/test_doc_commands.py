@@ -318,12 +318,13 @@ class Workspace:
         text = self.resolve(command)
         # The repository's own commands (make, its scripts) run where a user runs them: its root.
         cwd = REPO if text.startswith(("make ", "bash scripts/")) else self.root
+        env = self.cold_env if "--compile" in text else self.env   # (see cold_env)
         if text.endswith("&"):
-            proc = subprocess.Popen(["bash", "-c", text[:-1]], cwd=cwd, env=self.cold_env if "--compile" in text else self.env, text=True,
+            proc = subprocess.Popen(["bash", "-c", text[:-1]], cwd=cwd, env=env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             self.background.append((text, proc))
             return
-        result = subprocess.run(["bash", "-c", text], cwd=cwd, env=self.cold_env if "--compile" in text else self.env, text=True,
+        result = subprocess.run(["bash", "-c", text], cwd=cwd, env=env, text=True,
                                 capture_output=True, timeout=TIMEOUT_S)
         _check(text, result.returncode, result.stdout + result.stderr)
 
