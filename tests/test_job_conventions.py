@@ -159,6 +159,41 @@ def test_a_signal_ends_a_rank_stuck_in_a_collective_with_a_hung_peer(tmp_path):
     assert log.strip().splitlines()[-1] == "scaletrain: terminated" and "Traceback" not in log, log
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
 
+# The main thread stuck in C++ past STUCK_S (glibc's system() waits for its child through EINTR),
+# then back in Python while the watcher is still writing the last words (the collective ended as
+# its peer exited): its way out must wait for them.
+_LATE_MAIN_THREAD = """
+import os, signal, sys, threading, time
+from pathlib import Path
+from scaletrain.errors import Terminated
+from scaletrain.lifecycle.stops import STUCK_S, StopWatch, on_stop_signal
+signal.signal(signal.SIGTERM, on_stop_signal)
+def last_words():
+    time.sleep(1.5)                        # a slow disk: back in Python before they are written
+    Path(sys.argv[1]).write_text("interrupted")
+watch = StopWatch.arm(last_words)
+threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+try:
+    os.system(f"sleep {STUCK_S + 0.8}")
+except Terminated:
+    pass
+finally:
+    watch.disarm()
+"""
+
+
+@pytest.mark.usefixtures("processes")
+def test_the_stop_watchs_last_words_are_written_whole_when_the_main_thread_comes_back(tmp_path):
+    """A killed launcher's rank read "running" after its job ended (a third test worker's load): its
+    watcher was writing "interrupted" when the main thread, back from the collective, left the
+    process, and the daemon thread died with it. The way out now waits for those words."""
+    script, status = tmp_path / "late.py", tmp_path / "status"
+    script.write_text(_LATE_MAIN_THREAD)
+    done = subprocess.run([sys.executable, str(script), str(status)], capture_output=True, text=True, timeout=60,
+                          env=cli_env())
+    assert status.read_text() == "interrupted", done.stderr
+    assert done.returncode == 143 and done.stderr.strip() == "scaletrain: terminated", done.stderr
+
 
 def test_a_slurm_step_lays_its_tasks_node_by_node():
     spec = slurm_step(_step(3, tasks=4, nodes="n[1-2]", per_node="2(x2)", SLURM_LOCALID="1"))

@@ -7,6 +7,9 @@ scheduler would have to SIGKILL it, leaving its run "running". So, while a run t
 thread learns of each signal at the C level (`signal.set_wakeup_fd`); where the handler has not run
 within STUCK_S (the main thread is stuck in C++), it records the run as interrupted through the
 run's last words, prints the command's one line and ends the process with 128 + the signal.
+The main thread may come back from C++ while those words are being written (the collective ends
+as its peer exits): its way out waits for them (`disarm`), so the process never ends half-way
+through writing the run's status (a killed launcher's run read "running" under load).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class StopWatch:
         os.set_blocking(self.write_fd, False)
         self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
         self.armed = True
+        self._speaking = threading.Lock()   # held while the last words are written
         threading.Thread(target=self._watch, name="scaletrain-stop-watch", daemon=True).start()
 
     @classmethod
@@ -50,10 +54,12 @@ class StopWatch:
         return cls(last_words)
 
     def disarm(self) -> None:
-        if self.armed:
-            self.armed = False
-            signal.set_wakeup_fd(self.previous_fd)
-            os.close(self.write_fd)   # the watcher's read ends
+        # Waits for last words in flight: the watcher ends the process once they are written.
+        with self._speaking:
+            if self.armed:
+                self.armed = False
+                signal.set_wakeup_fd(self.previous_fd)
+                os.close(self.write_fd)   # the watcher's read ends
 
     def _watch(self) -> None:
         while True:
@@ -71,12 +77,13 @@ class StopWatch:
             deadline = time.monotonic() + STUCK_S
             while time.monotonic() < deadline and len(RECEIVED) == handled and self.armed:
                 time.sleep(0.05)
-            if len(RECEIVED) > handled or not self.armed:
-                continue          # the main thread took it: its own clean-up runs
-            try:
-                self.last_words()
-            except BaseException:   # the process ends regardless; its record is best effort
-                pass
-            word = "interrupted" if signum == signal.SIGINT else "terminated"
-            print(f"scaletrain: {word}", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
+            with self._speaking:
+                if len(RECEIVED) > handled or not self.armed:
+                    continue          # the main thread took it: its own clean-up runs
+                try:
+                    self.last_words()
+                except BaseException:   # the process ends regardless; its record is best effort
+                    pass
+                word = "interrupted" if signum == signal.SIGINT else "terminated"
+                print(f"scaletrain: {word}", file=sys.stderr, flush=True)
+                os._exit(128 + signum)   # still holding the lock: the main thread's way out waits
