@@ -204,11 +204,25 @@ def test_stopped_while_the_given_configuration_ran_the_rerun_still_checks_every_
     assert others and all(r["departure"] is not None for r in others), others
 
 
+@pytest.fixture(scope="module")
+def one_study_s(tmp_path_factory) -> float:
+    """How long a one-candidate study of SMALL takes here now (its start-up plus one run), timed
+    once for the budget tests (their tests declare `processes`), which size their budgets by it."""
+    folder = tmp_path_factory.mktemp("one-study")
+    started = time.perf_counter()
+    one = run(["autotune", *SMALL, "--knobs", "threads", "--trials", "1", "--out", str(folder / "one"),
+               "--store", str(folder / "one.db")], folder, OMP_NUM_THREADS="2")
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    return time.perf_counter() - started
+
+
 @pytest.mark.usefixtures("processes")
-def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_best_so_far(tmp_path):
+def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_best_so_far(tmp_path, one_study_s):
     """--budget-s bounds the whole search: the `threads = 1` candidate hangs (a model made slow on
-    purpose), is stopped when the budget runs out, and the baseline measured before it is the answer."""
-    out, budget = tmp_path / "tuned", 45
+    purpose), is stopped when the budget runs out, and the baseline measured before it is the answer.
+    The budget is 4 of this machine's one-candidate studies (the baseline is one), at most 45 s (the
+    fixed figure it had: on a quiet AVX-512 CPU a study takes about 4 s, and the test waited 45)."""
+    out, budget = tmp_path / "tuned", min(45, round(4 * one_study_s))
     # --cap-factor out of the way: on a quiet machine the baseline's 3 s run caps the hang at 30 s,
     # before the budget (it passed under the suite's load, where the baseline took longer).
     done = run(["autotune", *SMALL, "--model", "faulty_models:single_thread_hangs_mlp", "--knobs", "threads",
@@ -227,7 +241,7 @@ def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_be
 
 
 @pytest.mark.usefixtures("processes")
-def test_a_budget_leaves_the_confirmation_its_share(tmp_path):
+def test_a_budget_leaves_the_confirmation_its_share(tmp_path, one_study_s):
     """Under --budget-s the search stops starting candidates once the rest of the budget is what
     the confirmation will take (its rounds at the candidates' median run): 4 candidates, but after
     the baseline and one more, 20 rounds cannot fit, so the search stops there and the confirmation
@@ -236,12 +250,7 @@ def test_a_budget_leaves_the_confirmation_its_share(tmp_path):
     two candidates and a round or two of three runs fit it on a quiet laptop and on a loaded 2-core
     CI runner alike, and 20 rounds never do (a fixed 40 s left a loaded runner no round at all, and
     3.5 studies did once, beside a make check: the budget working, not the claim under test)."""
-    started = time.perf_counter()
-    one = run(["autotune", *SMALL, "--knobs", "threads", "--trials", "1", "--out", str(tmp_path / "one"),
-               "--store", str(tmp_path / "one.db")], tmp_path, OMP_NUM_THREADS="2")
-    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
-    study_s = time.perf_counter() - started
-    out, budget = tmp_path / "tuned", round(6 * study_s)
+    out, budget = tmp_path / "tuned", round(6 * one_study_s)
     done = run(["autotune", *SMALL[:-2], "--knobs", "threads,steps_per_execution", "--trials", "4",
                 "--confirm-rounds", "20", "--budget-s", str(budget), "--out", str(out),
                 "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="2")

@@ -83,20 +83,26 @@ def test_rehearsal_runs_every_part_and_writes_at_most_8_files(tmp_path):
 
 @pytest.mark.usefixtures("processes")
 def test_a_failing_part_and_a_part_past_its_limit_cost_only_themselves(tmp_path):
-    # smoke hangs once it has listed its cases (a few seconds in; its 40 s limit leaves a busy
-    # machine room to get there), so its limit is what stops it, whatever the load.
-    done = kit(tmp_path, "--parts", "environment,smoke,compiled", "--fail", "environment", "--hang", "smoke",
-               "--limit", "smoke=40", timeout=300)
+    # smoke hangs once it has listed its cases, so its limit is what stops it, whatever the load.
+    # Listing them takes a part's start (its process, torch's import): the limit is 8 times what
+    # the environment part (a start and a matrix product) took just now, 15 to 40 s (a fixed 40 s
+    # left a loaded CPU room; on a quiet AVX-512 one the environment part takes 1.4 s, and the test waited 40).
+    probe = kit(tmp_path / "probe", "--parts", "environment", timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    limit = round(min(40.0, max(15.0, 8 * results(tmp_path / "probe")["environment"]["seconds"])))
+    out = tmp_path / "out"
+    done = kit(out, "--parts", "environment,smoke,compiled", "--fail", "environment", "--hang", "smoke",
+               "--limit", f"smoke={limit}", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    found = results(tmp_path)
+    found = results(out)
     assert found["environment"]["status"] == "failed"
     assert "failure injected into part environment" in found["environment"]["error"]
     assert "RuntimeError" in found["environment"]["output_tail"]   # its traceback came back with it
     smoke = found["smoke"]
-    assert smoke["status"] == "timed out" and smoke["error"] == "stopped at its 40 s limit"
+    assert smoke["status"] == "timed out" and smoke["error"] == f"stopped at its {limit} s limit"
     assert "cli: resume" in smoke["notes"]["unreached"], "a part stopped at its limit lists what it did not reach"
     assert found["compiled"]["status"] == "passed"   # the part after both still ran (its shortest on a CPU)
-    summary = (tmp_path / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
     assert "| environment | failed |" in summary and "| smoke | timed out |" in summary
 
 
