@@ -41,9 +41,13 @@ import time
 import traceback
 from pathlib import Path
 
-# torch and what every training imports. Not lightning (6 s a Lightning process here): its import
-# leaves a native thread behind, and a child forked after it hung in `--compile` (a doc line, 2026-11-29).
+# torch and what every training imports, and lightning where it is installed (2 s a Lightning process on
+# the AVX-512 CPU, 6 s without). Its import leaves one native thread (scipy's OpenBLAS pool) beside
+# the one numpy's OpenBLAS already leaves; a `--compile` doc line forked from a server that had
+# imported lightning hung once (2026-11-29), and hung again after lightning left the list, so it
+# was not the cause: such lines start cold (doctests/test_doc_commands.py, `cold_env`).
 PRELOADED = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint", "numpy")
+OPTIONAL_PRELOADED = ("lightning",)
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -229,6 +233,9 @@ if __name__ == "__main__":
         listener.listen(64)
     for name in PRELOADED:
         __import__(name)
+    for name in OPTIONAL_PRELOADED:
+        with contextlib.suppress(ImportError):
+            __import__(name)
     # What sys.path is without the server's own folder (-m put it first): each child puts its own.
     BASE_PATH = [p for p in sys.path[1:]]
     if listener is not None:
