@@ -238,8 +238,10 @@ if __name__ == "__main__":
         with contextlib.suppress(ImportError):
             __import__(name)
     # What the imports made is never collected in a child: a child's full collections would walk
-    # every object of torch and lightning, copying each page they touch (copy-on-write). Six warm
-    # trainings on digits took 5.5 s without it, 9.2 s with lightning loaded, 2.6 s frozen (AVX-512 CPU).
+    # every object of torch and lightning, copying each page they touch (copy-on-write). Eight warm
+    # trainings on digits and one on two processes, the two servers run in turn twice on the AVX-512
+    # CPU: 6.4 and 5.3 s frozen, 10.3 and 10.2 s not. Lightning loaded or not (frozen): 6.0 and 6.3 s
+    # against 6.5 and 6.5 s.
     gc.freeze()
     # What sys.path is without the server's own folder (-m put it first): each child puts its own.
     BASE_PATH = [p for p in sys.path[1:]]
