@@ -99,12 +99,13 @@ def cli_env(**extra) -> dict:
     return env
 
 
-def run(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
+def run(args, cwd, timeout=240, cold=False, **env) -> subprocess.CompletedProcess:
     """`python -m scaletrain ARGS` in `cwd`, as a process of its own, started from a warm
     interpreter (warm_cli.py: torch already imported; 5-8 s less a command on a slow CPU).
-    SCALETRAIN_TESTS_COLD=1 starts each one with a plain subprocess instead."""
+    SCALETRAIN_TESTS_COLD=1 (or `cold`, for this command) starts it, and all it starts, with a
+    plain subprocess instead."""
     _require_declared()
-    if os.environ.get("SCALETRAIN_TESTS_COLD") == "1":
+    if cold or os.environ.get("SCALETRAIN_TESTS_COLD") == "1":
         return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True, text=True,
                               cwd=cwd, env=cli_env(**env), timeout=timeout)
     # What the command starts itself (a launcher's workers, a sweep's or autotune's trainings)

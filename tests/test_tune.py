@@ -75,7 +75,10 @@ def test_tune_reaches_95_percent_on_digits_and_resumes_after_a_kill(tmp_path):
                 and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
     before = _finished(optuna.load_study(study_name="space", storage=storage))
 
-    second = run(args, tmp_path, timeout=300)
+    # Cold, as a user's would be: this resumed tune, started from the warm server, hung past its
+    # 300 s twice in about ten suite runs (2026-11-29, 2026-12-01), and never cold; the hang is
+    # the warm harness's to find (issue 67's closing notes), not this claim's.
+    second = run(args, tmp_path, timeout=300, cold=True)
     assert second.returncode == 0, second.stdout + second.stderr
     study = optuna.load_study(study_name="space", storage=storage)
     after = _finished(study)
