@@ -159,6 +159,7 @@ def test_a_signal_ends_a_rank_stuck_in_a_collective_with_a_hung_peer(tmp_path):
     assert log.strip().splitlines()[-1] == "scaletrain: terminated" and "Traceback" not in log, log
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
 
+
 # The main thread stuck in C++ past STUCK_S (glibc's system() waits for its child through EINTR),
 # then back in Python while the watcher is still writing the last words (the collective ended as
 # its peer exited): its way out must wait for them.
