@@ -22,7 +22,8 @@ from scaletrain.distributed.cluster import (
     expand_tasks_per_node,
     slurm_step,
 )
-from scaletrain.errors import ConfigError
+from scaletrain.errors import ConfigError, Terminated
+from scaletrain.lifecycle import stops
 from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
 from tests.processes import DIGITS_MLP, cli_env, free_port, run, run_here, start, wait_for
 
@@ -194,6 +195,71 @@ def test_the_stop_watchs_last_words_are_written_whole_when_the_main_thread_comes
                           env=cli_env())
     assert status.read_text() == "interrupted", done.stderr
     assert done.returncode == 143 and done.stderr.strip() == "scaletrain: terminated", done.stderr
+
+
+
+@pytest.fixture
+def stop_handlers():
+    """This process's SIGTERM raising Terminated, as in a CLI command; afterwards the test's
+    handler and the process's record of stops as they were."""
+    previous, received = signal.signal(signal.SIGTERM, stops.on_stop_signal), len(stops.RECEIVED)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+    del stops.RECEIVED[received:]
+
+
+@pytest.mark.usefixtures("stop_handlers")
+def test_a_stop_inside_finishing_is_raised_as_the_block_ends():
+    """A second stop while a run records its ending waits for the record; one from before the
+    block, or from a block that fails, is the caller's; an inner block's stop is its outer's."""
+    finishing = stops.finishing
+    done = []
+    with pytest.raises(Terminated):
+        with finishing():
+            os.kill(os.getpid(), signal.SIGTERM)   # its handler runs before the next line
+            done.append("recorded")
+    assert done == ["recorded"]
+    with pytest.raises(KeyError):                  # the block's own failure goes on as it was
+        with finishing():
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise KeyError("the record failed")
+    with pytest.raises(Terminated):
+        with finishing():
+            with finishing():
+                os.kill(os.getpid(), signal.SIGTERM)
+            done.append("outer")
+    assert done == ["recorded", "outer"]
+    with pytest.raises(Terminated):                # outside one, a stop is raised at once
+        os.kill(os.getpid(), signal.SIGTERM)
+        done.append("not reached")
+    assert done == ["recorded", "outer"]
+
+
+@pytest.mark.usefixtures("stop_handlers")
+def test_a_second_sigterm_while_the_run_records_its_end_still_records_it(tmp_path, monkeypatch):
+    """A killed launcher's workers get SIGTERM once per thread of it as they die: the second one,
+    50 ms after the first, raised inside the chief's write of run.json and left the run "running"
+    (test_trust's killed launcher, 3 whole-suite runs in 5). Here a step sends the first, the
+    status write the second just before it writes, and the command's last line a third."""
+    from scaletrain.cli.main import main
+    from scaletrain.lifecycle.folder import RunFolder
+    from scaletrain.lifecycle.plan import TakenFolder
+    stepped, set_status = TakenFolder.on_train_batch_end, RunFolder.set_status
+
+    def first_stop(self, trainer, step, logs):
+        stepped(self, trainer, step, logs)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def second_stop(self, status):
+        os.kill(os.getpid(), signal.SIGTERM)
+        set_status(self, status)
+    monkeypatch.setattr(TakenFolder, "on_train_batch_end", first_stop)
+    monkeypatch.setattr(RunFolder, "set_status", second_stop)
+    monkeypatch.setattr("scaletrain.cli.main.hand_to_launcher", lambda line: os.kill(os.getpid(), signal.SIGTERM))
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", *DIGITS_MLP, "--epochs", "1", "--no-record", "--run-dir", "run"])
+    assert code == 143
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
 
 
 def test_a_slurm_step_lays_its_tasks_node_by_node():

@@ -184,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _main(argv, named)
+    except KeyboardInterrupt:   # a second stop while the command's last line was being said
+        return INTERRUPTED_EXIT_CODE
+    except Terminated:
+        return TERMINATED_EXIT_CODE
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

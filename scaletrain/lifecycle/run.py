@@ -51,7 +51,7 @@ from scaletrain.lifecycle.plan import (
     run_name,
 )
 from scaletrain.lifecycle.resume import resume_config
-from scaletrain.lifecycle.stops import StopWatch
+from scaletrain.lifecycle.stops import StopWatch, finishing
 from scaletrain.optim.schedules import replica_lr_scale
 from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 from scaletrain.summary import RunSummary, build_summary, device_label, device_name, print_summary
@@ -162,7 +162,8 @@ class Run:
             self.callbacks = self._callbacks(metric, extra_callbacks)
             self.checkpointer = make_checkpointer(self.plan, self.config, self.env)
         except BaseException as exc:
-            self.fail(exc)
+            with finishing():
+                self.fail(exc)
             raise
         # A signal while the main thread is stuck in C++ (a collective with a hung peer) still
         # ends the run as interrupted (stops.py); disarmed when the `with` block ends.
@@ -244,12 +245,14 @@ class Run:
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:
-        try:
-            if exc is not None:
-                self.fail(exc)
-        finally:
-            if self.stop_watch is not None:
-                self.stop_watch.disarm()
+        # A second stop (Ctrl-C twice, a killed launcher's repeated SIGTERM) waits for the record.
+        with finishing():
+            try:
+                if exc is not None:
+                    self.fail(exc)
+            finally:
+                if self.stop_watch is not None:
+                    self.stop_watch.disarm()
         return False
 
     def _last_words(self) -> None:
@@ -262,7 +265,12 @@ class Run:
 
     def finish(self, trainer) -> RunSummary:
         """The run's summary, its results written (chief) and every party told it finished. A
-        collective where parameters are sharded: every rank calls it."""
+        collective where parameters are sharded: every rank calls it. A stop that arrives
+        meanwhile ends the command once the run is recorded finished (stops.finishing)."""
+        with finishing():
+            return self._finish(trainer)
+
+    def _finish(self, trainer) -> RunSummary:
         cfg, console = self.config, self.console
         summary = build_summary(trainer, cfg, wall_time_s=time.perf_counter() - self.wall_start, run_dir=self.path,
                                 restarts=self.env.restart_count)

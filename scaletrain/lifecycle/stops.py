@@ -10,10 +10,17 @@ run's last words, prints the command's one line and ends the process with 128 + 
 The main thread may come back from C++ while those words are being written (the collective ends
 as its peer exits): its way out waits for them (`disarm`), so the process never ends half-way
 through writing the run's status (a killed launcher's run read "running" under load).
+
+A run's ending (`finishing`) is not cut short by a second stop either: one that arrives while
+the run records how it ended is raised once that record is written. A killed launcher's workers
+get SIGTERM up to once for each of its threads (the kernel sends the parent-death signal each time
+a dying thread hands its children to the next), and a second one, 50 ms after the first, landed
+in the chief's write of run.json and left the run "running" (3 whole-suite runs in 5).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -25,12 +32,38 @@ from scaletrain.errors import Terminated
 
 STUCK_S = 3.0          # a handler that has not run by then never will, until the C++ call returns
 RECEIVED: list[int] = []   # the stop signals whose Python handler ran, in order
+_deferred: list[int] | None = None   # inside `finishing`: the stops that arrived there
 
 
 def on_stop_signal(signum, frame) -> None:
-    """SIGINT and SIGTERM: remembered, then raised as KeyboardInterrupt/Terminated."""
+    """SIGINT and SIGTERM: remembered, then raised as KeyboardInterrupt/Terminated (inside
+    `finishing`, once it ends)."""
     RECEIVED.append(signum)
+    if _deferred is not None:
+        _deferred.append(signum)
+        return
+    _raise_stop(signum)
+
+
+def _raise_stop(signum: int) -> None:
     raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+@contextlib.contextmanager
+def finishing():
+    """A stop signal that arrives inside is raised as the block ends, not in the middle of it: the
+    block records how a run ended, and a record cut short leaves it "running". A stop that
+    arrived before the block is the caller's (it is what the block records)."""
+    global _deferred
+    outer, _deferred = _deferred, []
+    try:
+        yield
+    finally:
+        arrived, _deferred = _deferred, outer
+    if arrived and outer is None:
+        _raise_stop(arrived[0])
+    elif arrived:
+        outer.extend(arrived)
 
 
 class StopWatch:
