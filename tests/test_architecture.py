@@ -324,6 +324,62 @@ def test_the_wall_clock_rule_tells_a_speed_claim_from_a_safe_bound(claim, caught
     assert bool(wall_clock_claims(claim)) is caught
 
 
+
+# Optional packages whose import takes seconds: a test module imports them in the tests that use
+# them, never at its top (pytest's collection runs every module's top in every worker and in
+# `make check`: Lightning's and MLflow's cost each worker 5.5 s of its 9.9).
+HEAVY_AT_COLLECTION = ("lightning", "pytorch_lightning", "mlflow", "transformers", "wandb", "tensorboard")
+
+
+def heavy_imports_at_collection(source: str) -> list[tuple[int, str]]:
+    """(line, package) of each heavy package a module imports at its top level (statements under
+    an `if` or `try` there and class bodies included), directly or through pytest.importorskip."""
+    found, pending = [], list(ast.parse(source).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue                           # runs when called: its own cost
+        if isinstance(node, ast.ClassDef):
+            pending += node.body               # a class body runs at import
+            continue
+        if isinstance(node, (ast.If, ast.Try)):
+            pending += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                        *(s for h in getattr(node, "handlers", []) for s in h.body)]
+            continue
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            if isinstance(call.func, ast.Attribute) and call.func.attr == "importorskip" and call.args \
+                    and isinstance(call.args[0], ast.Constant):
+                names.append(call.args[0].value)
+        found += [(node.lineno, name) for name in names if name.split(".")[0] in HEAVY_AT_COLLECTION]
+    return sorted(found)
+
+
+def test_no_test_module_imports_a_heavy_package_when_collected():
+    found = [f"{path.relative_to(ROOT)}:{line}: {name}"
+             for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "doctests").glob("*.py")])
+             for line, name in heavy_imports_at_collection(path.read_text())]
+    assert not found, ("imported at collection (check `importlib.util.find_spec` there and import it in the "
+                       "tests instead):\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("source, caught", [
+    ('pytest.importorskip("lightning")', True),
+    ('mlflow = pytest.importorskip("mlflow")', True),
+    ("import lightning as L", True),
+    ("from transformers import AutoModel", True),
+    ("try:\n    import wandb\nexcept ImportError:\n    wandb = None", True),
+    ('def test_x():\n    pytest.importorskip("lightning")', False),     # inside a test: its own cost
+    ('if importlib.util.find_spec("mlflow") is None:\n    pytest.skip("no mlflow", allow_module_level=True)', False),
+    ('pytest.importorskip("optuna")', False),
+])
+def test_the_collection_rule_finds_a_heavy_import_at_a_modules_top(source, caught):
+    assert bool(heavy_imports_at_collection(source)) is caught
+
 # -- the processes tier by construction (issue 67) -------------------------------------------------
 
 def test_a_test_that_did_not_declare_processes_cannot_start_one():
