@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -233,6 +234,16 @@ def test_a_stop_inside_finishing_is_raised_as_the_block_ends():
         os.kill(os.getpid(), signal.SIGTERM)
         done.append("not reached")
     assert done == ["recorded", "outer"]
+    # A block in another thread (a run in a user's thread) defers none of the main thread's stops.
+    deferring = []
+
+    def in_a_thread():
+        with finishing():
+            deferring.append(stops._deferred)
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert deferring == [None]
 
 
 @pytest.mark.usefixtures("stop_handlers")

@@ -53,8 +53,12 @@ def _raise_stop(signum: int) -> None:
 def finishing():
     """A stop signal that arrives inside is raised as the block ends, not in the middle of it: the
     block records how a run ended, and a record cut short leaves it "running". A stop that
-    arrived before the block is the caller's (it is what the block records)."""
+    arrived before the block is the caller's (it is what the block records). Signals reach the
+    main thread only: elsewhere (a run in a thread of a user's program) the block changes nothing."""
     global _deferred
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     outer, _deferred = _deferred, []
     try:
         yield
