@@ -411,22 +411,23 @@ def _processes_of(marker: str) -> list[int]:
     return found
 
 
-def _stop_and_wait(tmp_path, run_dir: Path, extra: list[str], stop) -> None:
-    """Starts a training on a data set whose loader workers hang, stops it with `stop(process)`
-    once it trains, and waits for its last process to end (those left after 60 s are killed, and
-    the test fails)."""
+def _stop_and_wait(tmp_path, run_dir: Path, ranks: int, stop) -> None:
+    """Starts a training of `ranks` processes on a data set whose loader workers hang, stops it
+    with `stop(process)` once every loader worker hangs, and waits for its last process to end
+    (those left after 60 s are killed, and the test fails)."""
     from tests.processes import start, wait_for
     argv = ["train", "--model", "mlp", "--data", "hung_stream:splits", "--data-option", "n=2048",
             "--data-option", "reads=80", "--num-workers", "2", "--epochs", "2", "--batch-size", "16",
-            "--no-progress", "--no-record", "--run-dir", str(run_dir), *extra]
-    log = tmp_path / f"{run_dir.name}.log"
-    proc = start(argv, tmp_path, log)
+            "--no-progress", "--no-record", "--run-dir", str(run_dir), *(["--nproc", str(ranks)] if ranks > 1 else [])]
+    log, marks = tmp_path / f"{run_dir.name}.log", tmp_path / f"{run_dir.name}.hung"
+    marks.mkdir()
+    proc = start(argv, tmp_path, log, HUNG_STREAM_MARKS=str(marks))
     try:
-        # Started: past the class count (a run stopped before its first step leaves no folder), its
-        # settings said, the loader workers reading (unbuffered: tests/processes.py).
-        wait_for(lambda: "settings:" in log.read_text() or proc.poll() is not None, 90, "the run to start")
+        # Trained and stuck: each rank's two loader workers gave it 5 batches, then hung in a read
+        # (tests/plugins/hung_stream.py marks each), the rank waiting on the next batch.
+        wait_for(lambda: len(list(marks.iterdir())) == 2 * ranks or proc.poll() is not None, 90,
+                 "every loader worker to hang")
         assert proc.poll() is None, log.read_text()[-2000:]
-        time.sleep(2.5)                       # its first steps taken, its loader workers hung by now
         stop(proc)
         # Gone, not left behind: how soon is benchmarks/stop_latency.py's figure (BENCHMARKS.md); the
         # DataLoader's own shutdown would join each hung worker for 5 s, and a leak never ends.
@@ -446,7 +447,7 @@ def test_sigterm_ends_a_run_whose_loader_workers_hang_every_time(tmp_path):
     DataLoader joined each hung worker 5 s)."""
     for attempt in range(5):
         run_dir = tmp_path / f"r{attempt}"
-        _stop_and_wait(tmp_path, run_dir, [], lambda proc: proc.send_signal(signal.SIGTERM))
+        _stop_and_wait(tmp_path, run_dir, 1, lambda proc: proc.send_signal(signal.SIGTERM))
         assert _status(run_dir) == "interrupted", attempt
 
 
@@ -469,7 +470,7 @@ def test_every_process_of_a_job_ends_with_it(tmp_path, target):
             proc.send_signal(signal.SIGKILL)
     for attempt in range(2):
         run_dir = tmp_path / f"r{attempt}"
-        _stop_and_wait(tmp_path, run_dir, ["--nproc", "2"], stop)
+        _stop_and_wait(tmp_path, run_dir, 2, stop)
         assert _status(run_dir) == "interrupted", attempt
 
 
