@@ -12,7 +12,7 @@ import types
 import pytest
 
 from scaletrain.tracking.store import RunStore
-from tests.processes import run, run_here, start, wait_for
+from tests.processes import run, run_here, start, wait_for, warm_children
 
 pytest.importorskip("optuna")
 
@@ -148,7 +148,8 @@ def test_killed_and_rerun_it_goes_on_where_it_stopped(tmp_path):
     args = ["autotune", *SMALL, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.2",
             "--knobs", "threads,grad_accum_steps", "--trials", "3", "--out", str(out),
             "--store", str(tmp_path / "runs.db")]
-    first = start(args, tmp_path, tmp_path / "first.log")
+    # Its trainings start warm (the pool's death signal reaches each through its stand-in).
+    first = start(args, tmp_path, tmp_path / "first.log", **warm_children())
     started = lambda: sorted(p.name for p in (out / "trials").glob("trial-*")) if (out / "trials").exists() else []
     try:
         wait_for(lambda: len(started()) >= 2 or first.poll() is not None, 180, "the second trial to start")
@@ -183,7 +184,7 @@ def test_stopped_while_the_given_configuration_ran_the_rerun_still_checks_every_
     args = ["autotune", *SMALL, "--model", "faulty_models:slow_mlp", "--model-option", "delay_s=0.1",
             "--knobs", "threads,grad_accum_steps", "--trials", "3", "--confirm-rounds", "0", "--out", str(out),
             "--store", str(tmp_path / "runs.db")]
-    first = start(args, tmp_path, tmp_path / "first.log")
+    first = start(args, tmp_path, tmp_path / "first.log", **warm_children())   # its trainings warm
     try:
         wait_for(lambda: (out / "trials" / "trial-0000").exists() or first.poll() is not None, 180,
                  "the given configuration's trial to start")

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from scaletrain.cli.main import main
-from tests.processes import DIGITS_MLP, descendants, free_port, run, run_here, start
+from tests.processes import DIGITS_MLP, descendants, free_port, run, run_here, start, warm_children
 
 optuna = pytest.importorskip("optuna")
 
@@ -175,7 +175,8 @@ def test_a_postgresql_study_shared_by_two_processes(tmp_path, postgres):
     (tmp_path / "space.toml").write_text(SPACE)
     common = ["tune", "--space", "space.toml", "--trials", "4", "--parallel", "1", "--storage", postgres,
               "--study-name", "shared", *BASE, "--epochs", "3"]
-    hosts = [start([*common, "--out", f"host{i}"], tmp_path, tmp_path / f"host{i}.log") for i in range(2)]
+    hosts = [start([*common, "--out", f"host{i}"], tmp_path, tmp_path / f"host{i}.log", **warm_children())   # trials warm
+             for i in range(2)]
     try:
         codes = [h.wait(timeout=300) for h in hosts]
     finally:
