@@ -117,7 +117,7 @@ def python(args, cwd, timeout=240, **env) -> subprocess.CompletedProcess:
     """`python ARGS` (a script and its arguments, or `-m MODULE ...`) in `cwd`, as a process of its
     own, started warm from this process's socket server (cold under SCALETRAIN_TESTS_COLD=1)."""
     _require_declared()
-    return subprocess.run([*_python_command(), *map(str, args)], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([*python_command(), *map(str, args)], capture_output=True, text=True, cwd=cwd,
                           env=cli_env(**warm_children(), **env), timeout=timeout)
 
 
@@ -125,12 +125,12 @@ def torchrun(nproc: int, args, cwd, timeout=240, **env) -> subprocess.CompletedP
     """`torchrun --standalone --nproc-per-node NPROC ARGS` (ARGS: a script and its arguments, or
     `-m MODULE ...`): the launcher and each worker a process of its own, each started warm (the
     launcher runs the workers with --no-python through the same client)."""
-    command = _python_command()
+    command = python_command()
     return python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                    *(["--no-python", *command] if len(command) > 1 else []), *args], cwd, timeout, **env)
 
 
-def _python_command() -> list[str]:
+def python_command() -> list[str]:
     """What runs `python ARGS` here: warm_client.py --python, or this interpreter when cold."""
     if os.environ.get("SCALETRAIN_TESTS_COLD") == "1":
         return [sys.executable]

@@ -7,15 +7,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
+import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.gpu.__main__ import main as kit_main
-from tests.processes import warm_children
+from tests.processes import python, python_command
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("environment", "smoke", "precision", "peers", "memory_lab", "autotune", "compiled")
@@ -24,11 +23,11 @@ PARTS = ("environment", "smoke", "precision", "peers", "memory_lab", "autotune",
 def kit(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     # A rehearsal of code paths, not of speed: one thread a process (as the CLI tests run), so its
     # processes and the other test worker's do not fight over two cores (with two threads each,
-    # its peers part ran 4x its idle time beside the suite and outlived its limit). The scaletrain
-    # commands its parts start (smoke's CLI cases, autotune) start warm, as scaletrain's own do.
-    return subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--out", str(out), "--rehearse", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **warm_children()})
+    # its peers part ran 4x its idle time beside the suite and outlived its limit). The runner, its
+    # parts (SCALETRAIN_KIT_PYTHON) and the scaletrain commands they start (smoke's CLI cases,
+    # autotune) start warm, as the CLI tests' processes do (tests/processes.py).
+    return python(["-m", "benchmarks.gpu", "--out", str(out), "--rehearse", *args], ROOT, timeout,
+                  SCALETRAIN_KIT_PYTHON=shlex.join(python_command()))
 
 
 def results(out: Path) -> dict[str, dict]:
@@ -84,9 +83,9 @@ def test_rehearsal_runs_every_part_and_writes_at_most_8_files(tmp_path):
 @pytest.mark.usefixtures("processes")
 def test_a_failing_part_and_a_part_past_its_limit_cost_only_themselves(tmp_path):
     # smoke hangs once it has listed its cases, so its limit is what stops it, whatever the load.
-    # Listing them takes a part's start (its process, torch's import): the limit is 5 times what
-    # the environment part (a start and a matrix product) took just now, 12 to 40 s (a fixed 40 s
-    # left a loaded CPU room; on a quiet AVX-512 one the environment part takes 1.4-2.4 s, and the
+    # Listing them takes a part's start (its process, warm here): the limit is 5 times what the
+    # environment part (a start and a matrix product) took just now, 12 to 40 s (a fixed 40 s left
+    # a loaded CPU room; on a quiet AVX-512 one the cold environment part took 1.4-2.4 s, and the
     # test waited 40, then, at 8 times it, up to 19).
     probe = kit(tmp_path / "probe", "--parts", "environment", timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]

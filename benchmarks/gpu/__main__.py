@@ -29,6 +29,10 @@ SITE = Path("/tmp/scaletrain-gpu-kit-site")
 # the idle 2-core EPYC without AVX-512; beside the suite's other worker peers took over 180 s).
 REHEARSAL_LIMIT_S = 400.0
 OUTPUT_TAIL_CHARS = 6000   # of each part's output, kept in its result file
+# The command that runs `python ARGS` for a part's process, in place of this interpreter: the
+# suite's rehearsal points it at a client of an interpreter that imported torch once
+# (tests/warm_client.py --python), sparing each part a cold start.
+PART_PYTHON_ENV = "SCALETRAIN_KIT_PYTHON"
 
 
 def install_wheels() -> str | None:
@@ -66,8 +70,14 @@ def run_one(name: str, out: Path, rehearse: bool, limit_s: float, fail: bool, ha
         part.save()
 
 
+def part_python() -> list[str]:
+    """What a part's process runs as `python`: SCALETRAIN_KIT_PYTHON (split as a shell would), else
+    this interpreter."""
+    return shlex.split(os.environ.get(PART_PYTHON_ENV, "")) or [sys.executable]
+
+
 def launch(name: str, args, limit_s: float, env: dict) -> None:
-    argv = [sys.executable, "-m", "benchmarks.gpu", "--part-process", name, "--out", str(args.out),
+    argv = [*part_python(), "-m", "benchmarks.gpu", "--part-process", name, "--out", str(args.out),
             "--limit", f"{name}={limit_s}"] + (["--rehearse"] if args.rehearse else []) + \
         (["--fail", name] if name in args.fail else []) + (["--hang", name] if name in args.hang else [])
     start = time.monotonic()
