@@ -4,6 +4,7 @@ import sys
 try:
     from scaletrain.cli.main import main
     from scaletrain.distributed.env import die_with_launcher, under_launcher
+    from scaletrain.lifecycle.stops import end_daemonic_children
 except KeyboardInterrupt:   # Ctrl-C (or a launcher stopping its workers) while Python imports: no traceback
     sys.exit(130)
 
@@ -28,9 +29,11 @@ code = _run()
 # The command has finished and torn its process group down. Gloo's C++ threads can still hold
 # tensors at interpreter teardown, and destroying them then aborted a rank that had already done
 # its work (seen once in CI, exit -6 after `predict` under fsdp). Nothing is left to run: flush
-# and leave without the teardown. (A bug's traceback, raised above, takes the ordinary exit.)
+# and leave without the teardown, ending the daemonic children it would have ended (a loader's
+# workers left by a stop). (A bug's traceback, raised above, takes the ordinary exit.)
 import logging  # noqa: E402
 
+end_daemonic_children()
 logging.shutdown()
 sys.stdout.flush()
 sys.stderr.flush()

@@ -209,6 +209,26 @@ def stop_handlers():
     del stops.RECEIVED[received:]
 
 
+def test_a_process_leaving_through_os_exit_ends_its_daemonic_children_first():
+    """A launched worker leaves through os._exit (scaletrain/__main__.py), as the stop watch does,
+    which skips Python's own ending of daemonic children (a DataLoader's workers): it ends them
+    itself. Non-daemonic children are the caller's to join, as Python leaves them."""
+    import multiprocessing
+    fork = multiprocessing.get_context("fork")
+    asleep = fork.Process(target=time.sleep, args=(3600,), daemon=True)   # a worker hung in a read
+    kept = fork.Process(target=time.sleep, args=(3600,), daemon=False)
+    asleep.start()
+    kept.start()
+    try:
+        stops.end_daemonic_children()
+        assert not asleep.is_alive() and asleep.exitcode == -signal.SIGKILL
+        assert kept.is_alive()
+    finally:
+        for child in (asleep, kept):
+            child.kill()
+            child.join()
+
+
 @pytest.mark.usefixtures("stop_handlers")
 def test_a_stop_inside_finishing_is_raised_as_the_block_ends():
     """A second stop while a run records its ending waits for the record; one from before the

@@ -413,20 +413,24 @@ def _processes_of(marker: str) -> list[int]:
 
 def _stop_and_wait(tmp_path, run_dir: Path, ranks: int, stop) -> None:
     """Starts a training of `ranks` processes on a data set whose loader workers hang, stops it
-    with `stop(process)` once every loader worker hangs, and waits for its last process to end
-    (those left after 60 s are killed, and the test fails)."""
+    with `stop(process)` once its first step has ended and every loader worker hangs, and waits
+    for its last process to end (those left after 60 s are killed, and the test fails)."""
     from tests.processes import start, wait_for
-    argv = ["train", "--model", "mlp", "--data", "hung_stream:splits", "--data-option", "n=2048",
-            "--data-option", "reads=80", "--num-workers", "2", "--epochs", "2", "--batch-size", "16",
-            "--no-progress", "--no-record", "--run-dir", str(run_dir), *(["--nproc", str(ranks)] if ranks > 1 else [])]
-    log, marks = tmp_path / f"{run_dir.name}.log", tmp_path / f"{run_dir.name}.hung"
+    log, marks = tmp_path / f"{run_dir.name}.log", tmp_path / f"{run_dir.name}.marks"
     marks.mkdir()
+    argv = ["train", "--model", "faulty_models:stepping_mlp", "--model-option", f"marks={marks}",
+            "--data", "hung_stream:splits", "--data-option", "n=2048", "--data-option", "reads=80",
+            "--num-workers", "2", "--epochs", "2", "--batch-size", "16", "--no-progress", "--no-record",
+            "--run-dir", str(run_dir), *(["--nproc", str(ranks)] if ranks > 1 else [])]
     proc = start(argv, tmp_path, log, HUNG_STREAM_MARKS=str(marks))
     try:
-        # Trained and stuck: each rank's two loader workers gave it 5 batches, then hung in a read
-        # (tests/plugins/hung_stream.py marks each), the rank waiting on the next batch.
-        wait_for(lambda: len(list(marks.iterdir())) == 2 * ranks or proc.poll() is not None, 90,
-                 "every loader worker to hang")
+        # Trained and stuck: each rank's first step ended (a run stopped before it leaves no folder)
+        # and its two loader workers, 5 batches each given, hung in a read (the plugins mark both).
+        def stuck():
+            names = [p.name for p in marks.iterdir()]
+            return sum(n.startswith("stepped-") for n in names) == ranks and \
+                sum(n.startswith("hung-") for n in names) == 2 * ranks
+        wait_for(lambda: stuck() or proc.poll() is not None, 90, "a step taken and every loader worker hung")
         assert proc.poll() is None, log.read_text()[-2000:]
         stop(proc)
         # Gone, not left behind: how soon is benchmarks/stop_latency.py's figure (BENCHMARKS.md); the

@@ -4,6 +4,7 @@ torchrun, killed and resumed."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, WeightedRando
 from scaletrain.config import TrainConfig
 from scaletrain.data.loaders import Normalizer, StreamingLoader
 from scaletrain.data.user import StreamSplit, TorchSplit, as_dataset
-from scaletrain.errors import ConfigError, DataError
+from scaletrain.errors import ConfigError, DataError, Terminated
 from scaletrain.training import Trainer
 from tests.processes import PLUGINS, kill_slowed_run_after_checkpoint, metrics, run, summary
 
@@ -239,6 +240,39 @@ def test_a_stream_trains_through_a_dataloader_with_workers(tmp_path):
         history = trainer.fit(DataLoader(Counted(480, noise=True), batch_size=32, num_workers=2),
                               val=Counted(160, seed=1))
     assert trainer.task.name == "classification" and history[-1]["val_accuracy"] >= 0.85
+
+
+class StopsAtStep:
+    """A callback raising the stop a SIGTERM raises, at one step's start: inside the training step,
+    not inside a read from the loader."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_begin(self, trainer, step):
+        if step == self.step:
+            raise Terminated()
+
+
+@pytest.mark.parametrize("loader_workers", ["the data's own", "configured"])
+def test_a_stop_raised_in_a_step_ends_the_loaders_workers_before_it_goes_on(tmp_path, loader_workers):
+    """fit() raises the stop, and the loader's worker processes are gone by then: not left to the
+    DataLoader's shutdown when it is collected, which joins a worker stuck in a user's read 5 s
+    (10 s a rank, stopping a job of hung reads mid-step), or never, in a launched worker that
+    leaves through os._exit (an orphan asleep in the read for good: tests/test_trust.py's jobs)."""
+    import multiprocessing
+    cfg = _config(tmp_path, epochs=1)
+    if loader_workers == "configured":   # a Dataset, read by the trainer's DataLoader with --num-workers 2
+        cfg.data.num_workers, data = 2, Pairs()
+    else:
+        data = DataLoader(Pairs(), batch_size=32, num_workers=2)
+    with Trainer(_model(), cfg, callbacks=[StopsAtStep(2)]) as trainer, pytest.raises(Terminated) as stopped:
+        trainer.fit(data, val=Pairs(64, seed=1))
+    # `stopped` holds the traceback, so fit's loaders live on here: only the stop ended their workers.
+    left = [child.pid for child in multiprocessing.active_children() if child.daemon]
+    del stopped
+    gc.collect()    # the loaders go, and their DataLoaders shut down what the stop left
+    assert left == []
 
 
 class ThreeClasses(Pairs):

@@ -18,12 +18,13 @@ _EXPORTS = {
     "make_dataset": "scaletrain.data.dataset",
     "register_dataset": "scaletrain.data.source",
     "sample_shape": "scaletrain.data.registry",
+    "workers_end_on_stop": "scaletrain.data.loaders",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from scaletrain.data.dataset import ArraySplit, Dataset, as_features, as_labels, make_dataset
-    from scaletrain.data.loaders import DeviceLoader, Normalizer, StreamingLoader, choose_placement
+    from scaletrain.data.loaders import DeviceLoader, Normalizer, StreamingLoader, choose_placement, workers_end_on_stop
     from scaletrain.data.registry import load_dataset, sample_shape
     from scaletrain.data.source import DATA_SOURCES, register_dataset

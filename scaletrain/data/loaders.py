@@ -9,6 +9,7 @@ any step draws exactly the augmentations the uninterrupted run would have.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ class _BatchSource:
         """Next iteration yields epoch `epoch`'s batches from index `start_batch` on (for resume)."""
         self.epoch, self.start_batch = epoch, start_batch
         self.generator.manual_seed(self.seed * 100_003 + epoch)
+
+    def stop_workers(self) -> None:
+        """Ends this loader's worker processes at once (a stop: `workers_end_on_stop`). This one has none."""
 
     def __len__(self) -> int:
         n = len(self.split)
@@ -169,6 +173,17 @@ class HostToDevice(_BatchSource):
         super().__init__(split, *args, **kwargs)
         self.pin_memory = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.pin_memory else None
+        self._reading: Iterator | None = None   # the DataLoader's iterator, once iterated: its workers
+
+    def _worker_batches(self) -> Iterator:
+        """The DataLoader's batches (`self.loader`), through `from_workers`, its iterator kept so that
+        a stop landing outside a read can still end its workers (`stop_workers`)."""
+        self._reading = iter(self.loader)
+        return from_workers(self._reading)
+
+    def stop_workers(self) -> None:
+        if self._reading is not None:
+            stop_workers(self._reading)
 
     def _to_device(self, batch):
         x, y = batch
@@ -230,7 +245,7 @@ class StreamingLoader(HostToDevice):
     def __iter__(self):
         if self.stream is not None:
             self.stream.epoch, self.stream.batches = self.epoch, self._stream_batches()
-        batches = from_workers(iter(self.loader))
+        batches = self._worker_batches()
         first = next(batches, None)
         if first is None:
             return
@@ -254,6 +269,21 @@ def from_workers(batches: Iterator) -> Iterator:
         raise type(exc)(original_message(exc)) from None
     except (KeyboardInterrupt, Terminated, SystemExit):
         stop_workers(batches)
+        raise
+
+
+@contextlib.contextmanager
+def workers_end_on_stop(*loaders: _BatchSource):
+    """A stop (SIGTERM, Ctrl-C) raised anywhere inside (a step, an evaluation, a callback) ends
+    the loaders' worker processes before it goes on. One raised inside a loader's read is met there
+    (`from_workers`); one raised in a step left the read suspended, and the workers, hung in a
+    user's read, were joined 5 s each by the DataLoader's shutdown once it was collected (10 s a
+    rank, seen stopping a job mid-step), or, in a launched worker that leaves through os._exit, never."""
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated):
+        for loader in loaders:
+            loader.stop_workers()
         raise
 
 

@@ -35,6 +35,21 @@ RECEIVED: list[int] = []   # the stop signals whose Python handler ran, in order
 _deferred: list[int] | None = None   # inside `finishing`: the stops that arrived there
 
 
+def end_daemonic_children() -> None:
+    """What Python's own exit does for multiprocessing (its atexit hook ends daemonic children),
+    for a process about to leave through os._exit, which skips it: a DataLoader's worker processes
+    end with their process. A worker hung in a user's read never checks on its parent (it looks
+    only while waiting for work), so a rank that left without this kept two orphans asleep in
+    the read forever (a killed launcher's job, stopped while its first steps ran)."""
+    import multiprocessing
+
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(timeout=1.0)
+
+
 def on_stop_signal(signum, frame) -> None:
     """SIGINT and SIGTERM: remembered, then raised as KeyboardInterrupt/Terminated (inside
     `finishing`, once it ends)."""
@@ -123,4 +138,5 @@ class StopWatch:
                     pass
                 word = "interrupted" if signum == signal.SIGINT else "terminated"
                 print(f"scaletrain: {word}", file=sys.stderr, flush=True)
+                end_daemonic_children()
                 os._exit(128 + signum)   # still holding the lock: the main thread's way out waits

@@ -33,6 +33,7 @@ from scaletrain.data import (
     StreamingLoader,
     as_features,
     choose_placement,
+    workers_end_on_stop,
 )
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
@@ -330,7 +331,6 @@ class Trainer:
         fraction of the training split is held out). A data set without a validation split is
         validated on its test split, and then has no separate test figure. With a checkpointer that
         has something to resume, continues from it exactly."""
-        cfg = self.config
         dataset = self.as_dataset(data, val, test)
         self.normalizer = None   # this data set's statistics
         self.adopt(dataset)
@@ -342,6 +342,12 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"global batch {self.batch.global_batch} is larger than the {len(dataset.train)} "
                               "training samples; use a smaller --batch-size")
+        with workers_end_on_stop(train_loader, val_loader):
+            return self._train(dataset, train_loader, val_loader)
+
+    def _train(self, dataset: Dataset, train_loader, val_loader) -> list[dict]:
+        """fit()'s training, warm-up to the last callback, on the loaders fit() made."""
+        cfg = self.config
         schedule = self.schedule(self.steps_per_epoch, cfg.epochs)
         self.counters.resize(self.steps_per_epoch)  # also empties the per-step loss slots
         # A second fit() starts a fresh schedule after the optimizer steps already taken.

@@ -2,7 +2,7 @@
 returns): the real CLI loads it as `--data hung_stream:splits --num-workers 2` (tests put this
 folder on PYTHONPATH). In this process (the class count reads every target) it reads; in a worker,
 the first `reads` samples come, then every read blocks forever. Where HUNG_STREAM_MARKS names a
-folder, a worker writes a file there (its pid) as it hangs, so a test waits for the hang itself."""
+folder, a worker writes a file there (hung-PID) as it hangs, so a test waits for the hang itself."""
 
 import os
 import time
@@ -24,7 +24,7 @@ class HangingReads(Dataset):
             if self.done > self.reads:
                 marks = os.environ.get("HUNG_STREAM_MARKS")
                 if marks:
-                    open(os.path.join(marks, str(os.getpid())), "w").close()
+                    open(os.path.join(marks, f"hung-{os.getpid()}"), "w").close()
                 time.sleep(3600)          # hung: no exception, no data, no end
         x = torch.randn(8, generator=torch.Generator().manual_seed(i))
         return x, int(x.sum() > 0)

@@ -7,7 +7,7 @@ from collections import deque
 
 from torch.utils.data import DataLoader
 
-from scaletrain.data.loaders import HostToDevice, from_workers, own_generator
+from scaletrain.data.loaders import HostToDevice, own_generator
 from scaletrain.data.shards.split import ShardedSplit
 from scaletrain.data.shards.stream import ShardLayout, ShardStream
 
@@ -36,7 +36,7 @@ class ShardLoader(HostToDevice):
 
     def __iter__(self):
         # Workers start here with a copy of the stream as it stands (this epoch, this start).
-        batches = from_workers(iter(self.loader))
+        batches = self._worker_batches()
         ahead: deque = deque()
         index, remaining = self.start_batch, len(self) - self.start_batch
         for _ in range(remaining):
