@@ -214,19 +214,30 @@ def test_a_process_leaving_through_os_exit_ends_its_daemonic_children_first():
     which skips Python's own ending of daemonic children (a DataLoader's workers): it ends them
     itself. Non-daemonic children are the caller's to join, as Python leaves them."""
     import multiprocessing
+
+    from torch.utils.data import DataLoader
     fork = multiprocessing.get_context("fork")
     asleep = fork.Process(target=time.sleep, args=(3600,), daemon=True)   # a worker hung in a read
     kept = fork.Process(target=time.sleep, args=(3600,), daemon=False)
     asleep.start()
     kept.start()
+    # A DataLoader's workers too, whose deaths its SIGCHLD handler reports as a failure (raised
+    # inside the ending, it cost a launched rank a traceback over its own line).
+    watched_before = signal.getsignal(signal.SIGCHLD)
+    batches = iter(DataLoader(range(8), num_workers=2, persistent_workers=True))
+    next(batches)
+    workers = list(batches._workers)
     try:
         stops.end_daemonic_children()
         assert not asleep.is_alive() and asleep.exitcode == -signal.SIGKILL
+        assert not any(worker.is_alive() for worker in workers)
         assert kept.is_alive()
     finally:
-        for child in (asleep, kept):
+        signal.signal(signal.SIGCHLD, watched_before)
+        for child in (asleep, kept, *workers):
             child.kill()
             child.join()
+        del batches   # its shutdown unregisters its workers from torch's SIGCHLD check
 
 
 @pytest.mark.usefixtures("stop_handlers")

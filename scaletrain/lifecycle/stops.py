@@ -44,6 +44,13 @@ def end_daemonic_children() -> None:
     import multiprocessing
 
     children = [child for child in multiprocessing.active_children() if child.daemon]
+    if children:
+        # A DataLoader watches its workers through SIGCHLD, and its handler raises "worker killed by
+        # signal" at the next line of Python: ended on purpose here, they are no failure. (Only the
+        # main thread may set a handler; the stop watch ends the process before that thread runs
+        # Python again.)
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in children:
         child.kill()
     for child in children:
