@@ -289,6 +289,28 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def outputs_of(tasks: list[subprocess.Popen], timeout: float) -> list[str]:
+    """What each task (started with stdout=PIPE, text=True) printed, once all have ended. Past
+    `timeout` s for all together, every task is killed and the test fails with the end of what
+    each had printed: a job that hangs says where, instead of a bare TimeoutExpired."""
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for task in tasks:
+            outputs.append(task.communicate(timeout=max(0.0, deadline - time.monotonic()))[0])
+    except subprocess.TimeoutExpired:
+        for task in tasks:
+            task.kill()
+        left = [task.communicate()[0] for task in tasks[len(outputs):]]
+        printed = "\n\n".join(f"--- task {i} (exit {task.returncode}) ---\n{(out or '')[-3000:]}"
+                                for i, (task, out) in enumerate(zip(tasks, outputs + left)))
+        raise AssertionError(f"the tasks had not all ended after {timeout:g} s:\n{printed}") from None
+    finally:
+        for task in tasks:
+            task.kill()
+    return outputs
+
+
 def wait_for(condition, timeout: float, what: str, poll: float = 0.02):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

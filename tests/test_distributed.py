@@ -23,6 +23,7 @@ from tests.processes import (
     kill_group,
     kill_slowed_run_after_checkpoint,
     metrics,
+    outputs_of,
     run,
     start,
     summary,
@@ -69,11 +70,7 @@ def test_leaving_the_group_right_after_a_collective_never_hangs():
     ranks = [subprocess.Popen([sys.executable, "-c", LEAVE_RIGHT_AFTER_A_COLLECTIVE, str(rank), str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env())
              for rank in (0, 1)]
-    try:
-        outs = [r.communicate(timeout=60)[0] for r in ranks]
-    finally:
-        for r in ranks:
-            r.kill()
+    outs = outputs_of(ranks, 60)
     assert [r.returncode for r in ranks] == [0, 0] and all("left 60 groups" in out for out in outs), outs
 
 

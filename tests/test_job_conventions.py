@@ -26,7 +26,7 @@ from scaletrain.distributed.cluster import (
 from scaletrain.errors import ConfigError, Terminated
 from scaletrain.lifecycle import stops
 from scaletrain.lifecycle.job_folders import apply_job_folders, job_folders
-from tests.processes import DIGITS_MLP, cli_env, free_port, run, run_here, start, wait_for
+from tests.processes import DIGITS_MLP, cli_env, free_port, outputs_of, run, run_here, start, wait_for
 
 QUICK = [*DIGITS_MLP, "--epochs", "1", "--batch-size", "64"]
 
@@ -338,7 +338,7 @@ def test_two_slurm_tasks_train_one_ddp_job(tmp_path):
     tasks = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=cli_env(**_step(rank, MASTER_PORT=str(port))))
              for rank in range(2)]
-    outputs = [task.communicate(timeout=240)[0] for task in tasks]
+    outputs = outputs_of(tasks, 240)
     assert [task.returncode for task in tasks] == [0, 0], outputs
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert (summary["strategy"], summary["world_size"]) == ("ddp", 2)

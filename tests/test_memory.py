@@ -164,9 +164,13 @@ def _profiled_peak(model, x, y, dtype) -> int:
     return peak
 
 
-@pytest.mark.parametrize("precision,ac", [("fp32", False), ("bf16-mixed", False), ("fp32", True)])
-def test_traced_activations_are_within_ten_percent_of_measured(precision, ac):
-    shape, batch = (3, 32, 32), 32
+# bf16 at batch 8: on a CPU without bfloat16 instructions its step is emulated (20 s at batch 32
+# there, 7 s at 8), and its figures agree as closely at 8 (activations 1.0003x measured, 1.0001x at
+# 32). Checkpointing keeps batch 32: there the planner's figure departs at small batches (1.26x
+# measured at 16, 1.72x at 8: over-counted, the safe side; docs/memory.md).
+@pytest.mark.parametrize("precision,ac,batch", [("fp32", False, 32), ("bf16-mixed", False, 8), ("fp32", True, 32)])
+def test_traced_activations_are_within_ten_percent_of_measured(precision, ac, batch):
+    shape = (3, 32, 32)
     req = PlanRequest(model="vit-tiny", input_shape=shape, num_classes=10, batch_size=batch, precision=precision,
                       activation_checkpointing=ac)
     planner = Planner(req)

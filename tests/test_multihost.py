@@ -14,7 +14,7 @@ import uuid
 import pytest
 import torch
 
-from tests.processes import DIGITS_MLP, cli_env, metrics, summary
+from tests.processes import DIGITS_MLP, cli_env, metrics, outputs_of, summary
 
 pytestmark = pytest.mark.usefixtures("processes")   # every test here starts processes
 
@@ -67,13 +67,7 @@ def test_two_hosts_train_together_through_a_cluster_spec(two_hosts, tmp_path):
             ["ip", "netns", "exec", ns, sys.executable, "-m", "scaletrain", "train", *DIGITS_MLP, "--epochs", "2",
              "--batch-size", "64", "--nproc", "1", "--run-dir", str(run_dir)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path))
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=180)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
+    outputs = outputs_of(procs, 180)
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
     # Host 0 holds the chief (rank 0): it alone wrote the run files.
     s = summary(tmp_path / "host0")

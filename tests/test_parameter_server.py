@@ -25,6 +25,7 @@ from tests.processes import (
     committed_steps,
     kill_group,
     metrics,
+    outputs_of,
     run,
     start,
     summary,
@@ -251,7 +252,7 @@ def test_seed_002s_tf_config_with_a_ps_task_trains_like_nproc(tmp_path):
                               env=cli_env(TF_CONFIG=json.dumps({"cluster": cluster,
                                                                 "task": {"type": role, "index": index}})))
              for role, index in (("worker", 0), ("worker", 1), ("ps", 0))]
-    outputs = [task.communicate(timeout=240)[0] for task in tasks]
+    outputs = outputs_of(tasks, 240)
     assert [task.returncode for task in tasks] == [0, 0, 0], outputs
     assert "2 worker(s) + 1 parameter server(s), sync" in outputs[0]
     assert [m["optimizer_steps"] for m in metrics(tmp_path / "r")] == [20, 40]
@@ -280,10 +281,11 @@ def test_a_killed_worker_does_not_stop_training(tmp_path, mode):
     try:
         wait_for(lambda: (tmp_path / "r" / "metrics.jsonl").is_file() and metrics(tmp_path / "r"), 120, "epoch 1")
         os.kill(tasks[2].pid, signal.SIGKILL)
-        outputs = [task.communicate(timeout=180)[0] for task in tasks]
-    finally:
+    except BaseException:
         for task in tasks:
             task.kill()
+        raise
+    outputs = outputs_of(tasks, 180)
     assert [task.returncode for task in tasks] == [0, 0, -signal.SIGKILL, 0], outputs
     assert "worker rank(s) 2 lost; training goes on with 2 worker(s)" in outputs[0]
     logs = metrics(tmp_path / "r")
