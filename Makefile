@@ -25,15 +25,15 @@ check:
 # rewrites with what it measured and prints the longest of at its end), so the two workers end together.
 # No test claims how fast the machine is (tests/test_architecture.py: a benchmark's claim), so
 # nothing needs the machine to itself. Each target says how long it took (README, "Tests").
-# torch.compile's kernels (inductor's cache) for the suite: in the checkout, not the machine's
+# torch.compile's kernels (inductor's cache) for the tests: in the checkout, not the machine's
 # /tmp/torchinductor_$$USER, so a fresh clone (CI) compiles everything and its time is a cold run's
 # whatever ran on the machine before, and a second run here reuses them (timed.sh says which).
-INDUCTOR_CACHE := $(CURDIR)/.cache/torchinductor
+check test doc-test: export TORCHINDUCTOR_CACHE_DIR = $(CURDIR)/.cache/torchinductor
 
 test:
 	bash scripts/setup.sh dev
 	bash scripts/setup-system.sh
-	TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE) bash scripts/timed.sh "make test" \
+	bash scripts/timed.sh "make test" \
 	  env SCALETRAIN_SCOPE_SECONDS=tests/scope_seconds.json \
 	  .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests doctests
 
@@ -41,7 +41,7 @@ test:
 # workspace's lines in order on one of two workers (`make test` runs them too).
 doc-test:
 	bash scripts/setup.sh dev
-	TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE) bash scripts/timed.sh "make doc-test" .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder doctests
+	bash scripts/timed.sh "make doc-test" .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder doctests
 
 # XLA devices (TPUs) through torch_xla, run for real on XLA on a CPU (PJRT_DEVICE=CPU): its tests in
 # .venv-xla (torch 2.9.0 + torch_xla 2.9.0, scripts/setup-xla.sh). Not part of `make test`/CI yet:

@@ -411,6 +411,31 @@ def test_a_test_that_declared_processes_starts_them_and_is_in_their_tier(request
     assert request.node.get_closest_marker("processes") is not None     # `make check` leaves it out
 
 
+# -- a suite time says whether it compiled afresh (issue 67) --------------------------------------
+
+@pytest.mark.usefixtures("processes")
+def test_make_tests_compile_cache_is_the_checkouts_and_timed_sh_says_whether_it_held_kernels(tmp_path):
+    """A rerun reuses inductor's kernels (the compiled checkpointing test 102 s cold, 10 s warm), so
+    a suite time is a cold run's only if the cache was empty: the test targets keep it in the
+    checkout (a fresh clone's is empty) and timed.sh's line says which it was."""
+    import subprocess
+    dry = subprocess.run(["make", "-p", "-n", "check"], cwd=ROOT, capture_output=True, text=True).stdout
+    for target in ("check", "test", "doc-test"):
+        assert f"{target}: TORCHINDUCTOR_CACHE_DIR = $(CURDIR)/.cache/torchinductor" in dry, target
+    cache = tmp_path / "inductor"
+
+    def timed_line() -> str:
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "timed.sh"), "t", "true"], capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+    assert "inductor cache cold" in timed_line()        # no folder yet
+    cache.mkdir()
+    assert "inductor cache cold" in timed_line()        # an empty one
+    (cache / "fxgraph").mkdir()
+    assert "inductor cache warm" in timed_line()
+
+
 # -- the user's code has one owner (issue 65) ------------------------------------------------------
 
 def _lightning_questions(path: Path) -> list[str]:
