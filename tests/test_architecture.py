@@ -489,3 +489,24 @@ def test_data_asks_a_task_its_questions_never_its_name():
                     branches.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert names >= {"classification", "regression", "language-model"}
     assert branches == [], branches
+
+
+MODULE_LINES = 600   # STYLE.md: readable file sizes; past it a module holds more than one job
+
+
+def long_modules(package: Path, limit: int = MODULE_LINES) -> list[str]:
+    """The package's modules longer than `limit` lines, each with its length."""
+    return [f"{path.relative_to(package)}: {n} lines"
+            for path in sorted(package.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > limit]
+
+
+def test_no_module_is_past_the_line_rule():
+    assert long_modules(PACKAGE) == [], f"split these modules by concern (STYLE.md): {long_modules(PACKAGE)}"
+
+
+def test_the_line_rule_finds_a_long_module(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * MODULE_LINES)
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "long.py").write_text("x = 1\n" * (MODULE_LINES + 1))
+    assert long_modules(tmp_path) == [f"deep/long.py: {MODULE_LINES + 1} lines"]

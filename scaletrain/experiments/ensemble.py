@@ -174,6 +174,7 @@ def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None
     from scaletrain.config import DistributedConfig
     from scaletrain.distributed import build_strategy
     from scaletrain.distributed.env import dist_env
+    from scaletrain.distributed.shapes import agreed_shape
     env = dist_env()
     group = build_strategy(DistributedConfig(strategy="ddp", nproc=world, devices=devices), env)
     here = group.setup(device)
@@ -182,7 +183,8 @@ def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None
         mine = [p for p, _ in predicted]
         slots = math.ceil(len(records) / world)
         # Every process sends the same shape: its members' predictions, padded to `slots`.
-        shape = _shape_of_predictions(mine, group)
+        # Each holds at least one member; a member shaped otherwise is refused by the process predicting it.
+        shape = agreed_shape(mine[0].shape, group.all_reduce_max_, group.device)
         sent = torch.zeros((slots, *shape), dtype=torch.float32)
         for i, (record, p) in enumerate(zip(records[env.rank::world], mine)):
             _check_shape(record, p, shape, "another")
@@ -198,10 +200,3 @@ def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None
         return _combine(records, predictions, predicted[0][1], dataset, world)
     finally:
         group.teardown()
-
-
-def _shape_of_predictions(mine: list[torch.Tensor], group) -> tuple[int, ...]:
-    """The predictions' shape agreed by every process (each holds at least one member): the largest
-    of each dimension; a member shaped otherwise is refused by the process predicting it."""
-    dims = torch.tensor([len(mine[0].shape), *mine[0].shape, *([0] * 8)][:9], dtype=torch.int64)
-    return tuple(int(d) for d in group.all_reduce_max_(dims.to(group.device)).cpu()[1:1 + int(dims[0])])

@@ -25,20 +25,12 @@ from scaletrain.accelerators.xla import is_xla
 from scaletrain.adapters import adapted
 from scaletrain.callbacks import CallbackList
 from scaletrain.config import TrainConfig, identity_digest
-from scaletrain.data import (
-    ArraySplit,
-    Dataset,
-    DeviceLoader,
-    Normalizer,
-    StreamingLoader,
-    as_features,
-    choose_placement,
-    workers_end_on_stop,
-)
+from scaletrain.data import Dataset, Normalizer, as_features, loader_class, workers_end_on_stop
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
 from scaletrain.distributed.batching import BatchDivision
 from scaletrain.distributed.capabilities import Serving, epoch_control
+from scaletrain.distributed.shapes import agreed_shape
 from scaletrain.errors import ConfigError, NonFiniteLossError, add_context
 from scaletrain.inputs import Inputs, first_rows, map_inputs
 from scaletrain.optim import LRSchedule, build_schedule, current_lr
@@ -63,9 +55,6 @@ from scaletrain.training.state import copy_into, load_template, load_trainer_sta
 from scaletrain.training.step import TrainStep
 
 __all__ = ["Trainer", "resolve_device"]
-
-
-MAX_PREDICTION_DIMS = 7   # a prediction's dimensions after the batch's (classes; tokens x vocabulary; ...)
 
 
 class Trainer:
@@ -301,17 +290,7 @@ class Trainer:
             if (start, end) != (0, len(split)):
                 split = split.part(start, end)
             batch, shard = data.val_batch_size or self.batch.per_replica, {}
-        if isinstance(split, TorchSplit):   # a user's torch Dataset: its collate and workers, our order
-            workers = split.num_workers if split.num_workers is not None else data.num_workers
-            cls, kwargs = StreamingLoader, {"num_workers": workers}
-        elif not isinstance(split, ArraySplit):   # a ShardedSplit: streamed from disk, never whole in memory
-            from scaletrain.data.shards import ShardLoader  # webdataset is an optional extra
-            cls, kwargs = ShardLoader, dict(num_workers=data.num_workers, prefetch=data.prefetch,
-                                            shuffle_buffer=data.shuffle_buffer)
-        elif choose_placement(data.placement, split.x.nbytes + split.y.nbytes, self.device) == "device":
-            cls, kwargs = DeviceLoader, {}
-        else:
-            cls, kwargs = StreamingLoader, {"num_workers": data.num_workers}
+        cls, kwargs = loader_class(split, data, self.device)
         return cls(split, batch, self.device, self.normalizer, shuffle=train, drop_last=train and data.drop_last,
                    augment=data.augment if train else (), shift=data.shift, seed=cfg.seed,
                    model_inputs=self.task.prediction_inputs if predict else self.task.model_inputs, **shard, **kwargs)
@@ -578,11 +557,7 @@ class Trainer:
         self.model.eval()
         chunks = ((normalizer(chunk.to(self.device)), None) for chunk in x[start:end].split(batch_size))
         pad = normalizer(x[:1].to(self.device)) if len(x) else None   # forwards a share without samples still runs
-        out = [self.task.predictions(output) for output, _ in self.strategy.evaluate(chunks, self._eval_forward, pad)]
-        mine = torch.cat(out) if out and self.layout.records else None
-        if self.strategy.world_size == 1:
-            return mine.cpu() if mine is not None else torch.empty(0)
-        return self._assemble(mine, start, len(x)).cpu()
+        return self._predictions(chunks, pad, start, len(x))
 
     def _predict_split(self, data) -> torch.Tensor:
         """Predictions for a split (ours, a torch Dataset, a DataLoader), read in order as evaluation
@@ -592,26 +567,19 @@ class Trainer:
         start, end = self.layout.evaluation_range(len(split))
         self.model.eval()
         pad = self.normalizer.to(self.device)(map_inputs(lambda t: t.to(self.device), split.head(1).x))   # forwards a share without samples still runs
-        out = [self.task.predictions(output)
-               for output, _ in self.strategy.evaluate(self.loader(split, train=False, predict=True), self._eval_forward,
-                                                       pad)]
+        return self._predictions(self.loader(split, train=False, predict=True), pad, start, len(split))
+
+    def _predictions(self, batches, pad: Inputs, start: int, samples: int) -> torch.Tensor:
+        """This replica's predictions over its range (`start` onwards), then every replica's in
+        every process: each process that records puts its range into zeros and one sum all-reduce
+        adds them up (exact: every element is one value plus zeros). The per-sample shape comes
+        from the processes that have one."""
+        out = [self.task.predictions(output) for output, _ in self.strategy.evaluate(batches, self._eval_forward, pad)]
         mine = torch.cat(out) if out and self.layout.records else None
         if self.strategy.world_size == 1:
             return mine.cpu() if mine is not None else torch.empty(0)
-        return self._assemble(mine, start, len(split)).cpu()
-
-    def _assemble(self, mine: torch.Tensor | None, start: int, samples: int) -> torch.Tensor:
-        """Every replica's predictions in every process: each process that records puts its range
-        into zeros and one sum all-reduce adds them up (exact: every element is one value plus
-        zeros). The per-sample shape comes from the processes that have one."""
-        shape = torch.zeros(1 + MAX_PREDICTION_DIMS, dtype=torch.float64, device=self.device)
-        if mine is not None:
-            shape[0] = mine.dim()
-            shape[1:mine.dim()] = torch.tensor(mine.shape[1:], dtype=torch.float64)
-        self.strategy.all_reduce_max_(shape)
-        dims = [int(d) for d in shape[1:int(shape[0])].tolist()]
+        dims = agreed_shape(mine.shape[1:] if mine is not None else None, self.strategy.all_reduce_max_, self.device)
         whole = torch.zeros(samples, *dims, dtype=torch.float32, device=self.device)
         if mine is not None:
             whole[start:start + len(mine)] = mine.float()
-        self.strategy.all_reduce_sum_(whole)
-        return whole
+        return self.strategy.all_reduce_sum_(whole).cpu()
