@@ -69,6 +69,25 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
         Path(record).write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 
+# -- each worker's share of the cores ---------------------------------------------------------------
+
+_GIVEN_THREADS = os.environ.get("OMP_NUM_THREADS")   # the caller's, before any conftest defaults it
+
+
+def pytest_configure(config) -> None:
+    """On the controller, before pytest-xdist starts its workers: each computes on its share of the
+    cores (one each for `make check`'s and `make test`'s two on two cores), in the environment the
+    workers start with, so OpenMP, torch and numpy's OpenBLAS read it as they load. torch's default,
+    a thread per core in every worker, left each worker's threads spinning on the other's cores:
+    `make check`'s tests took 75-101 s against 46-56 s on one thread each (2026-12-03, the Xeon with
+    AVX-512, runs side by side). tests/conftest.py keeps the count for every in-process run; a test
+    of the choice itself sets its own."""
+    workers = getattr(config.option, "numprocesses", None)
+    if _GIVEN_THREADS is None and not hasattr(config, "workerinput") and isinstance(workers, int) and workers > 1:
+        # (set, not defaulted: tests/conftest.py, an initial conftest, has defaulted it here already)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 # -- the `processes` tier, by construction ---------------------------------------------------------
 
 @pytest.fixture
