@@ -79,7 +79,7 @@ def pytest_configure(config) -> None:
     cores (one each for `make check`'s and `make test`'s two on two cores), in the environment the
     workers start with, so OpenMP, torch and numpy's OpenBLAS read it as they load. torch's default,
     a thread per core in every worker, left each worker's threads spinning on the other's cores:
-    `make check`'s tests took 75-101 s against 46-56 s on one thread each (2026-12-03, the Xeon with
+    `make check`'s tests took 75-101 s against 44-56 s on one thread each (2026-12-03, the Xeon with
     AVX-512, runs side by side). tests/conftest.py keeps the count for every in-process run; a test
     of the choice itself sets its own."""
     workers = getattr(config.option, "numprocesses", None)

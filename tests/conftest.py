@@ -3,9 +3,11 @@ import os
 import pytest
 import torch
 
-# In-process runs keep torch's own thread count (one per core) whatever the machine's load: a run
-# that names none chooses from the load (training/threads.py), and two runs of one test compared
-# bit for bit must compute with the same count. tests/test_defaults.py tests the choice itself.
+# In-process runs keep one thread count whatever the machine's load: a run that names none chooses
+# from the load (training/threads.py), and two runs of one test compared bit for bit must compute
+# with the same count. That count is the worker's share of the cores under pytest-xdist (the root
+# conftest.py sets it before the workers start), else torch's own (one per core).
+# tests/test_defaults.py tests the choice itself.
 os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 from scaletrain.config import DataConfig, ModelConfig, OptimConfig, PrecisionConfig, TrainConfig

@@ -436,6 +436,38 @@ def test_make_tests_compile_cache_is_the_checkouts_and_timed_sh_says_whether_it_
     assert "inductor cache warm" in timed_line()
 
 
+# -- each pytest-xdist worker computes on its share of the cores (issue 67) ------------------------
+
+@pytest.mark.usefixtures("processes")
+def test_each_xdist_worker_starts_with_its_share_of_the_cores_unless_the_caller_chose(tmp_path):
+    """conftest.py sets OMP_NUM_THREADS on the controller before the workers start (a thread per
+    core in each worker spun on the other's cores). A real session of two workers, in this
+    repository's conftest, reports what each worker's torch computes on."""
+    import os
+    import subprocess
+    import sys
+    probe = ROOT / "tests" / f"test_zz_threads_probe_{os.getpid()}.py"
+    probe.write_text("import os, torch\n\n"
+                     "def test_report():\n"
+                     "    with open(os.environ['PROBE_OUT'] + '.' + os.environ['PYTEST_XDIST_WORKER'], 'w') as f:\n"
+                     "        f.write(f\"{os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()}\")\n")
+    try:
+        def workers_see(**given) -> set[str]:
+            out = tmp_path / f"seen{len(given)}"
+            env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTEST_ADDOPTS")}
+            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+                                   str(probe.relative_to(ROOT))], cwd=ROOT, capture_output=True, text=True,
+                                  env={**env, "PROBE_OUT": str(out), **given}, timeout=240)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            return {p.read_text() for p in tmp_path.glob(f"{out.name}.gw*")}
+        share = max(1, len(os.sched_getaffinity(0)) // 2)
+        assert workers_see() == {f"{share} {share}"}
+        # The caller's choice is kept (torch itself caps a count above the cores, so the variable is read).
+        assert {seen.split()[0] for seen in workers_see(OMP_NUM_THREADS="3")} == {"3"}
+    finally:
+        probe.unlink()
+
+
 # -- the user's code has one owner (issue 65) ------------------------------------------------------
 
 def _lightning_questions(path: Path) -> list[str]:
