@@ -9,6 +9,7 @@ RecursionError traceback; a measurement file's point given as a string, a TypeEr
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,12 @@ from scaletrain.errors import UserError
 
 MAX_BYTES = 64 * 2**20     # no file of ours is near this; a larger one is not one of ours
 MAX_DEPTH = 64             # our deepest file (a config's tables) is 4 levels deep
+
+
+def user_cache_dir() -> Path:
+    """The user's own scaletrain folder for what is kept between runs: `$XDG_CACHE_HOME/scaletrain`,
+    else `~/.cache/scaletrain` (the data cache may be moved with SCALETRAIN_CACHE_DIR: data/cache.py)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaletrain"
 
 
 def nesting_depth(value: Any) -> int:

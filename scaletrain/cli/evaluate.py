@@ -6,12 +6,13 @@ import argparse
 import time
 from pathlib import Path
 
-from scaletrain.cli.flags import add_number
+from scaletrain.cli.flags import add_number, add_trust_code
 from scaletrain.console import make_console
 from scaletrain.errors import ConfigError
 
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    add_trust_code(parser)
     parser.add_argument("--watch", required=True, metavar="RUN_DIR",
                         help="the run folder of a training: evaluate each checkpoint it commits, until it ends")
     parser.add_argument("--once", action="store_true",

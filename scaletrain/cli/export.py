@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from scaletrain.cli.flags import add_trust_code
 from scaletrain.tracking.store import DEFAULT_STORE
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    add_trust_code(parser)
     parser.add_argument("run_id", metavar="RUN_ID", help="a run with a saved model (model.pt)")
     parser.add_argument("--format", default="pt2", choices=("pt2", "onnx"),
                         help="pt2: torch.export's program (default); onnx: needs pip install 'scaletrain[onnx]'")

@@ -29,3 +29,11 @@ def number(flag: str, kind: type, check: Check) -> Callable[[str], int | float]:
 def add_number(group, flag: str, kind: type, *, ge=None, gt=None, le=None, lt=None, **kwargs) -> argparse.Action:
     """`group.add_argument(flag, ...)` for a number within the given bounds."""
     return group.add_argument(flag, type=number(flag, kind, Check(ge=ge, gt=gt, le=le, lt=lt)), **kwargs)
+
+
+def add_trust_code(parser: argparse.ArgumentParser) -> None:
+    """--trust-code, for a command that imports the code a saved run names (user_code/trust.py)."""
+    parser.add_argument("--trust-code", action="store_true",
+                        help="import the package.module:name code a run folder or run store names even where "
+                             "this machine did not write the run (a folder copied from elsewhere): importing "
+                             "runs code, so only for folders you trust (also SCALETRAIN_TRUST_CODE=1)")

@@ -32,6 +32,7 @@ from scaletrain.errors import (
 from scaletrain.lifecycle import stops
 from scaletrain.training import threads
 from scaletrain.user_code.failures import user_failure
+from scaletrain.user_code.trust import trust_everything
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class Command:
 
 
 COMMANDS = [
-    Command("train", "train", "add_train_arguments", "run_train",
+    Command("train", "train", "add_train_command_arguments", "run_train",
             "train a model (no arguments: the default MNIST-1D recipe)"),
     Command("scaling", "scaling", "add_scaling_arguments", "run_scaling",
             "measure one device and predict the step on many: data parallel, sharded, parameter servers, "
@@ -202,6 +203,8 @@ def _main(argv: list[str], named: str) -> int:
         # A flag's own check (cli/flags.py) raises a ConfigError while parsing: one line, exit 2.
         args = build_parser(only=named).parse_args(argv)
         command = next(c for c in COMMANDS if c.name == args.command)
+        if getattr(args, "trust_code", False):   # before anything reads a saved run
+            trust_everything()
         return _function(command, command.run)(args, argv[1:])
     except UserError as exc:
         return _end(f"scaletrain: error: {exc}", 2)

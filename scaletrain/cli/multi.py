@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from scaletrain.cli.flags import add_number
+from scaletrain.cli.flags import add_number, add_trust_code
 from scaletrain.tracking.store import DEFAULT_STORE
 
 
@@ -22,6 +22,7 @@ def add_multi_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_ensemble_arguments(parser: argparse.ArgumentParser) -> None:
+    add_trust_code(parser)
     from scaletrain.cli.train import add_train_arguments
     parser.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="runs with saved models (model.pt)")
     parser.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default {DEFAULT_STORE})")

@@ -7,11 +7,12 @@ import argparse
 import os
 from pathlib import Path
 
-from scaletrain.cli.flags import add_number
+from scaletrain.cli.flags import add_number, add_trust_code
 from scaletrain.tracking.store import DEFAULT_STORE
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    add_trust_code(parser)
     from scaletrain.cli.train import add_train_arguments
     from scaletrain.config import TrainConfig
     from scaletrain.options import training_only_keys

@@ -20,6 +20,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from scaletrain.cli.flags import add_trust_code
 from scaletrain.config import FLAG_ALIASES, FLAG_NAMES, TrainConfig, load_toml
 from scaletrain.errors import ConfigError
 from scaletrain.lifecycle.resume import merge_mappings
@@ -67,6 +68,12 @@ def _option_parser(text: str):
     except tomllib.TOMLDecodeError:
         parsed = value
     return key.strip(), parsed
+
+
+def add_train_command_arguments(parser: argparse.ArgumentParser) -> None:
+    """`train`'s flags: every config field's, and --trust-code for a resumed run's code."""
+    add_train_arguments(parser)
+    add_trust_code(parser)
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scaletrain.files import user_cache_dir
+
 CACHE_ENV = "SCALETRAIN_CACHE_DIR"
 
 
@@ -37,7 +39,7 @@ def cache_dir() -> Path | None:
         return None
     if chosen:
         return Path(chosen)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaletrain"
+    return user_cache_dir()
 
 
 def entry_key(generator: str, version: str, params: dict) -> str:

@@ -62,7 +62,7 @@ class SidecarEvaluator:
     def __init__(self, run_dir: str | Path, device: str | None = None, store: str | None = None,
                  console: Console | None = None):
         self.folder = RunFolder(run_dir)
-        config = self.folder.config() if self.folder.holds_run() else None
+        config = self.folder.trusted_config() if self.folder.holds_run() else None
         if config is None:
             raise UserError(f"{run_dir} holds no run (no config.json); pass the --run-dir of a training that has "
                             "started")

@@ -23,7 +23,7 @@ import torch
 from scaletrain.data import load_dataset
 from scaletrain.data.registry import sample_shape
 from scaletrain.errors import UserError
-from scaletrain.inference.saved import saved_model_path, saved_run_config
+from scaletrain.inference.saved import check_record_code, saved_model_path, saved_run_config
 from scaletrain.tasks import TASKS, Task
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
@@ -56,6 +56,7 @@ def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
         raise UserError("an ensemble needs at least two runs")
     first, tasks = records[0], {}
     for record in records:
+        check_record_code(record)        # before its task's name is looked up (and imported)
         saved_model_path(record)
         tasks[record.id] = recorded_task(record, data_dir)
     if len(set(tasks.values())) > 1:

@@ -3,7 +3,9 @@
     <run folder>/
         .lock            held while a training uses the folder (lock.py)
         run.json         id, status (running/finished/failed/interrupted/pruned), created, launch identity,
-                         the SHA-256 of config.json's configuration (a hand edit is refused); padded
+                         the SHA-256 of config.json's configuration (a hand edit is refused), this
+                         machine's seal of both (user_code/trust.py: a copied folder's code is not
+                         imported without --trust-code); padded
                          to 4 KiB, so its status is rewritten in place where a full disk refuses a
                          new file (checkpoint/space.py)
         run_id           the id alone, for shells (`cat run_id`)
@@ -27,6 +29,7 @@ from scaletrain.config import config_digest
 from scaletrain.errors import UserError, WriteFailed
 from scaletrain.files import read_json
 from scaletrain.lifecycle.lock import LOCK_FILE
+from scaletrain.user_code.trust import check_saved_code, seal
 
 CONFIG, META, RUN_ID, SUMMARY, MODEL = "config.json", "run.json", "run_id", "summary.json", "model.pt"
 EVALUATIONS = "evaluations.jsonl"   # a sidecar evaluator's results, one line per checkpoint
@@ -67,6 +70,17 @@ class RunFolder:
                             "--overwrite)")
         return config
 
+    def trusted_config(self, named: list[str] | tuple[str, ...] = ()) -> dict | None:
+        """`config()`, for a command that will import the code it names: refused (one line) where
+        that code is neither sealed by this machine, nor `named` on the command line, nor trusted
+        by the user (user_code/trust.py)."""
+        config = self.config()
+        if config is not None:
+            meta = self.meta()
+            check_saved_code(config, self.path, run_id=meta.get("run_id"), config_sha256=config_digest(config),
+                             given_seal=meta.get("code_seal"), named=named)
+        return config
+
     def meta(self) -> dict:
         meta = self._read_json(META) or {}
         wrong = [k for k in ("run_id", "status", "config_sha256") if k in meta and not isinstance(meta[k], str)]
@@ -89,8 +103,9 @@ class RunFolder:
         """Records a run as running: its id, launch identity and configuration."""
         meta = self.meta() if self.holds_run() else {}
         now = time.time()
+        digest = config_digest(config)
         meta.update({"run_id": run_id, "status": "running", "updated_at": now, "launch": launch,
-                     "config_sha256": config_digest(config)})
+                     "config_sha256": digest, "code_seal": seal(run_id, digest)})
         meta.setdefault("created_at", now)
         # The configuration first, then run.json, which binds it (its digest) and says the run is running.
         write_atomically(self.path / CONFIG, json.dumps(config, indent=2))

@@ -62,6 +62,7 @@ from scaletrain.training.build import task_for
 from scaletrain.training.defaults import Setting, describe_settings, settle_precision_here
 from scaletrain.training.device_rules import device_problem
 from scaletrain.training.preflight import settle_model_optimizer
+from scaletrain.user_code.trust import code_names
 
 SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)
 
@@ -83,8 +84,9 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     folders = apply_job_folders(cfg, job_folders())
     if flags is not None:
         source = resume_source(cfg, env)
-        if source is not None and source.config() is not None:
-            cfg = resume_config(source.config(), flags, str(source))
+        saved = source.trusted_config(named=code_names(flags)) if source is not None else None
+        if saved is not None:
+            cfg = resume_config(saved, flags, str(source))
             cfg.run_dir = str(source.path)
             folders = apply_job_folders(cfg, job_folders())
     cfg.validate()

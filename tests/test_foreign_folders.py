@@ -1,0 +1,87 @@
+"""A run folder or run store from elsewhere is a file from a user: the code its configuration names
+is imported only where this machine sealed the run, the command line names the same code, or the
+user says --trust-code (user_code/trust.py). Through the real CLI."""
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from scaletrain.config import config_digest
+from tests.processes import run
+
+MODEL = "faulty_models:slow_mlp"
+QUICK = ["--model", MODEL, "--model-option", "delay_s=0.0", "--data", "digits", "--no-progress",
+         "--checkpoint-every", "5"]
+
+
+def _one_line(result, code=2) -> str:
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def _run_id(folder: Path) -> str:
+    return (folder / "run_id").read_text().strip()
+
+
+@pytest.fixture
+def sealed_run(tmp_path):
+    """A finished run of the user's own model, made on "this machine" (the cache folder `home`)."""
+    home = tmp_path / "home"
+    for folder in ("a", "b"):     # b: an ensemble's second member
+        made = run(["train", *QUICK, "--epochs", "1", "--run-dir", folder], cwd=tmp_path, XDG_CACHE_HOME=str(home))
+        assert made.returncode == 0, made.stderr
+    assert (home / "scaletrain" / "trust.key").stat().st_mode & 0o777 == 0o600
+    return tmp_path, home
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_folder_from_another_machine_imports_no_code_unless_named_or_trusted(sealed_run):
+    cwd, home = sealed_run
+    elsewhere = str(cwd / "other-home")        # another user's cache: another key, so no seal of theirs holds
+    ours = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "2"], cwd=cwd, XDG_CACHE_HOME=str(home))
+    assert ours.returncode == 0, ours.stderr             # this machine's own run needs no word
+    refused = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "3"], cwd=cwd, XDG_CACHE_HOME=elsewhere)
+    line = _one_line(refused)
+    assert MODEL in line and "--trust-code" in line
+    watched = run(["evaluate", "--watch", "a", "--once"], cwd=cwd, XDG_CACHE_HOME=elsewhere)
+    assert MODEL in _one_line(watched)
+    run_id = _run_id(cwd / "a")
+    for command in (["predict", run_id, "--split", "test", "--out", "p.npy"], ["export", run_id],
+                    ["ensemble", run_id, _run_id(cwd / "b")]):
+        assert MODEL in _one_line(run(command, cwd=cwd, XDG_CACHE_HOME=elsewhere)), command
+    assert not (cwd / "p.npy").exists()
+    named = run(["train", "--run-dir", "a", "--resume", "auto", "--epochs", "3", "--model", MODEL],
+                cwd=cwd, XDG_CACHE_HOME=elsewhere)
+    assert named.returncode == 0, named.stderr
+    trusted = run(["evaluate", "--watch", "a", "--once", "--trust-code"], cwd=cwd, XDG_CACHE_HOME=elsewhere)
+    assert trusted.returncode == 0, trusted.stderr
+    by_env = run(["predict", run_id, "--split", "test", "--out", "p.npy"], cwd=cwd, XDG_CACHE_HOME=elsewhere,
+                 SCALETRAIN_TRUST_CODE="1")
+    assert by_env.returncode == 0, by_env.stderr
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_crafted_config_with_its_digest_updated_runs_no_code(sealed_run):
+    """The red team's folder: `data.name` set to a standard-library function, its options as the
+    arguments, run.json's digest (and the store's copy) updated to match."""
+    cwd, home = sealed_run
+    folder, marker = cwd / "a", cwd / "PWNED"
+    config = json.loads((folder / "config.json").read_text())
+    config["data"] = {**config["data"], "name": "subprocess:getoutput", "options": {"cmd": f"touch {marker}"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    meta = json.loads((folder / "run.json").read_text())
+    meta["config_sha256"] = config_digest(config)
+    (folder / "run.json").write_text(json.dumps(meta))
+    run_id = _run_id(folder)
+    with sqlite3.connect(cwd / "scaletrain-runs" / "runs.db") as db:
+        db.execute("UPDATE runs SET config = ? WHERE id = ?", (json.dumps(config), run_id))
+    for command in (["train", "--run-dir", "a", "--resume", "auto", "--epochs", "2"],
+                    ["evaluate", "--watch", "a", "--once"],
+                    ["predict", run_id, "--split", "test", "--out", "p.npy"]):
+        line = _one_line(run(command, cwd=cwd, XDG_CACHE_HOME=str(home)))
+        assert "subprocess:getoutput" in line and "--trust-code" in line, command
+    assert not marker.exists()
