@@ -85,3 +85,25 @@ def test_a_crafted_config_with_its_digest_updated_runs_no_code(sealed_run):
         line = _one_line(run(command, cwd=cwd, XDG_CACHE_HOME=str(home)))
         assert "subprocess:getoutput" in line and "--trust-code" in line, command
     assert not marker.exists()
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_run_writes_only_into_a_new_empty_or_own_folder(tmp_path):
+    """`--run-dir /` once wrote seven files into `/`, and from then on every run anywhere was refused
+    as "inside the folder of run ...". A folder holding what no run writes is refused, resume and
+    overwrite alike, before anything is written; a stray run file in such a folder blocks nothing."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    for extra in ([], ["--overwrite"], ["--resume", "auto"]):
+        refused = run(["train", *QUICK, "--epochs", "1", "--run-dir", "project", *extra], cwd=tmp_path)
+        line = _one_line(refused)
+        assert "--run-dir project already holds files that are not a run's (notes.txt)" in line, extra
+        assert sorted(p.name for p in project.iterdir()) == ["notes.txt"], extra
+    # The files the old bug left in a home folder: no later run is "inside" that stray run.
+    for name, text in (("run.json", json.dumps({"run_id": "stray", "status": "finished"})), ("run_id", "stray\n")):
+        (project / name).write_text(text)
+    below = run(["train", *QUICK, "--epochs", "1", "--run-dir", "project/runs/a"], cwd=tmp_path)
+    assert below.returncode == 0, below.stderr
+    nested = run(["train", *QUICK, "--epochs", "1", "--run-dir", "project/runs/a/inner"], cwd=tmp_path)
+    assert "is inside the folder of run" in _one_line(nested)     # a real run's folder still holds only it

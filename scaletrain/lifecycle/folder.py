@@ -32,6 +32,7 @@ from scaletrain.lifecycle.lock import LOCK_FILE
 from scaletrain.user_code.trust import check_saved_code, seal
 
 CONFIG, META, RUN_ID, SUMMARY, MODEL = "config.json", "run.json", "run_id", "summary.json", "model.pt"
+MODEL_STEM = "model."       # model.pt, and its exports beside it (model.pt2, model.onnx)
 EVALUATIONS = "evaluations.jsonl"   # a sidecar evaluator's results, one line per checkpoint
 # What a run leaves in its folder; any of these means the folder holds a run.
 RUN_FILES = (CONFIG, META, RUN_ID, SUMMARY, MODEL, "metrics.jsonl", "metrics.csv", "checkpoints", "tensorboard",
@@ -47,6 +48,22 @@ class RunFolder:
 
     def holds_run(self) -> bool:
         return self.path.is_dir() and any((self.path / name).exists() for name in RUN_FILES)
+
+    def foreign_entries(self) -> list[str]:
+        """What the folder holds that no run writes (sorted): a run is started only in a folder
+        where this is empty, so a folder holding anything else (a home, a project, `/`) is
+        never taken for a run's, whatever stray run file lies in it. A run's own are its files,
+        its lock, the dot-files of its atomic writes and reservations, and the exports of its
+        model (`model.pt2`, `model.onnx`)."""
+        try:
+            names = [p.name for p in self.path.iterdir()] if self.path.is_dir() else []
+        except OSError:
+            return []          # unreadable: check_writable_dir names it
+        return sorted(n for n in names if n not in RUN_FILES and n != LOCK_FILE and not n.startswith(".")
+                      and not n.startswith(MODEL_STEM))
+
+    def is_run_folder(self) -> bool:
+        return self.holds_run() and not self.foreign_entries()
 
     def _read_json(self, name: str) -> dict | None:
         file = self.path / name
@@ -145,8 +162,10 @@ class RunFolder:
 
 
 def enclosing_run(path: Path) -> RunFolder | None:
-    """The run folder `path` lies in (or is), by its run.json or run_id file; None: no run's."""
+    """The run folder `path` lies in (or is), by its run.json or run_id file; None: no run's. A
+    folder that holds more than a run's files is no run's (`foreign_entries`): a stray run.json in
+    `/` or a home folder does not make every path below it another run's."""
     for candidate in (path, *path.parents):
-        if (candidate / META).is_file() or (candidate / RUN_ID).is_file():
+        if ((candidate / META).is_file() or (candidate / RUN_ID).is_file()) and RunFolder(candidate).is_run_folder():
             return RunFolder(candidate)
     return None

@@ -82,6 +82,17 @@ def _check_owned_outputs(cfg: TrainConfig, plan: RunPlan) -> None:
             raise UserError(problem)
 
 
+def _check_only_a_runs(folder: RunFolder) -> None:
+    """A run writes only into a folder that is new, empty or a run's (resumed or overwritten):
+    anything else is refused before anything is written, naming what is there."""
+    foreign = folder.foreign_entries()
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"--run-dir {folder} already holds files that are not a run's ({shown}); a run writes only "
+                        "into a new or empty folder, or its own run folder: pass a --run-dir of its own, e.g. "
+                        f"{folder.path / 'run'}")
+
+
 def _check_resumable(cfg: TrainConfig, folder: RunFolder) -> None:
     saved = folder.config()
     if saved is not None:
@@ -174,6 +185,7 @@ def _decide_folder(cfg: TrainConfig, env) -> RunPlan:
     check_outputs(cfg)
     if cfg.run_dir:
         check_writable_dir(cfg.run_dir, "--run-dir")
+        _check_only_a_runs(RunFolder(cfg.run_dir))
     else:
         check_writable_dir(RUNS_ROOT, "runs folder")
     source = resume_source(cfg, env)
