@@ -107,3 +107,49 @@ def test_a_run_writes_only_into_a_new_empty_or_own_folder(tmp_path):
     assert below.returncode == 0, below.stderr
     nested = run(["train", *QUICK, "--epochs", "1", "--run-dir", "project/runs/a/inner"], cwd=tmp_path)
     assert "is inside the folder of run" in _one_line(nested)     # a real run's folder still holds only it
+
+
+@pytest.mark.usefixtures("processes")
+@pytest.mark.parametrize("sig, code, word", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+def test_a_stop_swallowed_on_its_way_still_ends_the_run(tmp_path, sig, code, word):
+    """A signal whose exception something swallowed (here the user's builder; once torch._C's
+    initialisation) is still owed: the run ends as interrupted, never trains to its end."""
+    args = ["train", "--model", "swallowing:mlp", "--model-option", f"signal_name='{sig}'", "--data", "digits",
+            "--no-progress", "--epochs", "3", "--run-dir", "a"]
+    result = run(args, cwd=tmp_path, cold=True)
+    assert result.returncode == code, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [f"scaletrain: {word}"]
+    folder = tmp_path / "a"
+    assert not (folder / "model.pt").exists()
+    assert not folder.exists() or json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_stop_at_any_moment_of_start_up_ends_the_run_or_leaves_nothing(tmp_path):
+    """SIGTERM and SIGINT in turn, every 100 ms over the first 3 s of a cold `train`: each ends the
+    command as stopped (128 + the signal; or killed by it before a handler exists), and a run it
+    had begun is recorded interrupted, never trained on to exit 0."""
+    import signal
+    import time
+
+    from tests.processes import kill_group, start
+    outcomes = []
+    for i in range(30):
+        sig = (signal.SIGTERM, signal.SIGINT)[i % 2]
+        folder = tmp_path / f"r{i}"
+        proc = start(["train", *QUICK, "--epochs", "200", "--target-accuracy", "0.9999", "--run-dir", folder.name],
+                     tmp_path, tmp_path / f"{i}.log")
+        time.sleep(0.1 * (i + 1))
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                kill_group(proc)
+        log = (tmp_path / f"{i}.log").read_text()
+        status = json.loads((folder / "run.json").read_text())["status"] if (folder / "run.json").exists() else None
+        outcomes.append((i, sig.name, proc.returncode, status))
+        assert proc.returncode in (128 + sig, -sig), (outcomes, log[-2000:])
+        assert "Traceback" not in log, log[-2000:]
+        assert status in (None, "interrupted"), (outcomes, log[-2000:])
+        assert status is not None or not folder.exists(), (outcomes, sorted(p.name for p in folder.iterdir()))

@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str], named: str) -> int:
+    stops.begin_command()
     try:
         # The machine's load from here on, before torch is imported: a training's thread count
         # reads it. Inside the handlers: a launcher stopping its workers this early (psutil's
@@ -205,7 +206,9 @@ def _main(argv: list[str], named: str) -> int:
         command = next(c for c in COMMANDS if c.name == args.command)
         if getattr(args, "trust_code", False):   # before anything reads a saved run
             trust_everything()
-        return _function(command, command.run)(args, argv[1:])
+        code = _function(command, command.run)(args, argv[1:])
+        stops.raise_if_owed()       # a stop swallowed on its way (stops.py) still ends the command
+        return code
     except UserError as exc:
         return _end(f"scaletrain: error: {exc}", 2)
     except NonFiniteLossError as exc:
@@ -215,8 +218,10 @@ def _main(argv: list[str], named: str) -> int:
     except RunPruned as exc:
         return _end(f"scaletrain: {exc}", PRUNED_EXIT_CODE)
     except KeyboardInterrupt:
+        stops.taken()
         return _end("scaletrain: interrupted", INTERRUPTED_EXIT_CODE)
     except Terminated:
+        stops.taken()
         return _end("scaletrain: terminated", TERMINATED_EXIT_CODE)
     except BrokenPipeError:
         # The reader went away (`scaletrain runs show ID --json | head -1`): end quietly, and keep
@@ -224,6 +229,12 @@ def _main(argv: list[str], named: str) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:
+        owed = stops.owed()
+        if owed is not None:      # a stop turned into another error on its way (torch._C's "initialization failed")
+            stops.taken()
+            if owed == signal.SIGINT:
+                return _end("scaletrain: interrupted", INTERRUPTED_EXIT_CODE)
+            return _end("scaletrain: terminated", TERMINATED_EXIT_CODE)
         if under_launcher() and _stopping():
             # A worker of a job its launcher is stopping: the launcher says so, once.
             return INTERRUPTED_EXIT_CODE if signal.SIGINT in _STOPS_RECEIVED else TERMINATED_EXIT_CODE

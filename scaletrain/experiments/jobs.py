@@ -10,6 +10,7 @@ from pathlib import Path
 from scaletrain.config import TrainConfig, write_toml
 from scaletrain.errors import UserError
 from scaletrain.experiments.slots import Finished, Job, scaletrain_argv
+from scaletrain.lifecycle.folder import JOB_FILES
 from scaletrain.tracking.store import RunRecord, RunStore, new_run_id
 
 
@@ -21,9 +22,10 @@ def training_job(cfg: TrainConfig, name: str, folder: Path, group: str | None, p
     cfg.tracking.group = group
     cfg.run_dir = str(folder / name)
     cfg.progress = False
-    config_path = write_toml(cfg, folder / name / "config.toml")
+    config_name, log_name = JOB_FILES     # beside the run's own files (lifecycle/folder.py allows them)
+    config_path = write_toml(cfg, folder / name / config_name)
     return Job(name=name, argv=scaletrain_argv("train", "--config", str(config_path)),
-               log=folder / name / "train.log", env=env or {}, payload=(cfg, payload))
+               log=folder / name / log_name, env=env or {}, payload=(cfg, payload))
 
 
 def settle(store: RunStore, finished: Finished) -> RunRecord:

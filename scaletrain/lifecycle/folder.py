@@ -33,6 +33,9 @@ from scaletrain.user_code.trust import check_saved_code, seal
 
 CONFIG, META, RUN_ID, SUMMARY, MODEL = "config.json", "run.json", "run_id", "summary.json", "model.pt"
 MODEL_STEM = "model."       # model.pt, and its exports beside it (model.pt2, model.onnx)
+# What an experiment (multi, sweep, tune) writes into a run's folder before the run starts: the
+# run's config, re-runnable with --config, and its log (experiments/jobs.py).
+JOB_FILES = ("config.toml", "train.log")
 EVALUATIONS = "evaluations.jsonl"   # a sidecar evaluator's results, one line per checkpoint
 # What a run leaves in its folder; any of these means the folder holds a run.
 RUN_FILES = (CONFIG, META, RUN_ID, SUMMARY, MODEL, "metrics.jsonl", "metrics.csv", "checkpoints", "tensorboard",
@@ -53,14 +56,14 @@ class RunFolder:
         """What the folder holds that no run writes (sorted): a run is started only in a folder
         where this is empty, so a folder holding anything else (a home, a project, `/`) is
         never taken for a run's, whatever stray run file lies in it. A run's own are its files,
-        its lock, the dot-files of its atomic writes and reservations, and the exports of its
-        model (`model.pt2`, `model.onnx`)."""
+        its lock, the dot-files of its atomic writes and reservations, the exports of its model
+        (`model.pt2`, `model.onnx`) and an experiment's JOB_FILES."""
         try:
             names = [p.name for p in self.path.iterdir()] if self.path.is_dir() else []
         except OSError:
             return []          # unreadable: check_writable_dir names it
-        return sorted(n for n in names if n not in RUN_FILES and n != LOCK_FILE and not n.startswith(".")
-                      and not n.startswith(MODEL_STEM))
+        return sorted(n for n in names if n not in RUN_FILES + JOB_FILES and n != LOCK_FILE
+                      and not n.startswith((".", MODEL_STEM)))
 
     def is_run_folder(self) -> bool:
         return self.holds_run() and not self.foreign_entries()

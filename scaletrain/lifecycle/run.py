@@ -51,7 +51,7 @@ from scaletrain.lifecycle.plan import (
     run_name,
 )
 from scaletrain.lifecycle.resume import resume_config
-from scaletrain.lifecycle.stops import StopWatch, finishing
+from scaletrain.lifecycle.stops import StopGuard, StopWatch, finishing, raise_if_owed
 from scaletrain.optim.schedules import replica_lr_scale
 from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 from scaletrain.summary import RunSummary, build_summary, device_label, device_name, print_summary
@@ -127,6 +127,7 @@ def start_run(request: RunRequest, env, strategy, console: Console, extra_callba
     """Every rank's run, started (see the module doc). `extra_callbacks`: a caller's own (a tuner's
     pruning), last, so an epoch is recorded before one of them stops the run."""
     wall_start = time.perf_counter()
+    raise_if_owed()       # a stop swallowed while the command started: no run is begun
     plan, cfg = agree_on_plan(request.config, env, strategy)
     dataset = load_dataset(cfg.data, seed=cfg.seed)
     task = task_for(cfg, dataset)
@@ -179,7 +180,7 @@ class Run:
         cfg, console = self.config, self.console
         # Measuring and stopping callbacks run on every rank (a stop must be taken by all of them,
         # and the metrics they read are already reduced); recording ones only on the chief.
-        callbacks = [Throughput(console, verbose=False), TotalTime(console, verbose=False)]
+        callbacks = [StopGuard(), Throughput(console, verbose=False), TotalTime(console, verbose=False)]
         if metric is not None:
             callbacks.append(StopAtTarget(cfg.target, cfg.patience, f"val_{metric}", self.task.metrics[metric],
                                           console=console))
@@ -268,7 +269,9 @@ class Run:
     def finish(self, trainer) -> RunSummary:
         """The run's summary, its results written (chief) and every party told it finished. A
         collective where parameters are sharded: every rank calls it. A stop that arrives
-        meanwhile ends the command once the run is recorded finished (stops.finishing)."""
+        meanwhile ends the command once the run is recorded finished (stops.finishing); one that
+        came before and was swallowed ends it as interrupted instead."""
+        raise_if_owed()
         with finishing():
             return self._finish(trainer)
 

@@ -32,6 +32,7 @@ from scaletrain.errors import Terminated
 
 STUCK_S = 3.0          # a handler that has not run by then never will, until the C++ call returns
 RECEIVED: list[int] = []   # the stop signals whose Python handler ran, in order
+_TAKEN = [0]               # how many of them reached the command's own `except` (taken), or came before it
 _deferred: list[int] | None = None   # inside `finishing`: the stops that arrived there
 
 
@@ -69,6 +70,51 @@ def on_stop_signal(signum, frame) -> None:
 
 def _raise_stop(signum: int) -> None:
     raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+# A stop raised by the handler can still be swallowed: it is raised at whatever Python line runs
+# next, and C code that clears the Python error it meets loses it (1 start in 30 here: a SIGTERM
+# landing while `import torch` ran torch._C's initialisation trained the run to the end, exit 0).
+# So a stop is remembered until the command takes it (`taken`), and a run checks at its moments
+# (StopGuard: each step, each epoch, before its end is recorded) whether one is still owed.
+
+
+def begin_command() -> None:
+    """A command starts: stops that came before it are not its own."""
+    _TAKEN[0] = len(RECEIVED)
+
+
+def taken() -> None:
+    """The command's own `except` caught the stop: nothing is owed."""
+    _TAKEN[0] = len(RECEIVED)
+
+
+def owed() -> int | None:
+    """The stop signal that arrived and was never taken (swallowed on its way), or None."""
+    return RECEIVED[-1] if len(RECEIVED) > _TAKEN[0] and _deferred is None else None
+
+
+def raise_if_owed() -> None:
+    """Raises a stop that arrived and was swallowed, as it should have been raised then."""
+    if len(RECEIVED) > _TAKEN[0] and _deferred is None:
+        _raise_stop(RECEIVED[-1])
+
+
+class StopGuard:
+    """A callback that raises a swallowed stop at the run's next step or epoch (a list's length
+    read a step: no cost), so a run never trains on past a signal it was sent."""
+
+    def on_train_begin(self, trainer) -> None:
+        raise_if_owed()
+
+    def on_epoch_begin(self, trainer, epoch: int) -> None:
+        raise_if_owed()
+
+    def on_train_batch_begin(self, trainer, step: int) -> None:
+        raise_if_owed()
+
+    def on_train_end(self, trainer, logs) -> None:
+        raise_if_owed()
 
 
 @contextlib.contextmanager
