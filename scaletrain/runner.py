@@ -14,7 +14,7 @@ from scaletrain.config import TrainConfig
 from scaletrain.console import make_console
 from scaletrain.distributed import build_strategy, dist_env
 from scaletrain.distributed.capabilities import Serving
-from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE
+from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, UserError
 from scaletrain.lifecycle.run import RunRequest, settle_config, start_run
 from scaletrain.summary import RunSummary
 from scaletrain.training import Trainer, build_training
@@ -67,8 +67,27 @@ def launch_training(request: RunRequest, argv: list[str], hosts: int = 1) -> int
     plan = plan_run(cfg, env)
     layout = preflight(cfg, cfg.distributed.nproc * hosts, make_checkpointer(plan, cfg, env))
     code = launch_from_config(cfg, layout, list(argv), str(plan.folder.path), plan.run_id)
+    if code == 0 and not _recorded_finished(plan, hosts):
+        from scaletrain.distributed.env import scaletrain_command
+        command = " ".join(scaletrain_command())
+        record_job_end(plan, cfg, "failed", f"the workers exited 0 without training ({command})")
+        raise UserError(f"the job's workers exited 0, but none recorded run {plan.run_id} finished in "
+                        f"{plan.folder.path}: their command `{command}` did not train (SCALETRAIN_CHILD_COMMAND "
+                        "must run scaletrain with its arguments; unset it to run `python -m scaletrain`)")
     if code != 0:
         stopped = code in (INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE)
         record_job_end(plan, cfg, "interrupted" if stopped else "failed",
                        None if stopped else f"a worker failed with exit code {code}")
     return code
+
+
+def _recorded_finished(plan, hosts: int) -> bool:
+    """Whether the job's chief recorded the run finished: the proof that its workers trained (a
+    child command that is not scaletrain exits 0 having done nothing). On a host of a multi-host
+    job that does not hold the chief the folder is not this host's to read: taken as said."""
+    from scaletrain.distributed.cluster import cluster_from_env
+    spec = cluster_from_env() if hosts > 1 else None
+    if spec is not None and spec.rank != 0:
+        return True
+    folder = plan.folder
+    return folder.holds_run() and folder.run_id == plan.run_id and folder.status == "finished"

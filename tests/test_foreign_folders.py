@@ -153,3 +153,16 @@ def test_a_stop_at_any_moment_of_start_up_ends_the_run_or_leaves_nothing(tmp_pat
         assert "Traceback" not in log, log[-2000:]
         assert status in (None, "interrupted"), (outcomes, log[-2000:])
         assert status is not None or not folder.exists(), (outcomes, sorted(p.name for p in folder.iterdir()))
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_job_whose_workers_trained_nothing_fails_naming_their_command(tmp_path):
+    """A child command that is not scaletrain exits 0 having done nothing: the job once exited 0,
+    printed nothing and left no run."""
+    child = tmp_path / "not-scaletrain.sh"
+    child.write_text("#!/bin/sh\nexit 0\n")
+    child.chmod(0o755)
+    result = run(["train", *QUICK, "--epochs", "1", "--nproc", "2", "--run-dir", "a"], cwd=tmp_path, cold=True,
+                 SCALETRAIN_CHILD_COMMAND=str(child))
+    line = _one_line(result)
+    assert "none recorded run" in line and str(child) in line

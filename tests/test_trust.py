@@ -282,8 +282,7 @@ def test_a_full_disk_fails_the_run_in_one_line_and_the_last_checkpoint_resumes(t
     no temporary file or partial checkpoint is left, the newest committed checkpoint verifies,
     and once space is freed --resume auto finishes the run from it."""
     from scaletrain.checkpoint.store import CheckpointStore
-    # A 150 KiB model: its checkpoints (weights and AdamW's two moments, about 450 KiB) are larger
-    # than what the run sets aside for its results (model.pt and summary.json, about 480 KiB).
+    # A 150 KiB model: its checkpoints hold the weights and AdamW's two moments, about 450 KiB.
     quick = [*DIGITS_MLP, "--model-option", "hidden=[512]", "--no-record", "--checkpoint-every", "10",
              "--run-dir", str(small_disk / "run")]
     first = run(["train", *quick, "--epochs", "1"], cwd=tmp_path)
@@ -291,14 +290,17 @@ def test_a_full_disk_fails_the_run_in_one_line_and_the_last_checkpoint_resumes(t
     folder = small_disk / "run"
     newest = _checkpoints(folder)[-1]
     stat = os.statvfs(small_disk)
-    filler = small_disk / "filler"      # leaves 600 KiB: the results' space fits, a checkpoint beside it does not
-    filler.write_bytes(bytes(max(0, stat.f_bavail * stat.f_frsize - 600 * 1024)))
+    # Leaves 1,400 KiB: the space the run sets aside fits (model.pt and summary.json, about 480 KiB,
+    # and one checkpoint of its whole state, 0.7 MiB), a checkpoint beside them does not.
+    filler = small_disk / "filler"
+    filler.write_bytes(bytes(max(0, stat.f_bavail * stat.f_frsize - 1400 * 1024)))
     full = run(["train", *quick, "--epochs", "3", "--resume", "auto"], cwd=tmp_path)
     line = _one_error_line(full, code=1)
     assert re.search(r"could not write \S+ \(No space left on device\)", line), line
     assert json.loads((folder / "run.json").read_text())["status"] == "failed"
     leftovers = [p.name for p in folder.rglob("*") if ".tmp" in p.name or ".space-probe" in p.name]
-    assert leftovers == [] and _checkpoints(folder)[-1] == newest
+    # The step it failed at is kept beside them, in the space the run held for one (rescue.py).
+    assert leftovers == [] and _checkpoints(folder)[-1] > newest and "kept a checkpoint at step" in line
     assert all(CheckpointStore.is_complete(p) for p in _checkpoints(folder))
     assert CheckpointStore.problem(newest) is None
     filler.unlink()                     # space freed: the run goes on from its newest checkpoint
@@ -360,19 +362,48 @@ def test_a_disk_full_when_the_weights_are_written_still_gets_them(small_disk):
 
 
 @pytest.mark.usefixtures("processes")
-def test_a_disk_full_at_the_metrics_fails_in_one_line_and_says_so_in_run_json(small_disk):
-    """The disk fills as epoch 2 begins: a metrics line cannot be written. One line names the file
-    and the OS's reason; run.json says failed (rewritten in place: no room for a new copy); the space
-    set aside goes back. (A checkpoint met first fails the same way, and resumes once space is
-    freed: the test above.)"""
-    # (An epoch's line is about 500 bytes: the file's first 4 KiB page holds 8 of them, and a line
-    # that needs a new page is the one the full disk refuses.)
-    error = _disk_run(small_disk, "on_epoch_begin", epochs=12, call=2)
+@pytest.mark.parametrize("moment, hook, call, every", [
+    ("mid-epoch", "on_train_batch_end", 3, 0),       # the next write: the epoch's metrics line
+    ("a metrics line", "on_epoch_begin", 2, 0),
+    ("owner.json", "on_train_begin", 1, 30),          # the first checkpoint claims the folder first
+    ("a checkpoint", "on_train_batch_end", 31, 30),   # the second checkpoint
+])
+def test_a_disk_that_fills_mid_run_keeps_the_epochs_trained(small_disk, moment, hook, call, every):
+    """The first failed write once ended the run and gave back model.pt's space: no weights, no
+    checkpoint, and --resume auto started from scratch. Now the run saves a checkpoint of where it
+    is into space it held for one, writes its weights into model.pt's, says both in its one line
+    and is recorded failed; once space is freed, --resume auto goes on from that step."""
+    import torch
+
+    from scaletrain.runner import run_training
+    from tests.conftest import small_config
+    error = _disk_run(small_disk, hook, epochs=12, call=call, checkpoint=_every(every))
     folder = small_disk / "run"
-    assert error is not None and re.search(r"could not write \S+metrics\.jsonl \(No space left on device\)", error), \
-        error
+    assert error is not None and "No space left on device" in error, (moment, error)
     assert _status(folder) == "failed"
-    assert not (folder / ".model.pt.reserved").exists() and not (folder / "model.pt").exists()
+    assert "kept a checkpoint at step" in error and f"the weights trained so far in {folder / 'model.pt'}" in error
+    kept = int(error.split("kept a checkpoint at step ")[1].split()[0])
+    assert kept > 0 and set(torch.load(folder / "model.pt", weights_only=True))
+    (small_disk / "filler").unlink()
+    cfg = small_config(small_disk, epochs=12, checkpoint=_every(every, resume="auto"))
+    cfg.run_dir, cfg.tracking.record = str(folder), False
+    _, trainer = run_training(cfg)
+    assert trainer.resumed_at_step == kept and trainer.resumed_from is not None, moment
+    assert _status(folder) == "finished" and len(trainer.history) == 12
+
+
+def _every(steps: int, resume: str | None = None):
+    from scaletrain.config import CheckpointConfig
+    return CheckpointConfig(every=steps, resume=resume)
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_disk_full_at_the_summary_json_still_gets_it(small_disk):
+    """--summary-json's space is set aside before training, as model.pt's is: it once failed the
+    run only after training."""
+    out = small_disk / "out" / "summary.json"
+    assert _disk_run(small_disk, "on_train_end", summary_json=str(out)) is None
+    assert _status(small_disk / "run") == "finished" and json.loads(out.read_text())["epochs_run"] == 2
 
 
 @pytest.mark.usefixtures("processes")

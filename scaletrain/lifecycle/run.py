@@ -34,22 +34,23 @@ from scaletrain.callbacks import (
     TotalTime,
 )
 from scaletrain.checkpoint.space import Reserved
-from scaletrain.checkpoint.store import write_atomically
 from scaletrain.config import TrainConfig
 from scaletrain.data import load_dataset
 from scaletrain.distributed.strategies.registry import strategy_class
-from scaletrain.errors import ConfigError, UserError
+from scaletrain.errors import ConfigError, UserError, WriteFailed
 from scaletrain.lifecycle.folder import RunFolder
 from scaletrain.lifecycle.job_folders import JobFolders, apply_job_folders, deliver_model, job_folders
 from scaletrain.lifecycle.plan import (
     RunPlan,
     TakenFolder,
+    checkpoint_store,
     make_checkpointer,
     plan_run,
     record_job_end,
     resume_source,
     run_name,
 )
+from scaletrain.lifecycle.rescue import checkpoint_bytes, keeps_checkpoint, rescue
 from scaletrain.lifecycle.resume import resume_config
 from scaletrain.lifecycle.stops import StopGuard, StopWatch, finishing, raise_if_owed
 from scaletrain.optim.schedules import replica_lr_scale
@@ -152,6 +153,7 @@ class Run:
         self.previous_status = plan.folder.status if strategy.is_chief and plan.mode == "resume" else None
         self._parties: dict = {}    # who records the run, each told once how it ended
         self._reserved: dict[str, Reserved] = {}   # the chief's disk space for model.pt and summary.json
+        self._trainer = None                       # the chief's, once it reserved (what a failed write keeps)
         self.tracked: TrackedRun | None = None
         self.callbacks: list = []
         self.checkpointer = None
@@ -293,6 +295,7 @@ class Run:
         weights = self.strategy.full_state_dict(trainer.model) if cfg.save_model else None
         if self.is_chief:
             self._write_results(summary, weights)
+            self._release()         # the checkpoint's space a failed write would have used
             deliver_model(self.folders, self.path)
             self._tell_finished(summary)
             print_summary(summary, console)
@@ -322,12 +325,20 @@ class Run:
         global size; one stage under a pipeline, the rest asked of the disk at the end)."""
         if not self.is_chief:
             return
+        self._trainer = trainer
         if self.config.save_model:
             tensors = [t for t in trainer.model.state_dict().values() if isinstance(t, torch.Tensor)]
             # torch.save's zip adds about 330-460 bytes a tensor (alignment, headers, the pickle).
             size = sum(t.numel() * t.element_size() for t in tensors) + 1024 * len(tensors) + 64 * 1024
             self._reserved["model"] = Reserved(self.path / "model.pt", size, "the finished model")
         self._reserved["summary"] = Reserved(self.path / "summary.json", SUMMARY_RESERVE, "the run's summary")
+        if self.config.summary_json:
+            summary_json = Path(self.config.summary_json)
+            summary_json.parent.mkdir(parents=True, exist_ok=True)
+            self._reserved["summary_json"] = Reserved(summary_json, SUMMARY_RESERVE, "--summary-json")
+        if keeps_checkpoint(trainer):   # where a failed write mid-run saves the training (rescue.py)
+            self._reserved["rescue"] = Reserved(self.path / "checkpoint", checkpoint_bytes(trainer),
+                                                "a checkpoint kept if a write fails mid-run")
 
     def _release(self) -> None:
         for reserved in self._reserved.values():
@@ -335,7 +346,10 @@ class Run:
         self._reserved.clear()
 
     def fail(self, exc: BaseException) -> None:
-        """Tells every party not yet told how the run ended (failed, interrupted, pruned)."""
+        """Tells every party not yet told how the run ended (failed, interrupted, pruned). A failed
+        write keeps what was trained first, in the space held for it (rescue.py)."""
+        if isinstance(exc, WriteFailed) and self._trainer is not None:
+            self._keep_what_was_trained(exc)
         self._release()
         status = ending_status(exc)
         if (trackers := self._parties.pop("trackers", None)) is not None:
@@ -344,6 +358,17 @@ class Run:
             tracked.fail(exc)
         if (folder := self._parties.pop("folder", None)) is not None:
             folder.fail(status)
+
+    def _keep_what_was_trained(self, exc: WriteFailed) -> None:
+        trainer = self._trainer
+        if trainer.global_step == trainer.resumed_at_step:
+            return        # nothing trained in this process: what the folder holds is all there is
+        single = keeps_checkpoint(trainer)
+        kept = rescue(trainer, trainer.checkpointer or checkpoint_store(self.config, self.plan.folder, self.run_id),
+                      self._reserved.pop("rescue", None), self._reserved.pop("model", None) if single else None,
+                      lambda: self.strategy.full_state_dict(trainer.model))
+        if kept:
+            exc.args = (f"{exc}; kept {' and '.join(kept)}",)
 
     def _write_results(self, summary: RunSummary, weights) -> None:
         """The model first (the costly result), then the summaries; each file appears whole or not at all."""
@@ -356,5 +381,5 @@ class Run:
         self._reservation("summary", folder / "summary.json", "the run's summary").write(
             lambda fh: fh.write(summary.to_json().encode()))
         if cfg.summary_json:
-            Path(cfg.summary_json).parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(Path(cfg.summary_json), summary.to_json())
+            self._reservation("summary_json", Path(cfg.summary_json), "--summary-json").write(
+                lambda fh: fh.write(summary.to_json().encode()))
