@@ -326,13 +326,21 @@ def simulate_schedule(module: nn.Module, steps_per_epoch: int, epochs: int) -> t
     with warnings.catch_warnings():
         # torch warns that the scheduler steps before its optimizer ever did: this one never will.
         warnings.simplefilter("ignore", UserWarning)
-        for epoch in range(epochs):
-            for batch in range(steps_per_epoch):
-                lrs.append(optimizer.param_groups[0]["lr"])
-                if config["interval"] == "step" and (batch + 1) % frequency == 0:
+        try:
+            for epoch in range(epochs):
+                for batch in range(steps_per_epoch):
+                    lrs.append(optimizer.param_groups[0]["lr"])
+                    if config["interval"] == "step" and (batch + 1) % frequency == 0:
+                        sched.step()
+                if config["interval"] == "epoch" and (epoch + 1) % frequency == 0:
                     sched.step()
-            if config["interval"] == "epoch" and (epoch + 1) % frequency == 0:
-                sched.step()
+        except ValueError as exc:     # OneCycleLR stepped past its total_steps (torch's "Tried to step ...")
+            planned = getattr(sched, "total_steps", None)
+            built = f"built for total_steps {planned}" if planned is not None else f"refused a step ({exc})"
+            raise ConfigError(f"{name}: its {type(sched).__name__} was {built}, and this run takes "
+                              f"{steps_per_epoch * epochs} optimizer steps ({epochs} epochs of {steps_per_epoch}); "
+                              "size it with total_steps=self.trainer.estimated_stepping_batches, or train fewer "
+                              "epochs") from None
     if _fixed_settings(optimizer) != fixed:   # a scheduler of momentum or betas too (see _schedule_fields)
         raise ConfigError(f"{name}: its {type(sched).__name__} changes more than the LR as it steps; scaletrain "
                           "schedules the LR only")

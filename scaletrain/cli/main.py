@@ -194,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, handler)
 
 
+def _stopped(signum: int) -> int:
+    """The command's last word on a stop it took."""
+    stops.taken()
+    if signum == signal.SIGINT:
+        return _end("scaletrain: interrupted", INTERRUPTED_EXIT_CODE)
+    return _end("scaletrain: terminated", TERMINATED_EXIT_CODE)
+
+
 def _main(argv: list[str], named: str) -> int:
     stops.begin_command()
     try:
@@ -218,11 +226,9 @@ def _main(argv: list[str], named: str) -> int:
     except RunPruned as exc:
         return _end(f"scaletrain: {exc}", PRUNED_EXIT_CODE)
     except KeyboardInterrupt:
-        stops.taken()
-        return _end("scaletrain: interrupted", INTERRUPTED_EXIT_CODE)
+        return _stopped(signal.SIGINT)
     except Terminated:
-        stops.taken()
-        return _end("scaletrain: terminated", TERMINATED_EXIT_CODE)
+        return _stopped(signal.SIGTERM)
     except BrokenPipeError:
         # The reader went away (`scaletrain runs show ID --json | head -1`): end quietly, and keep
         # Python from complaining again when it flushes stdout at exit.
@@ -231,10 +237,7 @@ def _main(argv: list[str], named: str) -> int:
     except Exception as exc:
         owed = stops.owed()
         if owed is not None:      # a stop turned into another error on its way (torch._C's "initialization failed")
-            stops.taken()
-            if owed == signal.SIGINT:
-                return _end("scaletrain: interrupted", INTERRUPTED_EXIT_CODE)
-            return _end("scaletrain: terminated", TERMINATED_EXIT_CODE)
+            return _stopped(owed)
         if under_launcher() and _stopping():
             # A worker of a job its launcher is stopping: the launcher says so, once.
             return INTERRUPTED_EXIT_CODE if signal.SIGINT in _STOPS_RECEIVED else TERMINATED_EXIT_CODE
@@ -243,7 +246,8 @@ def _main(argv: list[str], named: str) -> int:
         if failure is not None:
             if not hand_to_launcher(failure.headline):   # a worker's launcher prints the job's first
                 print(failure.headline, file=sys.stderr)
-            print(failure.frames, file=sys.stderr)
+            if failure.frames:
+                print(failure.frames, file=sys.stderr)
             return USER_CODE_FAILED_EXIT_CODE
         # A bug keeps its traceback; a worker also tells its launcher when it failed, so the
         # launcher names the rank that failed first, not a peer that failed because of it.

@@ -373,7 +373,13 @@ def as_split(data: Any, name: str):
 
 
 def _nonempty(split: TorchSplit) -> TorchSplit:
-    if len(split) == 0:
+    try:
+        size = len(split)
+    except (ValueError, TypeError, OverflowError) as exc:    # Python's len() refuses a negative or non-int size
+        given = type(split.dataset).__name__
+        raise DataError(f"{split.name}: {given}.__len__ does not give a sample count ({exc}); make it return "
+                        "the number of samples, a whole number >= 0") from None
+    if size == 0:
         raise DataError(f"{split.name}: the split is empty")
     return split
 

@@ -93,7 +93,12 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     cfg.validate()
     check_trackers(cfg.tracking.logger_names())
     if settle_model_optimizer(cfg):   # a LightningModule's own optimizer, in the config the run records
-        cfg.validate()                # (its values are the user's: checked as theirs)
+        try:                          # (its values are the user's: checked as theirs, and said so)
+            cfg.validate()
+        except ConfigError as exc:
+            key, _, rule = str(exc).removeprefix("config key 'optim.").partition("' ")
+            raise ConfigError(f"{cfg.model.name}'s configure_optimizers gives the optimizer's {key}, which {rule}; "
+                              "fix what it builds the optimizer or its scheduler with") from None
     world = max(env.world_size, cfg.distributed.nproc)
     problem = device_problem(cfg, strategy_class(cfg.distributed, world), world)
     if problem:                       # before the device is opened (an XLA device's rules)

@@ -8,10 +8,11 @@ from scaletrain.tasks.base import (
     build_task,
     checked_loss,
     checked_sums,
+    checked_task,
     computes_own_loss,
     register_task,
     targets_of,
 )
 
-__all__ = ["TASKS", "Task", "build_task", "checked_loss", "checked_sums", "computes_own_loss", "register_task",
+__all__ = ["TASKS", "Task", "build_task", "checked_loss", "checked_sums", "checked_task", "computes_own_loss", "register_task",
            "targets_of"]

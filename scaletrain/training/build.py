@@ -19,6 +19,7 @@ from scaletrain.config import TrainConfig
 from scaletrain.data import Dataset, load_dataset
 from scaletrain.distributed import Strategy, resolve_device
 from scaletrain.errors import ConfigError
+from scaletrain.inputs import call_model, map_inputs
 from scaletrain.tasks import Task, build_task
 from scaletrain.training.preflight import meta_model, model_memory_problem, run_task
 from scaletrain.training.threads import AdaptiveThreads, ThreadChoice, choose_threads, wait_policy
@@ -68,17 +69,31 @@ def task_for(cfg: TrainConfig, dataset: Dataset) -> Task:
     return run_task(cfg, (dataset.input_shape, outputs, dataset.task, dataset.example))
 
 
-def _check_model_fits_host(cfg: TrainConfig, sample: tuple) -> None:
-    """A model too big to build at all is one line, found on the meta device before allocating.
-    A model that cannot be built there (its constructor reads a tensor's values) is built for
-    real and raises its own error."""
+def _check_model_on_meta(cfg: TrainConfig, dataset: Dataset, task: Task, outputs: int) -> str | None:
+    """What the model on the meta device shows before anything is allocated: one too big to build
+    at all, and (a forward of two samples' shapes) fewer outputs than the labels need, each one
+    line; more outputs than classes is a note, returned. A model that cannot be built or run there (its constructor or forward reads a tensor's
+    values, a layer cannot take the samples) is built and run for real, and raises its own error."""
     try:
-        model = meta_model(cfg, sample)
+        model = meta_model(cfg, (dataset.input_shape, outputs))
     except Exception:
         return
     problem = model_memory_problem(cfg, model)
     if problem:
         raise ConfigError(problem)
+    try:
+        output = call_model(model, map_inputs(lambda t: t.to("meta"), dataset.example[0]))
+    except Exception:
+        return    # the real step names the layer that fails, with torch's own message (user_code/failures.py)
+    width = output.shape[-1] if isinstance(output, torch.Tensor) and output.ndim >= 2 else None
+    if task.integer_labels and width is not None and width > outputs:
+        return (f"{cfg.model.name} gives {width} outputs per sample and the labels of {dataset.name} name "
+                f"{outputs} classes: the last {width - outputs} outputs never get a label (its builder is given "
+                f"num_classes {outputs})")
+    if task.integer_labels and width is not None and width < outputs:
+        raise ConfigError(f"{cfg.model.name} gives {width} outputs per sample, but the labels of {dataset.name} "
+                          f"go up to {outputs - 1} ({outputs} classes): a label past the outputs cannot be scored; "
+                          f"build the model with num_classes outputs (its builder is given {outputs})")
 
 
 def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, dataset: Dataset | None = None,
@@ -94,7 +109,7 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     task = task or build_task(cfg.task, dataset.task)
     # The same initial weights for every precision, fusing choice, strategy and rank.
     outputs = task.output_size(dataset)
-    _check_model_fits_host(cfg, (dataset.input_shape, outputs))
+    note = _check_model_on_meta(cfg, dataset, task, outputs)
     torch.manual_seed(cfg.seed)
     # A LightningModule (its class named, or returned by a builder) trains through its adapter,
     # adapted before the task is chosen: it brings its own.
@@ -106,6 +121,8 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     # A count chosen from the load follows it epoch by epoch; first, so the epoch's logs say it.
     callbacks = [AdaptiveThreads(threads.setting.value), *callbacks] if threads.adaptive else list(callbacks)
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task, checked=True)
+    if note:
+        trainer.advice.append(note)
     trainer.settle_setting(threads.setting)
     trainer.settle_setting(wait_policy())
     trainer.settle_for_data(dataset)      # so the run's start line and record name it too

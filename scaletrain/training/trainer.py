@@ -37,7 +37,7 @@ from scaletrain.optim import LRSchedule, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
 from scaletrain.precision.hardware import device_facts, precision_warnings, settle_precision
-from scaletrain.tasks import Task, build_task, checked_sums
+from scaletrain.tasks import Task, build_task, checked_sums, checked_task
 from scaletrain.training.clock import DeviceClock, execution_boundary
 from scaletrain.training.counters import DeviceCounters
 from scaletrain.training.defaults import (
@@ -98,7 +98,7 @@ class Trainer:
         optimizer and the device-side state."""
         strategy = self.strategy
         # None: the data set's own task, chosen when fit() or evaluate() first sees the data.
-        self.task = task
+        self.task = checked_task(task, f"task {type(task).__name__}") if task is not None else None
         self.device = strategy.device
         self.layout = strategy.layout
         # What only some strategies do at an epoch's edges (a no-op object for the others).

@@ -60,7 +60,7 @@ def user_failure(exc: BaseException) -> UserFailure | None:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        found = _worker_failure(exc) or _local_failure(exc)
+        found = _worker_failure(exc) or _local_failure(exc) or _layer_failure(exc)
         if found is not None:
             return found
         exc = exc.__cause__ or exc.__context__
@@ -118,6 +118,36 @@ def _failure(frames: list[Frame], exc_name: str, message: str, notes: list[str])
     cut = "".join(f'  File "{f.file}", line {f.line}, in {f.name}\n' + (f"    {f.code}\n" if f.code else "")
                   for f in mine)
     return UserFailure(headline, f"Traceback (your code's frames only, most recent call last):\n{cut}{said}")
+
+
+def _layer_failure(exc: BaseException) -> UserFailure | None:
+    """A torch layer of the user's model that raised with no frame of the user's on the way (an
+    `nn.Sequential` of torch's layers whose input width does not match the data): the layer by its
+    name in the model, what it was given, and torch's message, in one line."""
+    calls, tb = [], exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "_call_impl" and frame.f_code.co_filename.endswith(_MODULE_FILE):
+            calls.append(frame.f_locals)
+        elif calls and frame.f_code.co_filename.startswith(_PACKAGE + os.sep):
+            return None      # our own code ran inside the layer: a failure of ours keeps its traceback
+        tb = tb.tb_next
+    if not calls:
+        return None
+    root, layer = calls[0].get("self"), calls[-1].get("self")
+    name = next((n for n, m in root.named_modules() if m is layer), None) if hasattr(root, "named_modules") else None
+    given = ", ".join(str(tuple(a.shape)) for a in calls[-1].get("args", ()) if hasattr(a, "shape"))
+    notes = [n[len(NOTE_PREFIX):] for n in getattr(exc, "__notes__", ()) if n.startswith(NOTE_PREFIX)]
+    where = f", {'; '.join(dict.fromkeys(notes))}" if notes else ""
+    message = (str(exc).splitlines() or [""])[0]
+    layer_text = f"layer {name!r} ({layer!r})" if name else f"layer {layer!r}"
+    headline = (f"{HEADLINE_START}your model's {layer_text.splitlines()[0]} was given input shaped {given or '?'} "
+                f"and raised {type(exc).__name__}: {message}{where}; check the model's layer sizes against "
+                "the data's samples")
+    return UserFailure(headline, "")
+
+
+_MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")
 
 
 def _source_line(file: str, line: int) -> str:
