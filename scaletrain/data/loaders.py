@@ -22,7 +22,7 @@ from scaletrain.data.augment import DeviceAugment
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.data.sharding import rank_positions
 from scaletrain.data.user import SeededSamples, StreamBatches, StreamSplit, TorchSplit, collate_pairs
-from scaletrain.errors import Terminated, UserError
+from scaletrain.errors import DataError, Terminated, UserError
 from scaletrain.inputs import Inputs, map_inputs, tensors
 
 if TYPE_CHECKING:
@@ -87,6 +87,10 @@ class _BatchSource:
 
     def stop_workers(self) -> None:
         """Ends this loader's worker processes at once (a stop: `workers_end_on_stop`). This one has none."""
+
+    def dead_worker(self, exc: Exception) -> DataError | None:
+        """`exc` as the one line naming a worker process of this loader that died. This one has none."""
+        return None
 
     def __len__(self) -> int:
         n = len(self.split)
@@ -189,6 +193,16 @@ class HostToDevice(_BatchSource):
         if self._reading is not None:
             stop_workers(self._reading)
 
+    def dead_worker(self, exc: Exception) -> DataError | None:
+        if self._reading is None:
+            return None
+        return dead_worker_error(self._reading, getattr(self.split, "name", "the data"), self._batch_samples, exc)
+
+    def _batch_samples(self, batch: int) -> list[int]:
+        """The positions of this epoch's `batch`-th batch read (the order drawn again as set_epoch seeds it)."""
+        order = self._order(torch.Generator().manual_seed(self.seed * 100_003 + self.epoch), "cpu").tolist()
+        return order[batch * self.batch_size:(batch + 1) * self.batch_size]
+
     def _to_device(self, batch):
         x, y = batch
         if self.copy_stream is None:
@@ -289,6 +303,15 @@ def workers_end_on_stop(*loaders: _BatchSource):
         for loader in loaders:
             loader.stop_workers()
         raise
+    except (RuntimeError, OSError, EOFError) as exc:
+        # A worker that died: torch's "DataLoader worker (pid(s) ...) exited unexpectedly", or the
+        # connection it was handing a batch over on, reset.
+        error = next(filter(None, (loader.dead_worker(exc) for loader in loaders)), None)
+        if error is None:
+            raise
+        for loader in loaders:
+            loader.stop_workers()
+        raise error from None
 
 
 def stop_workers(batches: Iterator) -> None:
@@ -309,6 +332,43 @@ def stop_workers(batches: Iterator) -> None:
     shutdown = getattr(batches, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+
+
+def dead_worker_error(reading, name: str, samples_of: Callable[[int], list[int]],
+                      error: Exception) -> DataError | None:
+    """A DataLoader whose worker process died (killed, out of memory, os._exit, a crash in C code),
+    met as `error`: which worker, how it ended, and the samples it was reading (its batches in flight, by the
+    positions `samples_of(batch)` gives), in one line. torch's own words are two tracebacks of its
+    internals. Reads the iterator's private `_workers` and `_task_info`; None where they are not there."""
+    import signal as signals
+    import time
+    workers = getattr(reading, "_workers", None) or ()
+    if getattr(reading, "_worker_pids_set", False):
+        # Unwatched first: torch's SIGCHLD handler would raise its own words at any line from here.
+        from torch.utils.data._utils.signal_handling import _remove_worker_pids
+        _remove_worker_pids(id(reading))
+        reading._worker_pids_set = False
+    # A reset connection can come before the dying worker's exit: give it a moment to have one.
+    deadline = time.monotonic() + (2.0 if isinstance(error, OSError) else 0.0)
+    while not (dead := [(i, w) for i, w in enumerate(workers) if w.exitcode is not None]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not dead:
+        return None
+    i, worker = dead[0]
+    code = worker.exitcode
+    how = (f"was killed by {signals.Signals(-code).name}" if code < 0 and -code in signals.valid_signals()
+           else f"exited with code {code}")
+    batches = sorted(k for k, info in getattr(reading, "_task_info", {}).items() if len(info) == 1 and info[0] == i)
+    try:
+        samples = sorted(s for k in batches for s in samples_of(k))
+    except Exception:   # noqa: BLE001 - the range is a help; the line stands without it
+        samples = []
+    shown = ", ".join(map(str, samples[:4])) + (f", ..., {samples[-1]}" if len(samples) > 4 else "")
+    held = f" while reading {len(batches)} batch(es): samples {shown}" if samples else ""
+    return DataError(f"{name}: DataLoader worker {i} (pid {worker.pid}) {how}{held}; a worker process ends so when "
+                     "it is killed, runs out of memory or crashes in C code: read those samples with "
+                     "num_workers=0 to see the failure in this process")
 
 
 def original_message(exc: BaseException) -> str:

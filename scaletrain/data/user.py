@@ -75,12 +75,15 @@ def collate_pairs(collate: Callable | None, classes: int | None = None) -> Calla
     costs no device synchronisation (a bad label would otherwise fail inside the loss)."""
     from torch.utils.data import default_collate
 
-    collate = collate or default_collate
+    own = collate is not None
 
     def pairs(samples):
         try:
-            batch = collate(samples)
+            batch = (collate or default_collate)(samples)
         except (RuntimeError, TypeError, ValueError) as exc:
+            if own:    # the user's collate_fn raised: theirs to see, as their code (user_code/failures.py)
+                add_context(exc, f"collating a batch of {len(samples)} samples")
+                raise
             raise DataError(f"collating a batch failed: {str(exc).splitlines()[0]} (samples of different shapes? "
                             "make them equal, or give a collate_fn that pads them)") from None
         x, y = split_batch(batch)
