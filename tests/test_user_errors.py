@@ -99,3 +99,54 @@ def test_a_broken_contract_is_one_line_and_exit_2(tmp_path, flags, contract):
     assert contract in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("scaletrain: error: ")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--data", "user_faults:negative_length"],
+     "NegativeLength.__len__ does not give a sample count (__len__() should return >= 0)"),
+    (["--data", "user_faults:dying_reads"], ") exited with code 3 while reading "),
+    (["--data", "user_faults:dying_reads", "--data-option", "kill=true"], ") was killed by SIGKILL while reading "),
+    (["--data", "user_faults:raising_reads", "--model", "user_faults:outputs"],
+     "user_faults:outputs gives 2 outputs per sample, but the labels of user_faults:raising_reads go up to 2"),
+    (["--data", "user_faults:raising_reads", "--data-option", "bad=-1", "--task", "user_faults:NeedsArgument"],
+     "builds the task as NeedsArgument() with no arguments, and its __init__ cannot be called so (missing a "
+     "required argument: 'weight')"),
+    (["--model", "lit_classifier:OneCycleTooShort", "--data", "lit_classifier:Blobs"],
+     "its OneCycleLR was built for total_steps 5, and this run takes 14 optimizer steps (1 epochs of 14)"),
+    (["--model", "lit_classifier:LitClassifier", "--model-option", "lr=nan", "--data", "lit_classifier:Blobs"],
+     "lit_classifier:LitClassifier's configure_optimizers gives the optimizer's lr, which must be a finite number"),
+], ids=["negative len", "worker exits", "worker killed", "fewer outputs", "task needs an argument",
+        "onecycle too short", "configure_optimizers lr"])
+def test_the_red_teams_tracebacks_are_one_line(tmp_path, flags, line):
+    """Each of these once printed a traceback (68 lines for a dead loader worker, two tracebacks)."""
+    args = ["train", "--model", "mlp", *flags, *QUICK, "--run-dir", tmp_path / "r"]
+    result = run(args, tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("scaletrain: error: ") and line in last, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    if "while reading" in line:    # which worker, and the samples it held: the batches in flight
+        assert re.search(r"DataLoader worker \d \(pid \d+\) .* while reading \d batch\(es\): samples \d", last), last
+
+
+def test_a_layer_that_cannot_take_the_data_is_named_with_what_it_was_given(tmp_path):
+    """An nn.Sequential of torch's layers has no frame of the user's: the layer by its name."""
+    result = run(["train", "--model", "user_faults:wrong_width", "--data", "user_faults:raising_reads",
+                  "--data-option", "bad=-1", *QUICK, "--run-dir", tmp_path / "r"], tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "scaletrain: your code failed: your model's layer '0' (Linear(in_features=5, out_features=16, bias=True)) "
+        "was given input shaped (32, 8) and raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (32x8 "
+        "and 5x16); check the model's layer sizes against the data's samples")
+
+
+def test_more_outputs_than_classes_and_a_raising_collate_are_said(tmp_path):
+    wide = run(["train", "--model", "user_faults:outputs", "--model-option", "width=5", "--data",
+                "user_faults:raising_reads", "--data-option", "bad=-1", *QUICK, "--run-dir", tmp_path / "w"], tmp_path)
+    assert wide.returncode == 0, wide.stderr[-2000:]
+    assert "note: user_faults:outputs gives 5 outputs per sample and the labels of user_faults:raising_reads name " \
+           "3 classes: the last 2 outputs never get a label" in wide.stdout
+    collate = run(["train", "--model", "mlp", "--data", "user_faults:own_collate_raising", *QUICK, "--run-dir",
+                   tmp_path / "c"], tmp_path)
+    headline = _failed_as_theirs(collate, r"own_collate_raising\.<locals>\.collate", "collating a batch of")
+    assert "pads them" not in headline

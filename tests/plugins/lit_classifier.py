@@ -139,3 +139,12 @@ class PlateauOnNothing(OnPlateau):
         config = super().configure_optimizers()
         config["lr_scheduler"]["monitor"] = "val_f1"
         return config
+
+
+class OneCycleTooShort(LitClassifier):
+    """A OneCycleLR sized for 5 steps: the run takes more (Lightning stops at torch's ValueError)."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=5, cycle_momentum=False)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": cycle, "interval": "step"}}

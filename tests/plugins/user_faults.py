@@ -146,3 +146,56 @@ if L is not None:
 def lit_raising(input_shape=None, num_classes=None):
     """The same module from a builder function (adapted as its class would be)."""
     return LitRaising()
+
+
+# ---- the red team's fifth pass (issue 91): each once a traceback, now one line
+
+class NegativeLength(RaisingReads):
+    def __len__(self):
+        return -3
+
+
+def negative_length():
+    return {"train": NegativeLength(8, -1), "val": RaisingReads(64, -1)}
+
+
+class DyingReads(RaisingReads):
+    """Its worker process ends at sample `bad`: exits with code 3, or is killed (SIGKILL)."""
+
+    def __init__(self, n: int, bad: int, kill: bool):
+        super().__init__(n, bad)
+        self.kill = kill
+
+    def __getitem__(self, i):
+        if i == self.bad and torch.utils.data.get_worker_info() is not None:
+            import os
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL) if self.kill else os._exit(3)
+        return _sample(i)
+
+
+def dying_reads(kill=False):
+    return {"train": torch.utils.data.DataLoader(DyingReads(512, 300, kill), batch_size=32, num_workers=2),
+            "val": RaisingReads(64, -1)}
+
+
+def own_collate_raising():
+    def collate(samples):
+        raise ValueError("my collate cannot pad these")
+    return {"train": torch.utils.data.DataLoader(RaisingReads(512, -1), batch_size=32, collate_fn=collate),
+            "val": RaisingReads(64, -1)}
+
+
+def wrong_width(input_shape, num_classes):
+    """torch's layers only: no frame of the user's when the first one meets the data's 8 features."""
+    return nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, num_classes))
+
+
+def outputs(input_shape, num_classes, width=2):
+    """`width` outputs whatever the classes (the data has 3)."""
+    return nn.Sequential(nn.Linear(input_shape[-1], 16), nn.ReLU(), nn.Linear(16, width))
+
+
+class NeedsArgument(WrongSums):
+    def __init__(self, weight):
+        super().__init__()
