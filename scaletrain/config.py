@@ -381,6 +381,11 @@ def load_toml(path: str | Path) -> dict:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; pass the path of a TOML file in it to --config")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"config file {path} is not a regular file (a device, a pipe or a socket); pass the path "
+                          "of a TOML file to --config")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass the path of a TOML file to --config")
     from scaletrain.files import MAX_BYTES, check_nesting

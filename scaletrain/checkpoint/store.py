@@ -28,6 +28,8 @@ from scaletrain.errors import UserError, WriteFailed, write_failed
 from scaletrain.files import read_json
 
 MARKER = "COMMITTED"
+# The loop position a marker's meta holds (Trainer.position): counts, read as such on resume.
+POSITION_COUNTS = ("global_step", "epoch", "epoch_step", "world_size", "global_batch", "steps_per_epoch")
 PREFIX = "step-"
 OWNER = "owner.json"
 
@@ -165,6 +167,12 @@ class CheckpointStore:
                 raise ValueError("no file list")
         except (UserError, ValueError, KeyError, TypeError) as exc:
             return f"its {MARKER} marker is not a scaletrain manifest ({type(exc).__name__}: {exc})"
+        for key in POSITION_COUNTS:
+            value = meta.get(key)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                return f"its {MARKER} marker gives {key} {value!r}, not a whole number >= 0"
+        if not isinstance(meta.get("run_id", ""), str):
+            return f"its {MARKER} marker names run {meta['run_id']!r}, not a run id"
         for name, expected in files.items():
             if not isinstance(name, str) or "/" in name or name in (".", ".."):
                 return f"its {MARKER} marker names a file outside the checkpoint ({name!r})"

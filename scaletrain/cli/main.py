@@ -209,6 +209,7 @@ def _main(argv: list[str], named: str) -> int:
         # reads it. Inside the handlers: a launcher stopping its workers this early (psutil's
         # import) ends them in one line too.
         threads.mark_start()
+        threads.check_omp_num_threads()     # before torch, whose OpenMP reads it as it loads
         # A flag's own check (cli/flags.py) raises a ConfigError while parsing: one line, exit 2.
         args = build_parser(only=named).parse_args(argv)
         command = next(c for c in COMMANDS if c.name == args.command)

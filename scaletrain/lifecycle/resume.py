@@ -8,6 +8,8 @@ of model, data, optimizer, precision or batch plan is an error naming the keys.
 
 from __future__ import annotations
 
+import math
+
 from scaletrain.config import TrainConfig, resumable_keys
 from scaletrain.errors import ConfigError
 from scaletrain.options import flatten_mapping, from_mapping, to_mapping
@@ -21,7 +23,12 @@ def locked_differences(saved: TrainConfig, given: TrainConfig) -> dict[str, tupl
     """{dotted key: (saved value, given value)} for every key that differs and may not change."""
     a, b = flatten_mapping(to_mapping(saved)), flatten_mapping(to_mapping(given))
     mutable = resumable_keys()
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in mutable and a.get(k) != b.get(k)}
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in mutable and not _same(a.get(k), b.get(k))}
+
+
+def _same(a, b) -> bool:
+    """Equal values, NaN equal to NaN (a value is itself, whatever IEEE says)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def describe_differences(diffs: dict[str, tuple]) -> str:
@@ -41,6 +48,14 @@ def resume_config(saved: dict, overrides: dict, folder: str) -> TrainConfig:
     """The configuration a resume continues with: the run's saved one, with the given overrides
     applied where they may change. Raises ConfigError naming every locked key that would change."""
     saved_cfg = from_mapping(TrainConfig, saved)
+    try:
+        saved_cfg.validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{folder}'s saved configuration is not one a run could have started with ({exc}); the "
+                          "run folder is damaged: start a new run (another --run-dir, or --overwrite)") from None
+    if overrides.get("precision", {}).get("policy") == "auto":
+        # `--precision auto` spelled out means what it resolved to when the run started (saved).
+        overrides = merge_mappings(overrides, {"precision": {"policy": saved_cfg.precision.policy}})
     merged = from_mapping(TrainConfig, merge_mappings(saved, overrides))
     diffs = locked_differences(saved_cfg, merged)
     if diffs:

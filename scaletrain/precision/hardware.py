@@ -116,6 +116,9 @@ def precision_warnings(policy: PrecisionPolicy, facts: DeviceFacts) -> list[str]
         if torch.float16 in dtypes:
             out.append(f"{policy.name} on a CPU: fp16 has no fast CPU kernels; use bf16-mixed where the CPU has "
                        "bfloat16 instructions, else fp32")
+        if policy.tf32_matmul and not policy.computes_in_16_bit:   # (fp32 keeps cuDNN's TF32 convolutions only)
+            out.append(f"{policy.name} on a CPU: TF32 is a format of NVIDIA's tensor cores, which a CPU has not; it "
+                       "trains exactly as fp32 here (name fp32 for a run that says so)")
     return out
 
 

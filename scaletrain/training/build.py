@@ -121,8 +121,7 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     # A count chosen from the load follows it epoch by epoch; first, so the epoch's logs say it.
     callbacks = [AdaptiveThreads(threads.setting.value), *callbacks] if threads.adaptive else list(callbacks)
     trainer = Trainer(model, cfg, callbacks, strategy=strategy, checkpointer=checkpointer, task=task, checked=True)
-    if note:
-        trainer.advice.append(note)
+    trainer.advice += [n for n in (note, threads.note) if n]
     trainer.settle_setting(threads.setting)
     trainer.settle_setting(wait_policy())
     trainer.settle_for_data(dataset)      # so the run's start line and record name it too

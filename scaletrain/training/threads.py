@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from scaletrain.errors import ConfigError
 from scaletrain.training.defaults import Setting
 
 MIN_WINDOW_S = 0.2   # a shorter window reads /proc/stat's 10 ms ticks too coarsely; wait this long
@@ -110,6 +111,26 @@ def wait_policy() -> Setting:
 class ThreadChoice:
     setting: Setting
     adaptive: bool = False     # chosen from the load: follow it epoch by epoch (AdaptiveThreads)
+    note: str | None = None    # a count named above the cores: said at the run's start
+
+
+def check_omp_num_threads(environ=os.environ) -> None:
+    """OMP_NUM_THREADS, checked as torchrun's variables are, before torch (libgomp) reads it: a
+    value that is not a whole number >= 1 is one line, not libgomp's "Invalid value" and a run
+    recorded as following it."""
+    text = environ.get("OMP_NUM_THREADS", "").strip()
+    if text and not (text.isdigit() and int(text) >= 1):
+        raise ConfigError(f"OMP_NUM_THREADS={text!r} is not a whole number of threads >= 1 (it sets every OpenMP "
+                          "library's threads: torch's, NumPy's); set it to a count, or unset it for scaletrain to "
+                          "choose from the load")
+
+
+def _above_cores(count: int, source: str) -> str | None:
+    cores = len(usable_cores())
+    if count <= cores:
+        return None
+    return (f"{source} asks for {count} threads on {cores} usable core(s): threads beyond the cores only wait on "
+            "one another, which makes each step slower")
 
 
 def choose_threads(given: int | None, pinned: bool = False) -> ThreadChoice:
@@ -119,12 +140,15 @@ def choose_threads(given: int | None, pinned: bool = False) -> ThreadChoice:
     import torch
     if given is not None:
         torch.set_num_threads(given)
-        return ThreadChoice(Setting("threads", given, None))
+        return ThreadChoice(Setting("threads", given, None), note=_above_cores(given, f"--threads {given}"))
     if pinned:
         return ThreadChoice(Setting("threads", torch.get_num_threads(), "--devices pins this process to one core"))
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env:
-        return ThreadChoice(Setting("threads", torch.get_num_threads(), f"OMP_NUM_THREADS={env}"))
+        running = torch.get_num_threads()
+        capped = f", capped at {running} by torch" if int(env) != running else ""
+        return ThreadChoice(Setting("threads", running, f"OMP_NUM_THREADS={env}{capped}"),
+                            note=_above_cores(int(env), f"OMP_NUM_THREADS={env}"))
     cores = usable_cores()
     before = _START if _START is not None and time.monotonic() - _START.wall >= MIN_WINDOW_S else None
     if before is None:
