@@ -70,6 +70,8 @@ def parse_json(text: str, name: str, expect: type | None = dict, error: type[Use
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{name} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except ValueError as exc:   # an integer of more digits than Python converts (4,300): no file of ours
+        raise error(f"{name} holds a number too long to be one of its values ({str(exc).split(':')[0]})") from None
     except RecursionError:
         raise error(f"{name} nests lists or objects more than {MAX_DEPTH} levels deep; it is not one of the files "
                     "it stands for") from None

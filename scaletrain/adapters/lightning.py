@@ -79,6 +79,9 @@ class LightningAdapter(nn.Module):
         if not module.automatic_optimization:
             raise ConfigError(f"{cls.__name__} uses manual optimisation (automatic_optimization = False); scaletrain "
                               "runs the optimizer step itself: use automatic optimisation")
+        if cls.training_step is _lightning_base(cls).training_step:   # Lightning's own warns, then raises
+            raise ConfigError(f"{cls.__name__} defines no training_step: scaletrain trains on the loss it returns, as "
+                              "Lightning does; define training_step(self, batch, batch_idx)")
         hooks = unsupported_hooks(cls)
         if hooks:
             raise ConfigError(f"{cls.__name__} overrides {', '.join(hooks)}: scaletrain does not call these Lightning "

@@ -219,20 +219,22 @@ class Checkpointer:
             if meta[key] != position[key]:
                 raise ConfigError(f"checkpoint {path} was taken with {key} {meta[key]}, this run has {position[key]}; "
                                   "resume with the same global batch and data")
-        # Only the run's own checkpoint: taken by this run (its id, where both are known), and its
-        # configuration (less what a resume may change) this run's. Checked whether or not the
-        # folder names an owner (a foreign checkpoint copied in without owner.json).
-        taker = meta.get("run_id")
-        if taker and self.store.owner and taker != self.store.owner:
-            raise ConfigError(f"checkpoint {path} was taken by run {taker}, not by this run ({self.store.owner}): a "
-                              "run resumes only its own checkpoints; pass that run's own --run-dir to continue it, "
-                              "or start from its weights in a new run (--init-from its model.pt)")
+        # Only the run's own checkpoint: its configuration (less what a resume may change) is this
+        # run's. Checked whether or not the folder names an owner (a foreign checkpoint copied in).
         saved_identity = meta.get("config_identity")
         if saved_identity is not None and saved_identity != position["config_identity"]:
             taken_by = f" by run {meta['run_id']}" if meta.get("run_id") else ""
             raise ConfigError(f"checkpoint {path} was taken{taken_by} with another configuration than this run's "
                               "(its digest differs): a run resumes only its own checkpoints; pass the run's own "
                               "--run-dir, or start afresh (--overwrite, or without --resume)")
+        # And one found in its folder (`auto`) was taken by this run (its id, where both are known):
+        # another run's of the same configuration, copied in without owner.json, is not adopted. A
+        # checkpoint named by its path is the user's choice to continue from.
+        taker = meta.get("run_id")
+        if self.resume == "auto" and taker and self.store.owner and taker != self.store.owner:
+            raise ConfigError(f"checkpoint {path} was taken by run {taker}, not by this run ({self.store.owner}): a "
+                              "run resumes only its own checkpoints; pass that run's own --run-dir to continue it, "
+                              f"or name the checkpoint (--resume {path}) to continue from it here")
         # Checkpoints from before model parallelism have one replica per process.
         saved_world, saved_replicas = meta["world_size"], meta.get("replicas", meta["world_size"])
         if position["replica_seeded_data"] and saved_replicas != position["replicas"]:

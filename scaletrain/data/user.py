@@ -370,6 +370,10 @@ def as_split(data: Any, name: str):
             raise DataError(f"{name}: {len(x)} inputs but {len(y)} targets")
         if len(x) == 0:
             raise DataError(f"{name}: the split is empty")
+        if y.is_floating_point() and not bool(torch.isfinite(y).all()):
+            bad = int((~torch.isfinite(y)).sum())
+            raise DataError(f"{name}: {bad} target value(s) are inf or NaN; clean or drop those samples before "
+                            "training (a validation split's would make every val_ metric NaN)")
         return ArraySplit(x, y if y.is_floating_point() else y.long())
     raise DataError(f"{name}: cannot read {type(data).__name__} as data; give a torch Dataset, a DataLoader, "
                     "or an (inputs, targets) tuple of arrays")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from scaletrain.data.dataset import Dataset
 from scaletrain.data.user import as_dataset, as_split
-from scaletrain.errors import DataError
+from scaletrain.errors import DataError, first_line
 from scaletrain.user_code.importing import import_function
 from scaletrain.user_code.lightning import data_module_splits, is_lightning_data_module
 
@@ -27,7 +27,7 @@ def load_user_data(name: str, cfg) -> Dataset:
     try:
         result = function(**cfg.options)
     except TypeError as exc:
-        raise DataError(f"data '{name}': bad --data-option ({exc})") from None
+        raise DataError(f"data '{name}': bad --data-option ({first_line(exc)})") from None
     except DataError:
         raise
     except Exception as exc:   # the user's function failed: its message, one line

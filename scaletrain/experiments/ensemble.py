@@ -56,7 +56,7 @@ def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
         raise UserError("an ensemble needs at least two runs")
     first, tasks = records[0], {}
     for record in records:
-        check_record_code(record)        # before its task's name is looked up (and imported)
+        check_record_code(record, (record.summary_value("task"),))   # before its task's name is imported
         saved_model_path(record)
         tasks[record.id] = recorded_task(record, data_dir)
     if len(set(tasks.values())) > 1:

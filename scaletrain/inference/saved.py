@@ -23,13 +23,14 @@ def saved_model_path(record: RunRecord) -> Path:
     return path
 
 
-def check_record_code(record: RunRecord) -> None:
+def check_record_code(record: RunRecord, recorded: tuple = ()) -> None:
     """A store's record names code to import only as its run folder's seal allows (a store, like
-    a folder, may come from elsewhere): one line otherwise (user_code/trust.py)."""
+    a folder, may come from elsewhere): one line otherwise (user_code/trust.py). `recorded`: other
+    names of the record a caller will import (an ensemble's summary task)."""
     meta = RunFolder(record.run_dir).meta() if record.run_dir and Path(record.run_dir).is_dir() else {}
     check_saved_code(record.config, f"run {record.id} of the run store", run_id=record.id,
                      config_sha256=config_digest(record.config), given_seal=meta.get("code_seal"),
-                     recorded=[record.summary_value("task")])
+                     recorded=recorded)
 
 
 def saved_run_config(record: RunRecord, device: str = "auto", data_dir: str | None = None) -> TrainConfig:

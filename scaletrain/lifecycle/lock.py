@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-from scaletrain.errors import UserError
+from scaletrain.errors import UserError, write_failed
 
 LOCK_FILE = ".lock"
 
@@ -28,16 +28,22 @@ class FolderLock:
 
     def acquire(self) -> None:
         """Takes the lock or raises RunFolderBusy naming the holder; never waits."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:     # a full disk (no room for the file's entry), a read-only folder
+            raise write_failed(self.path, exc, "the run folder's lock", then="run again (nothing was trained)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise RunFolderBusy(f"run folder {self.path.parent} is in use by another training ({self.holder()}); "
                                 "wait for it to end, or pass another --run-dir") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
         self._fd = fd
+        try:    # who holds it, for the next one refused: a help, which a full disk may not have room for
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+        except OSError:
+            pass
 
     def holder(self) -> str:
         try:

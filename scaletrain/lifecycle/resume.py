@@ -48,11 +48,6 @@ def resume_config(saved: dict, overrides: dict, folder: str) -> TrainConfig:
     """The configuration a resume continues with: the run's saved one, with the given overrides
     applied where they may change. Raises ConfigError naming every locked key that would change."""
     saved_cfg = from_mapping(TrainConfig, saved)
-    try:
-        saved_cfg.validate()
-    except ConfigError as exc:
-        raise ConfigError(f"{folder}'s saved configuration is not one a run could have started with ({exc}); the "
-                          "run folder is damaged: start a new run (another --run-dir, or --overwrite)") from None
     if overrides.get("precision", {}).get("policy") == "auto":
         # `--precision auto` spelled out means what it resolved to when the run started (saved).
         overrides = merge_mappings(overrides, {"precision": {"policy": saved_cfg.precision.policy}})

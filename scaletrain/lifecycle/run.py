@@ -83,6 +83,7 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     (the CLI's), for a resume to continue the run with its saved configuration, changing only what
     may change mid-run (resume.py); the Python API's configuration is taken whole."""
     folders = apply_job_folders(cfg, job_folders())
+    saved = None
     if flags is not None:
         source = resume_source(cfg, env)
         saved = source.trusted_config(named=code_names(flags)) if source is not None else None
@@ -90,7 +91,14 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
             cfg = resume_config(saved, flags, str(source))
             cfg.run_dir = str(source.path)
             folders = apply_job_folders(cfg, job_folders())
-    cfg.validate()
+    try:
+        cfg.validate()
+    except ConfigError as exc:
+        if saved is None:
+            raise
+        # The flags were checked as they were read: what fails here is the folder's.
+        raise ConfigError(f"{source}'s saved configuration is not one a run could have started with ({exc}); the "
+                          "run folder is damaged: start a new run (another --run-dir, or --overwrite)") from None
     check_trackers(cfg.tracking.logger_names())
     if settle_model_optimizer(cfg):   # a LightningModule's own optimizer, in the config the run records
         try:                          # (its values are the user's: checked as theirs, and said so)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from scaletrain.errors import ConfigError
+from scaletrain.errors import ConfigError, first_line
 from scaletrain.models.builder import MODEL_BUILDERS
 from scaletrain.models.names import model_names
 from scaletrain.user_code.importing import import_function
@@ -22,9 +22,13 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
     try:
         return _build(name, tuple(input_shape), num_classes, options)
     except TypeError as exc:  # an option the builder does not take
-        raise ConfigError(f"model '{name}': bad model.options ({exc})") from None
+        raise ConfigError(f"model '{name}': bad model.options ({first_line(exc)})") from None
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(first_line(exc, limit=400)) from None
+    except RuntimeError as exc:   # torch refused a size an option gave (a negative width): its first line only
+        if ":" in name:
+            raise                 # the user's builder: theirs to see (user_code/failures.py)
+        raise ConfigError(f"model '{name}': model.options {options} cannot build it ({first_line(exc)})") from None
 
 
 def _build(name: str, shape: tuple[int, ...], classes: int, options: dict) -> nn.Module:

@@ -11,6 +11,7 @@ read back once per evaluation (the trainer's rule for the hot path).
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from abc import ABC, abstractmethod
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from scaletrain.config import TASKS as TASK_CHOICES
-from scaletrain.errors import ConfigError, add_context
+from scaletrain.errors import ConfigError, DataError, add_context
 from scaletrain.inputs import Inputs, call_model
 from scaletrain.registry import Registry
 
@@ -240,6 +241,18 @@ def checked_task(task: Task, name: str) -> Task:
     if not isinstance(task.n_sums, int) or task.n_sums < 1:
         raise ConfigError(f"{name}: n_sums must be the length of the vector eval_sums returns (>= 1)")
     return task
+
+
+def check_validation(logs: dict, epoch: int) -> None:
+    """A validation metric that is inf or NaN while the epoch's training loss is finite: the split's
+    samples or targets hold such values (a torch Dataset is read only as it is used), one line
+    instead of a run that records NaN for every val_ metric."""
+    bad = {k: v for k, v in logs.items() if k.startswith("val_") and isinstance(v, float) and not math.isfinite(v)}
+    loss = logs.get("train_loss")
+    if bad and isinstance(loss, float) and math.isfinite(loss):
+        shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise DataError(f"the validation split gives {shown} after epoch {epoch + 1}, while the training loss is "
+                        f"{loss:.4g}: a sample or target of it holds inf or NaN; clean or drop those samples")
 
 
 def checked_sums(sums: Any, task: Task) -> torch.Tensor:

@@ -37,7 +37,7 @@ from scaletrain.optim import LRSchedule, build_schedule, current_lr
 from scaletrain.precision import DynamicLossScaler, get_policy
 from scaletrain.precision.alignment import alignment_warnings
 from scaletrain.precision.hardware import device_facts, precision_warnings, settle_precision
-from scaletrain.tasks import Task, build_task, checked_sums, checked_task
+from scaletrain.tasks import Task, build_task, check_validation, checked_sums, checked_task
 from scaletrain.training.clock import DeviceClock, execution_boundary
 from scaletrain.training.counters import DeviceCounters
 from scaletrain.training.defaults import (
@@ -353,6 +353,7 @@ class Trainer:
                 start_step = 0
                 if cfg.eval_each_epoch:
                     logs.update(self.evaluate_loader(val_loader))
+                    check_validation(logs, epoch)
             except Exception as exc:   # where it was, for a failure of the user's code (user_code/failures.py)
                 add_context(exc, f"in epoch {epoch + 1}, " + (f"training step {self.epoch_step + 1}" if start_step
                                  or self.epoch_step < self.steps_per_epoch else "evaluating the validation split"))
