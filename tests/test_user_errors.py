@@ -138,6 +138,14 @@ def test_a_layer_that_cannot_take_the_data_is_named_with_what_it_was_given(tmp_p
         "scaletrain: your code failed: your model's layer '0' (Linear(in_features=5, out_features=16, bias=True)) "
         "was given input shaped (32, 8) and raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (32x8 "
         "and 5x16); check the model's layer sizes against the data's samples")
+    # The planner traces it on fake tensors: torch's fake-tensor log (a whole traceback) stays out.
+    planned = run(["plan-memory", "--model", "user_faults:wrong_width", "--data", "user_faults:raising_reads",
+                   "--data-option", "bad=-1"], tmp_path)
+    assert planned.returncode == 1, planned.stderr[-2000:]
+    assert planned.stderr.strip().splitlines() == [
+        "scaletrain: your code failed: your model's layer '0' (Linear(in_features=5, out_features=16, bias=True)) "
+        "was given input shaped (128, 8) and raised RuntimeError: a and b must have same reduction dim, but got "
+        "[128, 8] X [5, 16].; check the model's layer sizes against the data's samples"]
 
 
 def test_more_outputs_than_classes_and_a_raising_collate_are_said(tmp_path):

@@ -40,6 +40,7 @@ from torch import nn
 
 from scaletrain.adapters import OWN_OPTIMIZER_FIELDS
 from scaletrain.config import OptimConfig
+from scaletrain.console import quiet_fake_tensors
 from scaletrain.errors import ConfigError
 from scaletrain.inputs import Inputs, batch_rows
 from scaletrain.tasks.base import Task
@@ -199,7 +200,8 @@ class LightningAdapter(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            with kept_random_state(), torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            with kept_random_state(), torch.no_grad(), quiet_fake_tensors(), \
+                    FakeTensorMode(allow_non_fake_inputs=True) as mode:
                 logged = self(mode.from_tensor(x.to(device)), mode.from_tensor(y.to(device)))
         finally:
             self.train(was_training)

@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from scaletrain.adapters import model_to_train
+from scaletrain.console import quiet_fake_tensors
 from scaletrain.inputs import tensors
 from scaletrain.memory.tracker import LiveBytes, storage_key
 from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
@@ -46,7 +47,7 @@ def build_fake_model(model_name: str, options: dict, input_shape, num_classes: i
     default = torch.get_default_dtype()
     torch.set_default_dtype(storage_dtype)
     try:
-        with mode:   # as the training builds it: a LightningModule through its adapter
+        with quiet_fake_tensors(), mode:   # as the training builds it: a LightningModule through its adapter
             model = model_to_train(model_name, input_shape, num_classes, **options)
     finally:
         torch.set_default_dtype(default)
@@ -72,7 +73,7 @@ def trace_step(traced: TracedModel, batch: int, autocast_dtype: torch.dtype | No
     inside the fake mode) on the fake model, as the trainer's step runs it (the task calls the model
     and takes its loss), and counts its bytes."""
     model = traced.model
-    with traced.fake_mode:
+    with quiet_fake_tensors(), traced.fake_mode:
         x, y = make_batch(batch)
         x = task.model_inputs(x, y)
         model.zero_grad(set_to_none=True)

@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scaletrain.callbacks import Throughput
 from scaletrain.config import DistributedConfig, TrainConfig
+from scaletrain.console import quiet_fake_tensors
 from scaletrain.errors import ConfigError
 from scaletrain.inputs import batch_rows, first_rows, map_inputs
 from scaletrain.models.blocks import find_blocks, pipeline_layers
@@ -100,7 +101,7 @@ def _forward_shapes(trainer, dataset, backward: bool = False) -> None:
     trainer.adopt(dataset)
     x, _ = next(iter(trainer.loader(dataset.train, train=True)))
     model = trainer.model
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    with quiet_fake_tensors(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
         state = {name: mode.from_tensor(t) for name, t in (*model.named_parameters(), *model.named_buffers())}
         fake = map_inputs(mode.from_tensor, x)
         with torch.set_grad_enabled(backward), trainer.policy.autocast(trainer.device):

@@ -129,7 +129,8 @@ def _layer_failure(exc: BaseException) -> UserFailure | None:
         frame = tb.tb_frame
         if frame.f_code.co_name == "_call_impl" and frame.f_code.co_filename.endswith(_MODULE_FILE):
             calls.append(frame.f_locals)
-        elif calls and frame.f_code.co_filename.startswith(_PACKAGE + os.sep):
+        elif calls and frame.f_code.co_filename.startswith(_PACKAGE + os.sep) \
+                and frame.f_code.co_name not in _PASS_THROUGH:
             return None      # our own code ran inside the layer: a failure of ours keeps its traceback
         tb = tb.tb_next
     if not calls:
@@ -148,6 +149,9 @@ def _layer_failure(exc: BaseException) -> UserFailure | None:
 
 
 _MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")
+# Our frames that every op of a traced step passes through (the planner's byte counter): not ours
+# to blame for an op that fails inside them.
+_PASS_THROUGH = ("__torch_dispatch__", "__torch_function__")
 
 
 def _source_line(file: str, line: int) -> str:
