@@ -284,6 +284,10 @@ class TrainConfig:
                                    "core, or a multi/tune slot's share of the cores)", ge=1, resumable=True)
     inter_op_threads: int | None = _f(None, "inter-op CPU threads (torch.set_num_interop_threads; default: torch's "
                                             "own)", ge=1, resumable=True)
+    flush_denormal: bool = _f(True, "flush subnormal floats to zero on every CPU thread that computes (FTZ/DAZ, as "
+                                    "TensorFlow, XLA and JAX do): a converging model's tiny gradients otherwise "
+                                    "run in microcode, up to 10x slower a step on some CPUs; --no-flush-denormal "
+                                    "keeps them", resumable=True)
     channels_last: bool | None = _f(None, "store 4-D weights channels-last (NHWC), which convolutions then also use "
                                           "for their activations (default: on for a model with 2-D convolutions on "
                                           "a GPU, off elsewhere; --no-channels-last turns it off)", resumable=True)

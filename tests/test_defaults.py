@@ -318,3 +318,32 @@ def test_gradient_compression_on_one_process_is_said_to_change_nothing(tmp_path,
     assert any("--grad-compression powersgd" in a and "one process" in a for a in trainer.advice)
     plain = fit(small_config(tmp_path, epochs=1), digits)
     assert not any("--grad-compression" in a for a in plain.advice)
+
+
+class _SubnormalsOnEveryThread:
+    """Callback: multiplies subnormal floats on the training's own threads (a parallel op, split
+    over torch's OpenMP threads) as training begins; `flushed`: how many came out zero."""
+
+    def __init__(self):
+        self.flushed = self.total = None
+
+    def on_train_begin(self, trainer):
+        x = torch.full((4_000_000,), 1e-39)     # subnormal in float32 (below 1.18e-38)
+        y = x * 1.0
+        self.flushed, self.total = int((y == 0).sum()), y.numel()
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_denormals_are_flushed_on_every_thread_the_trainer_computes_on(tmp_path, digits, flush):
+    """torch.set_flush_denormal sets its calling thread only: on 2 threads half of such a product
+    stayed subnormal. The run flushes them on every OpenMP thread too, unless told not to."""
+    from scaletrain.training.build import build_training
+    cfg = small_config(tmp_path, epochs=1, threads=2, flush_denormal=flush)
+    probe = _SubnormalsOnEveryThread()
+    with build_training(cfg, dataset=digits, callbacks=[probe]) as built:
+        built.trainer.fit(digits)
+        setting = next(s for s in built.trainer.settings if s.name == "denormals")
+    assert probe.flushed == (probe.total if flush else 0)
+    assert setting.value == ("flushed" if flush else "kept")
+    from scaletrain.training.denormals import flush_denormals
+    flush_denormals(False)      # PyTorch's own default again, for the tests after this one
