@@ -401,14 +401,14 @@ def load_toml(path: str | Path) -> dict:
             return check_nesting(tomllib.load(fh), f"config file {path}", ConfigError)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    except ValueError as exc:   # an integer of more digits than Python converts (4,300)
-        raise ConfigError(f"config file {path} holds a number too long to be a configuration value "
-                          f"({str(exc).split(':')[0]})") from None
     except RecursionError:
         raise ConfigError(f"config file {path} nests arrays or tables too deeply to be a configuration") from None
     except UnicodeDecodeError as exc:   # TOML is UTF-8 by definition
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
                           "UTF-8") from None
+    except ValueError as exc:   # an integer of more digits than Python converts (4,300)
+        raise ConfigError(f"config file {path} holds a number too long to be a configuration value "
+                          f"({str(exc).split(':')[0]})") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc}); pass a readable TOML "
                           "file") from None

@@ -357,6 +357,8 @@ def dead_worker_error(reading, name: str, samples_of: Callable[[int], list[int]]
         return None
     i, worker = dead[0]
     code = worker.exitcode
+    if code in (-signals.SIGTERM, -signals.SIGINT):
+        return None    # a stop sent to the process group (Ctrl-C, a scheduler, the launcher): this process's own
     how = (f"was killed by {signals.Signals(-code).name}" if code < 0 and -code in signals.valid_signals()
            else f"exited with code {code}")
     batches = sorted(k for k, info in getattr(reading, "_task_info", {}).items() if len(info) == 1 and info[0] == i)
