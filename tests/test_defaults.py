@@ -101,7 +101,8 @@ def test_the_trainer_settles_auto_itself(tmp_path, digits):
     """The Python API: a config left at auto trains with the device's policy and says why."""
     cfg = small_config(tmp_path, epochs=1, precision=PrecisionConfig(policy="auto"))
     trainer = fit(cfg, digits)
-    assert trainer.policy.name == "fp32" and cfg.precision.policy == "fp32"
+    assert trainer.policy.name == "fp32" and trainer.config.precision.policy == "fp32"
+    assert cfg.precision.policy == "auto"      # the caller's configuration stays as they wrote it
     precision = next(s for s in trainer.settings if s.name == "precision")
     assert precision.value == "fp32" and precision.why.startswith("auto:")
 

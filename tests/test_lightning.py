@@ -86,19 +86,20 @@ def test_losses_equal_lightnings_own_trainer(tmp_path, module_name):
     with Trainer(module_class(), cfg) as trainer:
         history = trainer.fit(train, val=val)
         assert trainer.task.metrics == {"loss": False, "acc": True}
+    settled = trainer.config.optim      # the module's own settings, in the trainer's copy (the caller's stays)
     assert [h["train_loss"] for h in history] == pytest.approx(theirs, rel=1e-5)
     assert history[-1]["val_loss"] == pytest.approx(their_val["val_loss"], rel=1e-5)
     assert history[-1]["val_acc"] == pytest.approx(their_val["val_acc"], abs=1e-9)
     if module_class is lit_classifier.LitClassifier:
         assert [h["lr"] for h in history] == pytest.approx([0.05, 0.05, 0.025, 0.025])
-        assert cfg.optim.optimizer == "sgd" and cfg.optim.momentum == 0.9
+        assert settled.optimizer == "sgd" and settled.momentum == 0.9
     elif module_class is lit_classifier.LitAdam:
-        assert cfg.optim.optimizer == "adamw" and cfg.optim.weight_decay == 0.01 and cfg.optim.decay_all
+        assert settled.optimizer == "adamw" and settled.weight_decay == 0.01 and settled.decay_all
     elif module_class is lit_classifier.OnPlateau:
-        assert cfg.optim.lr_schedule == "module" and [h["lr"] for h in history] == pytest.approx(their_lrs)
+        assert settled.lr_schedule == "module" and [h["lr"] for h in history] == pytest.approx(their_lrs)
         assert their_lrs[-1] < their_lrs[0], their_lrs
     else:
-        assert cfg.optim.lr_schedule == "module" and len({h["lr"] for h in history}) == 4
+        assert settled.lr_schedule == "module" and len({h["lr"] for h in history}) == 4
 
 
 def _lightning_lrs(module, train, epochs: int, batch_size: int) -> list[float]:
@@ -145,7 +146,7 @@ def test_the_schedulers_lightning_users_write_set_every_steps_lr_as_lightnings_t
     cfg = TrainConfig(epochs=4, batch_size=64, seed=0)
     with Trainer(lit_classifier.Scheduled(kind, interval, frequency), cfg, callbacks=[applied]) as trainer:
         trainer.fit(train, val=TensorDataset(*lit_classifier.samples(64, seed=1)))
-    assert cfg.optim.lr_schedule == "module"
+    assert trainer.config.optim.lr_schedule == "module"
     assert len(theirs) == 20 and len(set(theirs)) >= 2, theirs
     assert applied.lrs == pytest.approx(theirs, rel=1e-5, abs=1e-9)
 

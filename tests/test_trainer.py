@@ -253,3 +253,19 @@ def test_a_second_fit_continues_training_with_a_fresh_schedule(tmp_path, digits)
     assert len(trainer.history) == 2
     assert trainer.history[-1]["optimizer_steps"] == 2 * trainer.steps_per_epoch
     assert trainer.history[-1]["val_accuracy"] >= first - 0.02
+
+
+def test_the_callers_config_is_theirs_after_the_trainer_settles_it(tmp_path, digits):
+    """`cfg = TrainConfig(); Trainer(model, cfg)` once left cfg.precision.policy "fp32" where the user
+    wrote "auto", and overwrote cfg.optim with a LightningModule's own: settling makes the trainer's
+    own copy."""
+    import copy
+
+    from scaletrain.options import to_mapping
+    cfg = small_config(tmp_path, epochs=1)
+    cfg.precision = PrecisionConfig(policy="auto")
+    before = copy.deepcopy(to_mapping(cfg))
+    trainer = Trainer(make_mlp(digits), cfg)
+    trainer.fit(digits)
+    assert to_mapping(cfg) == before
+    assert trainer.config.precision.policy != "auto" and cfg.precision.policy == "auto"

@@ -11,7 +11,8 @@ default; PyTorch does not (pytorch#67797). scaletrain does, unless `--no-flush-d
 denormals-are-zero): a parallel op's other OpenMP threads kept computing on subnormals (half of a
 product of subnormals was flushed on 2 threads, measured here). A thread inherits the MXCSR of the
 thread that creates it, so the threads OpenMP starts later get it from this one; those it already
-started are set here, each from inside an OpenMP parallel region of torch's own libgomp.
+started are set here, each from inside an OpenMP parallel region of every libgomp loaded (torch's,
+and another a library brought: scikit-learn's wheels carry one).
 Loader worker processes are left as they start.
 """
 
@@ -37,21 +38,21 @@ def flush_denormals(on: bool) -> Setting:
     return Setting("denormals", "kept", None)
 
 
-def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp torch runs its parallel ops on (the one in this process's memory map)."""
-    if "OpenMP" not in torch.__config__.parallel_info():
-        return None
+def _libgomps() -> list[ctypes.CDLL]:
+    """Every libgomp in this process's memory map: torch's own, and any other a library brought
+    (scikit-learn's wheels carry one), each with a thread pool of its own."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "libgomp" in line and line.split()[-1].startswith("/")}
     except OSError:
-        return None
+        return []
+    found = []
     for path in sorted(paths):
         try:
-            return ctypes.CDLL(path)     # the same loaded library: dlopen counts a reference
+            found.append(ctypes.CDLL(path))     # the same loaded library: dlopen counts a reference
         except OSError:
             continue
-    return None
+    return [lib for lib in found if hasattr(lib, "GOMP_parallel")]
 
 
 _REGION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -59,11 +60,11 @@ _REGION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 def _on_every_openmp_thread(on: bool) -> bool:
     """Runs `torch.set_flush_denormal(on)` once on every thread of an OpenMP team as large as any
-    torch uses here (libgomp reuses its pool's threads for later teams); False without libgomp."""
-    gomp = _libgomp()
-    if gomp is None or not hasattr(gomp, "GOMP_parallel"):
-        return False
+    torch uses here, in every libgomp loaded (each reuses its pool's threads for later teams);
+    False without one."""
+    libraries = _libgomps() if "OpenMP" in torch.__config__.parallel_info() else []
     region = _REGION(lambda _data: torch.set_flush_denormal(on))
     team = max(torch.get_num_threads(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    gomp.GOMP_parallel(region, None, ctypes.c_uint(team), ctypes.c_uint(0))
-    return True
+    for gomp in libraries:
+        gomp.GOMP_parallel(region, None, ctypes.c_uint(team), ctypes.c_uint(0))
+    return bool(libraries)

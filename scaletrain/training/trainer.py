@@ -12,6 +12,7 @@ the end of a `with` block), so the Python API never leaks a process group.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -61,7 +62,9 @@ class Trainer:
     def __init__(self, model: nn.Module, config: TrainConfig | None = None, callbacks=(),
                  strategy: Strategy | None = None, checkpointer=None, task: Task | None = None,
                  checked: bool = False):
-        self.config = config or TrainConfig()
+        # The caller's configuration stays theirs: settling `auto` and a model's own optimizer
+        # write into this trainer's copy (trainer.config), never into the object handed in.
+        self.config = copy.deepcopy(config) if config is not None else TrainConfig()
         if not checked:   # the Python API's door; build_training checked it already (`checked`)
             self.config.validate()
         cfg = self.config
