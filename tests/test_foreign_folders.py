@@ -166,3 +166,17 @@ def test_a_job_whose_workers_trained_nothing_fails_naming_their_command(tmp_path
                  SCALETRAIN_CHILD_COMMAND=str(child))
     line = _one_line(result)
     assert "none recorded run" in line and str(child) in line
+
+
+@pytest.mark.usefixtures("processes")
+def test_this_machines_lightning_runs_reach_the_ensemble_without_a_word_of_trust(tmp_path):
+    """A LightningModule run's summary names its task `lightning:<Class>`, which is the module's own
+    (never imported by that name): sealed runs of this machine are not refused as foreign code."""
+    ids = []
+    for seed in (0, 1):
+        made = run(["train", "--model", "lit_classifier:LitClassifier", "--data", "lit_classifier:Blobs", "--epochs",
+                    "1", "--seed", str(seed), "--no-progress", "--run-dir", f"r{seed}"], cwd=tmp_path)
+        assert made.returncode == 0, made.stderr[-2000:]
+        ids.append(_run_id(tmp_path / f"r{seed}"))
+    line = _one_line(run(["ensemble", *ids], cwd=tmp_path))
+    assert "names code to import" not in line and "cannot score an ensemble" in line, line

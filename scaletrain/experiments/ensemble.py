@@ -27,6 +27,7 @@ from scaletrain.inference.saved import check_record_code, saved_model_path, save
 from scaletrain.tasks import TASKS, Task
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
+from scaletrain.user_code.lightning import names_lightning_module
 
 # Data settings that must agree for the runs' test splits to be the same samples.
 SAME_DATA_KEYS = ("name", "num_samples", "shape", "num_classes", "data_dir", "val_fraction")
@@ -54,9 +55,13 @@ def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
     learned one task on the same data. Reads no data where the data sets state their samples."""
     if len(records) < 2:
         raise UserError("an ensemble needs at least two runs")
-    first, tasks = records[0], {}
+    first, tasks, brought = records[0], {}, set()
     for record in records:
-        check_record_code(record, (record.summary_value("task"),))   # before its task's name is imported
+        check_record_code(record)          # before the model is imported to ask whether it brings its task
+        if names_lightning_module(record.config.get("model", {}).get("name", "")):
+            brought.add(record.id)         # its task is its own (the adapter's), never looked up by name
+        else:
+            check_record_code(record, (record.summary_value("task"),))   # before its task's name is imported
         saved_model_path(record)
         tasks[record.id] = recorded_task(record, data_dir)
     if len(set(tasks.values())) > 1:
@@ -69,8 +74,9 @@ def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
             if a != b:
                 raise UserError(f"runs {first.id} and {record.id} were trained on different data (data.{key}: {a!r} vs "
                                 f"{b!r}); an ensemble combines predictions on one test split")
-    _check_scorable(tasks[first.id], TASKS.get(tasks[first.id]) if tasks[first.id] in TASKS or ":" in tasks[first.id]
-                    else None)
+    # A registered or user's task class is checked now; one a model brings, on the built task after.
+    named = first.id not in brought and (":" in tasks[first.id] or tasks[first.id] in TASKS)
+    _check_scorable(tasks[first.id], TASKS.get(tasks[first.id]) if named else None)
     return tasks[first.id]
 
 
