@@ -178,5 +178,7 @@ def test_this_machines_lightning_runs_reach_the_ensemble_without_a_word_of_trust
                     "1", "--seed", str(seed), "--no-progress", "--run-dir", f"r{seed}"], cwd=tmp_path)
         assert made.returncode == 0, made.stderr[-2000:]
         ids.append(_run_id(tmp_path / f"r{seed}"))
-    line = _one_line(run(["ensemble", *ids], cwd=tmp_path))
-    assert "names code to import" not in line and "cannot score an ensemble" in line, line
+    ensemble = run(["ensemble", *ids], cwd=tmp_path)
+    assert ensemble.returncode == 2 and "Traceback" not in ensemble.stderr, ensemble.stderr[-2000:]
+    line = ensemble.stderr.strip().splitlines()[-1]     # (after the class count's progress line)
+    assert "names code to import" not in ensemble.stderr and "cannot score an ensemble" in line, line
