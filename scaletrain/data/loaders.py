@@ -314,6 +314,15 @@ def workers_end_on_stop(*loaders: _BatchSource):
         raise error from None
 
 
+def unwatch_workers(batches: Iterator) -> None:
+    """Takes the DataLoader iterator's workers out of torch's SIGCHLD watch (its private worker pid
+    registry), whose handler raises at whatever line runs when one of them ends."""
+    if getattr(batches, "_worker_pids_set", False):
+        from torch.utils.data._utils.signal_handling import _remove_worker_pids
+        _remove_worker_pids(id(batches))
+        batches._worker_pids_set = False
+
+
 def stop_workers(batches: Iterator) -> None:
     """A stop (SIGTERM, Ctrl-C) ends the loader's worker processes at once. The DataLoader's own
     shutdown asks each worker to finish and joins it for up to 5 s before terminating it: a worker
@@ -321,11 +330,7 @@ def stop_workers(batches: Iterator) -> None:
     run's end waited for it (issue 66). Its workers are killed here, then the DataLoader shuts down
     what is left (queues, the pin thread) as it would; it uses torch's private `_workers` and worker
     pid registry, so a DataLoader without them is left to its own shutdown."""
-    if getattr(batches, "_worker_pids_set", False):
-        # Unwatched first: torch's SIGCHLD handler would raise "worker killed by signal" over the stop.
-        from torch.utils.data._utils.signal_handling import _remove_worker_pids
-        _remove_worker_pids(id(batches))
-        batches._worker_pids_set = False
+    unwatch_workers(batches)   # first: torch's SIGCHLD handler would raise "worker killed by signal" over the stop
     for worker in getattr(batches, "_workers", ()):
         if worker.is_alive():
             worker.kill()
@@ -343,11 +348,7 @@ def dead_worker_error(reading, name: str, samples_of: Callable[[int], list[int]]
     import signal as signals
     import time
     workers = getattr(reading, "_workers", None) or ()
-    if getattr(reading, "_worker_pids_set", False):
-        # Unwatched first: torch's SIGCHLD handler would raise its own words at any line from here.
-        from torch.utils.data._utils.signal_handling import _remove_worker_pids
-        _remove_worker_pids(id(reading))
-        reading._worker_pids_set = False
+    unwatch_workers(reading)   # first: torch's SIGCHLD handler would raise its own words at any line from here
     # A reset connection can come before the dying worker's exit: give it a moment to have one.
     deadline = time.monotonic() + (2.0 if isinstance(error, OSError) else 0.0)
     while not (dead := [(i, w) for i, w in enumerate(workers) if w.exitcode is not None]) \

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from scaletrain.errors import UserError
 from scaletrain.files import user_cache_dir
-from scaletrain.user_code.importing import FUNCTION_NAME
 
 TRUST_ENV = "SCALETRAIN_TRUST_CODE"
 KEY_FILE = "trust.key"
@@ -102,16 +101,13 @@ def check_saved_code(config: Mapping, where: str | Path, *, run_id: object, conf
     this machine's seal, the command line (`named`) nor the user's word lets this process import.
     `recorded`: other names the same record holds (a summary's task), sealed with nothing: trusted
     only as the configuration's own code, named, or by the user's word."""
-    names = code_names(config)
-    extra = [n for n in recorded if isinstance(n, str) and ":" in n and n not in names]
-    if extra and not _trusts_everything():
-        unnamed = [n for n in extra if n not in set(named)]
-        if unnamed:
-            names = [*names, *unnamed]
-            given_seal = None       # the seal covers the configuration, not these
-    if not names or _trusts_everything() or _sealed_here(run_id, config_sha256, given_seal):
+    if _trusts_everything():
         return
-    unnamed = [n for n in names if n not in set(named) or not FUNCTION_NAME.fullmatch(n)]
+    names = code_names(config)
+    # The seal covers the configuration; a name only the record holds besides is never sealed.
+    sealed = _sealed_here(run_id, config_sha256, given_seal)
+    extra = [n for n in recorded if isinstance(n, str) and ":" in n and n not in names]
+    unnamed = [n for n in [*([] if sealed else names), *extra] if n not in set(named)]
     if not unnamed:
         return
     raise UserError(f"{where} names code to import ({', '.join(unnamed)}) and was not written by a run of yours on "
