@@ -254,11 +254,17 @@ def test_tensor_parallel_formula_exactly():
 def test_scaling_command_predicts_tensor_parallelism_from_the_blocks_plan(capsys):
     """gpt-tiny: 4 blocks x (2 row-wise outputs forward + 2 column-wise input gradients backward),
     each the whole batch's activations; 4 heads, so 8 ways is not offered."""
-    code = main(["scaling", "--model", "gpt-tiny", "--data", "char-corpus", "--seq-len", "64", "--batch-size", "8", "--device", "cpu",
-                 "--strategy", "tensor", "--tensor-parallel", "2", "--measure-steps", "2", "--max-devices", "8",
-                 "--json"])
-    assert code == 0
-    records = json.loads(capsys.readouterr().out)
+    def measured():
+        code = main(["scaling", "--model", "gpt-tiny", "--data", "char-corpus", "--seq-len", "64", "--batch-size", "8",
+                     "--device", "cpu", "--strategy", "tensor", "--tensor-parallel", "2", "--measure-steps", "2",
+                     "--max-devices", "8", "--json"])
+        assert code == 0
+        return json.loads(capsys.readouterr().out)
+    records = measured()
+    if records[0]["dtensor_overhead_s"] == 0.0:
+        # Two medians of a few steps each: a test beside it on the other core once tied them (the
+        # difference is clamped at 0) in one whole-suite run of four. Measured again, once.
+        records = measured()
     assert [r["ways"] for r in records] == [1, 2, 4]
     seq_len, dim = 64, 128
     assert records[0]["allreduces"] == 16
