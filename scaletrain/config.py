@@ -288,6 +288,13 @@ class TrainConfig:
                                     "TensorFlow, XLA and JAX do): a converging model's tiny gradients otherwise "
                                     "run in microcode, up to 10x slower a step on some CPUs; --no-flush-denormal "
                                     "keeps them", resumable=True)
+    probe: bool = _f(True, "with --precision auto, time the precisions this device computes natively on the run's "
+                           "own step before training (a few interleaved steps on copies of the run) and train in the "
+                           "fastest that beats the rule's choice beyond the noise with its loss in tolerance; the "
+                           "decision is cached per model and machine; --no-probe: the rule alone", resumable=True)
+    probe_share: float = _f(0.05, "the most of the run's predicted time the probe may take (at most 60 s); a run "
+                                  "too short for a probe within it is not probed; 1 probes even a short run",
+                            gt=0, le=1, resumable=True)
     channels_last: bool | None = _f(None, "store 4-D weights channels-last (NHWC), which convolutions then also use "
                                           "for their activations (default: on for a model with 2-D convolutions on "
                                           "a GPU, off elsewhere; --no-channels-last turns it off)", resumable=True)

@@ -63,6 +63,7 @@ class RunSummary:
     run_id: str | None = None       # the run's id in the run store (None when not recorded)
     alloc_retries: int = 0          # CUDA allocator retries during training (memory nearly full)
     job_folders: dict | None = None     # a cloud job's folders in use: name -> "path (VARIABLE)"
+    probe_s: float = 0.0            # measuring the settings on the run's own step, before training (training/probe.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -170,6 +171,8 @@ def print_summary(s: RunSummary, console: Console) -> None:
     if s.checkpoints_saved:
         table.add_row("checkpoint time", f"{_fmt_time(s.checkpoint_time_s)} ({s.checkpoints_saved} saved)")
     table.add_row("compile / warm-up", _fmt_time(s.warmup_s))
+    if s.probe_s:
+        table.add_row("probing the settings", _fmt_time(s.probe_s) + " (before training; in time to target)")
     table.add_row("peak memory", f"{s.peak_memory_bytes / 2**20:,.1f} MiB ({s.peak_memory_kind})")
     if s.alloc_retries:
         table.add_row("allocator retries", f"{s.alloc_retries} (memory nearly full: each one stalled a step)")

@@ -63,6 +63,7 @@ from scaletrain.training.build import task_for
 from scaletrain.training.defaults import Setting, describe_settings, settle_precision_here
 from scaletrain.training.device_rules import device_problem
 from scaletrain.training.preflight import settle_model_optimizer
+from scaletrain.training.probe import probed_precision
 from scaletrain.user_code.trust import code_names
 
 SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)
@@ -146,9 +147,28 @@ def start_run(request: RunRequest, env, strategy, console: Console, extra_callba
     dataset = load_dataset(cfg.data, seed=cfg.seed)
     task = task_for(cfg, dataset)
     metric = task.check_metric(cfg.target_metric) if cfg.target is not None else None
-    run = Run(plan, cfg, env, strategy, request.folders, dataset, task, console, wall_start, request.settings)
+    settings, probe_s = _probe(request.settings, cfg, dataset, task, plan, strategy)
+    run = Run(plan, cfg, env, strategy, request.folders, dataset, task, console, wall_start, settings)
+    run.probe_s = probe_s
     run.open(metric, list(extra_callbacks))
     return run
+
+
+def _probe(settings: list[Setting], cfg: TrainConfig, dataset, task, plan: RunPlan, strategy) -> tuple[list[Setting], float]:
+    """The settings `auto` chose by rule, measured on the run's own step where that applies
+    (training/probe.py), before the run's folder records its configuration; the probe's seconds.
+    A resumed run keeps its recorded choice (its configuration names it: nothing is `auto`)."""
+    if plan.mode == "resume":
+        return settings, 0.0
+    out, seconds = [], 0.0
+    for setting in settings:
+        if setting.name == "precision" and setting.why and strategy.world_size > 1:
+            setting = Setting("precision", setting.value, f"{setting.why}; not probed: {strategy.world_size} "
+                                                          "processes (a probe measures one)")
+        elif setting.name == "precision":
+            setting, seconds = probed_precision(cfg, dataset, task, setting, plan.run_id, strategy.device)
+        out.append(setting)
+    return out, seconds
 
 
 class Run:
@@ -171,6 +191,7 @@ class Run:
         self.callbacks: list = []
         self.checkpointer = None
         self.stop_watch: StopWatch | None = None
+        self.probe_s = 0.0    # what measuring the settings on the run's own step took (probe.py)
 
     def open(self, metric: str | None, extra_callbacks: list) -> None:
         """Opens the parties that record the run (the chief takes its folder, opens its store
@@ -296,6 +317,10 @@ class Run:
                                 restarts=self.env.restart_count)
         summary.run_id = self.run_id
         summary.job_folders = self.folders.describe() or None
+        # The user waited for the probe: its time is in the wall clock already, and in time to target.
+        summary.probe_s = self.probe_s
+        if summary.time_to_target_s is not None:
+            summary.time_to_target_s += self.probe_s
         if self.previous_status == "finished" and trainer.global_step == trainer.resumed_at_step:
             # Nothing was trained: the finished run's results stay exactly as they were.
             why = ("it had stopped at its target or by early stopping" if trainer.stop_training

@@ -30,13 +30,14 @@ class Setting:
     name: str            # "precision", "channels_last", "cudnn.benchmark", "threads"
     value: object
     why: str | None      # None: the configuration named it; else how scaletrain chose it
+    figures: dict | None = None   # what was measured to choose it (the probe's candidates and times)
 
     def describe(self) -> str:
         value = {True: "on", False: "off"}.get(self.value, self.value) if isinstance(self.value, bool) else self.value
         return f"{self.name} {value}" + (f" ({self.why})" if self.why else "")
 
     def record(self) -> dict:
-        return {"value": self.value, "chosen": self.why}
+        return {"value": self.value, "chosen": self.why, **({"measured": self.figures} if self.figures else {})}
 
 
 def settle_precision_here(cfg) -> Setting:

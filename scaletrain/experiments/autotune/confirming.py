@@ -1,5 +1,5 @@
 """Confirming the finalists: the given configuration and the best few measured again, interleaved
-round by round (confirm.py holds the rule), so that a change in the machine's load cannot pick the
+round by round (training/rounds.py holds the rule), so that a change in the machine's load cannot pick the
 winner. The given configuration runs twice a round (its noise floor); a finalist wins only if it
 beat the given configuration in every round and by more than that floor, else it is a tie and the
 given configuration stays. Under time to target the rounds are seeds, and a finalist that loses
@@ -11,7 +11,6 @@ import json
 import statistics
 
 from scaletrain.errors import PRUNED_EXIT_CODE
-from scaletrain.experiments.autotune.confirm import AGAIN, WINDOW_S, Measured, confirm, window_steps
 from scaletrain.experiments.autotune.measuring import CandidateRuns
 from scaletrain.experiments.autotune.settings import TIME_TO_TARGET, Row, measuring_config, row_key
 from scaletrain.experiments.jobs import settle, training_job
@@ -19,6 +18,7 @@ from scaletrain.experiments.pruning import TRIAL_ENV, rate_below_floor
 from scaletrain.experiments.slots import SlotPool
 from scaletrain.tracking.store import RunStore
 from scaletrain.training.preflight import run_task
+from scaletrain.training.rounds import AGAIN, MIN_ROUNDS_BEYOND_NOISE, WINDOW_S, Measured, confirm, window_steps
 
 
 def confirm_finalists(runs: CandidateRuns, rows: dict[str, Row], given_key: str, pool: SlotPool, store: RunStore,
@@ -84,8 +84,10 @@ def confirm_finalists(runs: CandidateRuns, rows: dict[str, Row], given_key: str,
                     test_tolerance=s.test_tolerance if seeded else None)
     noise = next(iter(found.values())).noise
     if noise is not None and noise.ratios:
-        console.print(f"  noise floor: the given configuration against itself {noise.describe()}; a "
-                      f"finalist's median must be above {noise.high:.2f}x to win", soft_wrap=True)
+        band = next(iter(found.values())).band
+        console.print(f"  noise floor: the given configuration against itself {noise.describe()}, noise "
+                      f"±{band:.0%}; a finalist must beat it by more than that in {MIN_ROUNDS_BEYOND_NOISE} "
+                      "rounds to win", soft_wrap=True)
     for key, confirmation in found.items():
         row = by_key[key]
         row.confirmed, row.wins = confirmation.ratios, confirmation.wins
@@ -98,7 +100,8 @@ def confirm_finalists(runs: CandidateRuns, rows: dict[str, Row], given_key: str,
         if confirmation.ratios:
             verdict = ("" if confirmation.wins else ": refused, " + row.why if confirmation.loses_test
                        else ": slower in every round" if confirmation.slower
-                       else ": a tie (inside the noise floor)" if not confirmation.beyond_noise else ": a tie")
+                       else f": a tie, inconclusive (beyond the noise floor in {confirmation.rounds_beyond_noise} of "
+                            f"{len(confirmation.ratios)} rounds, {MIN_ROUNDS_BEYOND_NOISE} needed)")
             console.print(f"  {', '.join(f'{k.label}={row.params[k.key]}' for k in runs.knobs)}: "
                           f"{confirmation.describe()} against the given configuration{verdict}", soft_wrap=True)
     return list(noise.ratios) if noise is not None and noise.ratios else []

@@ -34,7 +34,6 @@ from scaletrain.data import sample_shape
 from scaletrain.data.dataset import ArraySplit
 from scaletrain.distributed.strategies import resolve_device
 from scaletrain.errors import UserError
-from scaletrain.experiments.autotune.confirm import AGAIN, Confirmation
 from scaletrain.experiments.autotune.confirming import confirm_finalists
 from scaletrain.experiments.autotune.knobs import Knob, apply, candidates, first_candidates, model_facts, system_knobs
 from scaletrain.experiments.autotune.measuring import CandidateRuns
@@ -60,6 +59,7 @@ from scaletrain.experiments.sweep import scaled_lr
 from scaletrain.memory.units import format_bytes
 from scaletrain.tracking.store import RunStore
 from scaletrain.training.defaults import choose_channels_last, settle_precision_here
+from scaletrain.training.rounds import AGAIN, Confirmation
 from scaletrain.training.threads import choose_threads
 
 PARAMS_ATTR, OUTCOME_ATTR = "params", "outcome"

@@ -13,13 +13,7 @@ from pathlib import Path
 
 from scaletrain.config import TrainConfig
 from scaletrain.experiments.sweep import LR_SCALINGS
-
-# The per-epoch mean training loss of a candidate may differ from the baseline's by this fraction
-# of the baseline's: float32 reorderings (threads, compile, accumulation) stay far inside 2 %;
-# 16-bit arithmetic moves the loss more without changing what is learned. Measured in the note
-# of docs/autotune.md; both can be set with --loss-tolerance / --loss-tolerance-16bit.
-LOSS_TOLERANCE = 0.02
-LOSS_TOLERANCE_16BIT = 0.05
+from scaletrain.training.rounds import LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +62,7 @@ class AutotuneSettings:
     prune_factor: float = 3.0
     emulated: bool = False         # also measure precisions this device only emulates (skipped otherwise)
     # The finalists (the best few and the given configuration) measured again, interleaved, this
-    # many rounds before the winner is named (confirm.py); 0: the search's own figures decide.
+    # many rounds before the winner is named (training/rounds.py); 0: the search's own figures decide.
     # 5: the range of n paired ratios holds their median with probability 1 - 2**(1 - n), 75 % at 3
     # rounds and 94 % at 5 (and MEASURE.md asks 5 runs for time to accuracy).
     confirm_rounds: int = 5
@@ -120,7 +114,7 @@ class Row:
     why: str = ""
     run_id: str | None = None
     trial: int | None = None
-    # A finalist's interleaved rounds against the given configuration (confirm.py): the paired
+    # A finalist's interleaved rounds against the given configuration (training/rounds.py): the paired
     # advantage's median and range, and whether it won every round (else a tie).
     confirmed: list[float] = field(default_factory=list)
     wins: bool | None = None

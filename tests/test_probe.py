@@ -1,0 +1,118 @@
+"""The run's own step decides its precision (training/probe.py): the rule of interleaved rounds on
+stubbed timings (a win beyond the noise, a tie inside it, a loss the check refuses, too few
+rounds), what bounds a probe, the cache's key and file, and one real probe through the CLI: the
+probed run equals the same run with its choice named, the next run reads the cache, a resume and
+--no-probe never probe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from scaletrain.training import probe
+from scaletrain.training.rounds import AGAIN, Measured, confirm
+
+
+def decided(speeds: dict[str, list[float]], losses: dict[str, list[float]] | None = None, rounds: int = 3):
+    """The probe's decision for fp32 (the reference) against bf16-mixed at these samples/s."""
+    found = confirm("fp32", ["bf16-mixed"], rounds, lambda key, r: Measured(speeds[key][r]), lambda v, b: v / b)
+    losses = losses or {"fp32": [1.0] * rounds, "bf16-mixed": [1.001] * rounds}
+    return probe.decide("fp32", found, losses)
+
+
+def test_a_candidate_is_chosen_only_beyond_the_noise_in_three_rounds_with_its_loss_kept():
+    # 1.4x in every round, the reference within 5 % of itself: chosen, and the line says by how much.
+    policy, why, figures = decided({"fp32": [100, 100, 100], AGAIN: [103, 97, 100], "bf16-mixed": [140, 141, 139]})
+    assert policy == "bf16-mixed" and why.startswith("probed: 1.40x fp32 (1.39-1.41), loss within 0.1%")
+    assert "3 rounds" in why and figures["candidates"]["bf16-mixed"]["rounds_beyond_noise"] == 3
+    # A tie: 6-8 % faster, but the reference read 12 % apart from itself.
+    policy, why, _ = decided({"fp32": [100, 100, 100], AGAIN: [112, 95, 104], "bf16-mixed": [107, 106, 108]})
+    assert policy == "fp32" and "inconclusive" in why and "0 of 3 rounds, 3 needed" in why
+    # The noise is taken both ways: a reference at 0.70x of itself is +-43 %, and 1.39x is inside it.
+    policy, why, figures = decided({"fp32": [100, 100, 100], AGAIN: [70, 100, 100], "bf16-mixed": [139, 139, 139]})
+    assert policy == "fp32" and "±43%" in why and figures["noise"]["band"] == pytest.approx(0.4286, abs=1e-3)
+    # Fast but learning something else: refused by the loss check (autotune's 5 % for 16-bit).
+    policy, why, _ = decided({"fp32": [100] * 3, AGAIN: [100] * 3, "bf16-mixed": [150] * 3},
+                             {"fp32": [1.0] * 3, "bf16-mixed": [1.2] * 3})
+    assert policy == "fp32" and "refused: loss departs 20.0% (tolerance 5%)" in why
+    # Two rounds cannot make three: inconclusive however fast.
+    policy, why, _ = decided({"fp32": [100] * 2, AGAIN: [100] * 2, "bf16-mixed": [200] * 2}, rounds=2)
+    assert policy == "fp32" and "2 of 2 rounds, 3 needed" in why
+
+
+def test_a_run_too_short_to_repay_a_probe_is_not_probed_and_the_budget_bounds_the_rest():
+    # The default recipe: 28 steps x 6 epochs; three arms need 24 steps, over 5 % of 168.
+    assert probe.probe_cost_steps(3) == 24
+    assert "not probed: 168 steps are too few" in probe.too_short(168, 3, 0.05)
+    assert probe.too_short(480, 3, 0.05) is None and probe.too_short(168, 3, 1.0) is None
+    assert probe.budget_s(10_000, 0.05) == probe.PROBE_CAP_S and probe.budget_s(100, 0.05) == 5.0
+    # 30 ms a step, 3 arms: 5 s holds 5 rounds of 11-step windows; 0.3 s cannot hold 3 rounds of 2.
+    assert probe.plan_windows(0.03, 3, 5.0) == (5, 11)
+    assert probe.plan_windows(0.03, 3, 0.6) == (3, 2)
+    assert probe.plan_windows(0.03, 3, 0.3) is None
+
+
+def test_the_cache_holds_a_decision_per_model_input_and_torch_and_ignores_a_damaged_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    key = probe.cache_key(model, torch.zeros(1, 8), 64, "cpu x", 2, ["fp32", "bf16-mixed"])
+    assert probe.cached_decision(key) is None
+    probe.remember(key, probe.Decision("bf16-mixed", "probed: 1.50x fp32", {"rounds": 3}), "run1")
+    kept = probe.cached_decision(key)
+    assert kept["policy"] == "bf16-mixed" and kept["run_id"] == "run1"
+    # Another input shape, another model, another torch: another key (a miss).
+    assert probe.cache_key(model, torch.zeros(1, 9), 64, "cpu x", 2, ["fp32", "bf16-mixed"]) != key
+    assert probe.cache_key(torch.nn.Sequential(torch.nn.Linear(8, 5)), torch.zeros(1, 8), 64, "cpu x", 2,
+                           ["fp32", "bf16-mixed"]) != key
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert probe.cache_key(model, torch.zeros(1, 8), 64, "cpu x", 2, ["fp32", "bf16-mixed"]) != key
+    (tmp_path / "scaletrain" / probe.CACHE_FILE).write_text("{not json")
+    assert probe.cached_decision(key) is None
+
+
+QUICK = ["--model", "mlp", "--model-option", "hidden=[256,256]", "--data", "digits", "--batch-size", "32",
+         "--epochs", "3", "--threads", "1", "--no-progress"]
+
+
+def _settings_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("settings:"))
+
+
+def _weights(folder) -> dict:
+    return torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_probed_run_equals_its_choice_named_and_the_next_run_starts_from_the_cache(tmp_path):
+    from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
+    from tests.processes import run
+    if not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS:
+        pytest.skip("this CPU computes no bfloat16 natively: fp32 is its only precision, nothing to probe")
+    home = str(tmp_path / "cache")
+    probed = run(["train", *QUICK, "--probe-share", "1", "--run-dir", "a", "--checkpoint-every", "20"], tmp_path,
+                 XDG_CACHE_HOME=home)
+    assert probed.returncode == 0, probed.stdout[-2000:] + probed.stderr[-2000:]
+    line = _settings_line(probed.stdout)
+    assert "(auto: probed" in line, line
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    chosen, run_id = summary["precision"], summary["run_id"]
+    assert summary["probe_s"] > 0
+    # The same run with the choice named: bitwise the same weights (the probe trained copies).
+    named = run(["train", *QUICK, "--precision", chosen, "--run-dir", "b"], tmp_path, XDG_CACHE_HOME=home)
+    assert named.returncode == 0, named.stderr[-2000:]
+    assert f"precision {chosen};" in _settings_line(named.stdout)        # named: never probed
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The next run of the same model here starts from the decision, at once.
+    again = run(["train", *QUICK, "--probe-share", "1", "--run-dir", "c"], tmp_path, XDG_CACHE_HOME=home)
+    assert f"precision {chosen} (cached from run {run_id}: probed" in _settings_line(again.stdout)
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["probe_s"] == 0
+    # A resume continues in the recorded precision, and --no-probe keeps the rule.
+    resumed = run(["train", *QUICK[:-3], "--epochs", "4", "--threads", "1", "--no-progress", "--run-dir", "a",
+                   "--resume", "auto", "--probe-share", "1"], tmp_path, XDG_CACHE_HOME=home)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "probed" not in _settings_line(resumed.stdout) and f"precision {chosen}" in _settings_line(resumed.stdout)
+    rule = run(["train", *QUICK, "--no-probe", "--run-dir", "d"], tmp_path, XDG_CACHE_HOME=home)
+    assert "precision fp32 (auto: on a CPU" in _settings_line(rule.stdout) and "probe" not in _settings_line(rule.stdout)
