@@ -32,12 +32,11 @@ from pathlib import Path
 import torch
 
 from scaletrain.errors import UserError
-from scaletrain.experiments.autotune.settings import LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT
 from scaletrain.files import read_json, user_cache_dir
 from scaletrain.inputs import tensors
 from scaletrain.precision.hardware import CPU_BF16_FLAGS, NATIVE_BF16, DeviceFacts
 from scaletrain.training.defaults import Setting
-from scaletrain.training.rounds import AGAIN, Confirmation, Measured, confirm
+from scaletrain.training.rounds import AGAIN, LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT, Confirmation, Measured, confirm
 
 PROBE_CAP_S = 60.0
 # Rounds: at least MIN_ROUNDS (the rule asks for that many beyond the noise), up to MAX_ROUNDS
@@ -299,12 +298,12 @@ def probed_precision(cfg, dataset, task, setting: Setting, run_id: str, device: 
     the rule where the probe does not apply or does not pay, else measured (or read from the
     cache); writes the choice into `cfg`. Returns the Setting and the seconds probing took."""
     from scaletrain.precision.hardware import device_facts
-    from scaletrain.summary import device_name
     from scaletrain.training.build import build_training, set_thread_pools
     if setting.why is None or not cfg.probe or setting.name != "precision":
         return setting, 0.0
     reference = setting.value
-    candidates = precision_candidates(device_facts(device), reference)
+    facts = device_facts(device)
+    candidates = precision_candidates(facts, reference)
     if not candidates:
         return setting, 0.0
     threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
@@ -314,7 +313,7 @@ def probed_precision(cfg, dataset, task, setting: Setting, run_id: str, device: 
     short = too_short(run_steps, 2 + len(candidates), cfg.probe_share)
     if short:
         return Setting("precision", reference, f"auto: {rule}; {short}"), 0.0
-    key = _key(cfg, dataset, batch, device_name(device), threads, [reference, *candidates])
+    key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, [reference, *candidates])
     kept = cached_decision(key) if key else None
     if kept is not None:
         cfg.precision.policy = kept["policy"]
