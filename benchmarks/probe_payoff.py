@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def one_run(extra: list[str], named: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as root:
         run = Path(root) / "run"
-        env = {**os.environ, "XDG_CACHE_HOME": str(Path(root) / "cache")}   # nothing cached: the probe's whole cost
+        # The probe's cache empty each time (its whole cost); the data set's cache shared (data/cache.py).
+        env = {**os.environ, "XDG_CACHE_HOME": str(Path(root) / "cache"),
+               "SCALETRAIN_CACHE_DIR": os.environ.get("SCALETRAIN_CACHE_DIR", str(Path.home() / ".cache" / "scaletrain"))}
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--recipe", "mnist1d-cnn", "--no-progress",
                                "--run-dir", str(run), "--store", str(Path(root) / "runs.db"), *extra, *named],

@@ -46,7 +46,7 @@ def test_a_run_too_short_to_repay_a_probe_is_not_probed_and_the_budget_bounds_th
     # The default recipe: 28 steps x 6 epochs; three arms need 24 steps, over 5 % of 168.
     assert probe.probe_cost_steps(3) == 24
     assert "not probed: 168 steps are too few" in probe.too_short(168, 3, 0.05)
-    assert probe.too_short(480, 3, 0.05) is None and probe.too_short(168, 3, 1.0) is None
+    assert probe.too_short(480, 3, 0.05) is None and probe.too_short(10, 3, 1.0) is None    # 1: always
     assert probe.budget_s(10_000, 0.05) == probe.PROBE_CAP_S and probe.budget_s(100, 0.05) == 5.0
     # 30 ms a step, 3 arms: 5 s holds 5 rounds of 11-step windows; 0.3 s cannot hold 3 rounds of 2.
     assert probe.plan_windows(0.03, 3, 5.0) == (5, 11)

@@ -50,6 +50,8 @@ def precision_candidates(facts: DeviceFacts, reference: str) -> list[str]:
     """The precisions besides `reference` (the rule's) that can pay on this device: bf16-mixed where
     it computes bfloat16 natively (AVX512-BF16 or AMX on a CPU; compute capability 8.0 on CUDA),
     fp16-mixed on CUDA's tensor cores, and fp32."""
+    if facts.kind not in ("cpu", "cuda"):    # an XLA device compiles each shape: a few steps measure its compiler
+        return []
     native_bf16 = ((facts.kind == "cpu" and bool(facts.cpu_flags & CPU_BF16_FLAGS))
                    or (facts.kind == "cuda" and facts.capability is not None and facts.capability >= NATIVE_BF16))
     names = ["fp32", *(["bf16-mixed"] if native_bf16 else []), *(["fp16-mixed"] if facts.kind == "cuda" else [])]
@@ -78,7 +80,7 @@ def too_short(run_steps: int, arms: int, share: float) -> str | None:
     """Why a run of `run_steps` optimizer steps is not probed, decided before any step: the
     smallest probe takes more steps than `share` of the run's. None: it may be."""
     need = probe_cost_steps(arms)
-    if need <= share * run_steps:
+    if need <= share * run_steps or share >= 1:    # 1: the user asks for a probe whatever the run's length
         return None
     return (f"not probed: {run_steps} steps are too few to repay a probe of {need} (over {share:.0%} of them; "
             "--probe-share 1 measures anyway)")
@@ -193,24 +195,31 @@ def run_probe(reference: str, candidates: list[str], make_arm: Callable[[str], A
     started = time.perf_counter()
     arms: dict[str, Arm] = {}
     try:
+        # The reference's two copies first (the first build pays the process's one-time costs, which
+        # the run's own build then does not): the second's build and warm-up say what an arm costs to
+        # set up, and a warm step predicts the run; the others are built only where the probe fits.
         arms[reference] = make_arm(reference)
+        arms[reference].window(WARMUP_STEPS - 1)
+        built = time.perf_counter()
         arms[AGAIN] = make_arm(reference)
-        for name in candidates:
-            arms[name] = make_arm(name)
-        for arm in arms.values():
-            arm.window(WARMUP_STEPS - 1)
-        step_s, _ = arms[reference].window(1)      # the reference's warm step: what predicts the run
-        for name, arm in arms.items():
-            if name != reference:
-                arm.window(1)
+        arms[AGAIN].window(WARMUP_STEPS)
+        setup_s = time.perf_counter() - built
+        step_s, _ = arms[reference].window(1)
         predicted = step_s * run_steps
         budget = budget_s(predicted, share)
-        plan = plan_windows(step_s, len(arms), budget - (time.perf_counter() - started))
-        if plan is None:
-            return Decision(reference, f"not probed: this run is predicted to take {predicted:.0f} s; the "
-                                       f"smallest probe would take over {share:.0%} of it",
+        count = 2 + len(candidates)
+        smallest = setup_s * (count - 2) + step_s * count * MIN_ROUNDS * MIN_WINDOW_STEPS
+        if share >= 1:     # measure whatever it costs (within the cap)
+            budget = max(budget, min(smallest + (time.perf_counter() - started), PROBE_CAP_S))
+        if smallest > budget - (time.perf_counter() - started):
+            return Decision(reference, f"not probed: this run is predicted to take {predicted:.0f} s, and a probe "
+                                       f"would take over {share:.0%} of it ({smallest:.1f} s more)",
                             {"predicted_s": predicted}, time.perf_counter() - started)
-        rounds, window = plan
+        for name in candidates:
+            arms[name] = make_arm(name)
+            arms[name].window(WARMUP_STEPS)
+        plan = plan_windows(step_s, len(arms), budget - (time.perf_counter() - started))
+        rounds, window = plan if plan is not None else (MIN_ROUNDS, MIN_WINDOW_STEPS)
         losses: dict[str, list[float]] = {name: [] for name in arms}
 
         def measure(key: str, number: int) -> Measured:
@@ -306,13 +315,16 @@ def probed_precision(cfg, dataset, task, setting: Setting, run_id: str, device: 
     candidates = precision_candidates(facts, reference)
     if not candidates:
         return setting, 0.0
-    threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
     batch = cfg.per_replica_batch_size or cfg.batch_size
-    run_steps = max(len(dataset.train) // max(batch, 1), 1) * cfg.epochs
     rule = setting.why.removeprefix("auto: ")
+    try:
+        run_steps = max(len(dataset.train) // max(batch, 1), 1) * cfg.epochs
+    except TypeError:     # a stream of unknown length: nothing predicts the run, nothing bounds a probe
+        return Setting("precision", reference, f"auto: {rule}; not probed: the data's length is unknown"), 0.0
     short = too_short(run_steps, 2 + len(candidates), cfg.probe_share)
-    if short:
+    if short:    # decided from the step count: no step taken, no look at the load
         return Setting("precision", reference, f"auto: {rule}; {short}"), 0.0
+    threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
     key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, [reference, *candidates])
     kept = cached_decision(key) if key else None
     if kept is not None:
