@@ -23,11 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_run(extra: list[str], named: list[str]) -> dict:
+def one_run(extra: list[str], named: list[str], cache: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as root:
         run = Path(root) / "run"
-        # The probe's cache empty each time (its whole cost); the data set's cache shared (data/cache.py).
-        env = {**os.environ, "XDG_CACHE_HOME": str(Path(root) / "cache"),
+        # The probe's cache empty each time (its whole cost) unless `cache` is given (a decision kept
+        # from an earlier run); the data set's cache shared (data/cache.py).
+        env = {**os.environ, "XDG_CACHE_HOME": cache or str(Path(root) / "cache"),
                "SCALETRAIN_CACHE_DIR": os.environ.get("SCALETRAIN_CACHE_DIR", str(Path.home() / ".cache" / "scaletrain"))}
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--recipe", "mnist1d-cnn", "--no-progress",
@@ -47,14 +48,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("extra", nargs="*", help="flags after --, given to every side")
     args = p.parse_args()
-    sides = {"no flags": [], "fp32 named": ["--precision", "fp32"], "bf16-mixed named": ["--precision", "bf16-mixed"]}
+    sides = {"no flags": [], "no flags, cached": [], "fp32 named": ["--precision", "fp32"],
+             "bf16-mixed named": ["--precision", "bf16-mixed"]}
     names = list(sides)
+    kept = tempfile.mkdtemp(prefix="probe-cache-")
+    one_run(args.extra, [], kept)      # untimed: the decision the cached side starts from
     found: dict[str, list[dict]] = {n: [] for n in names}
     loads = []
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             loads.append(os.getloadavg()[0])
-            result = one_run(args.extra, sides[name])
+            result = one_run(args.extra, sides[name], kept if name == "no flags, cached" else None)
             found[name].append(result)
             print(json.dumps({"round": r, "side": name, **result}), flush=True)
     import torch

@@ -24,7 +24,7 @@ scaletrain's epoch over the other side's; printed: median (min-max) over rounds.
     python benchmarks/step_cost.py --case cnn1d --ablate --rounds 5              # what measuring costs
     python benchmarks/step_cost.py --case cnn1d --breakdown                      # op-by-op, per step
     python benchmarks/step_cost.py --case wide-mlp --rounds 5
-    python benchmarks/step_cost.py --case small-gpt --rounds 5
+    python benchmarks/step_cost.py --case small-gpt --rounds 5 --pair              # scaletrain and the hand loop only
 
 `--ablate` runs scaletrain beside itself with measuring pieces turned off (the run record and its
 monitor thread; the metrics log; the training metric), each as its own side.
@@ -307,6 +307,8 @@ def sides(args) -> dict[str, Side]:
                 "hand": Side("hand", t)}
     if args.no_flags:
         return {"scaletrain": Side("scaletrain", None), "tutorial": Side("tutorial", None)}
+    if args.pair:
+        return {"scaletrain": Side("scaletrain", t), "hand": Side("hand", t)}
     return {"scaletrain": Side("scaletrain", t), "hand": Side("hand", t), "tutorial": Side("tutorial", t),
             **({"lightning": Side("lightning", t)} if args.lightning else {})}
 
@@ -406,6 +408,7 @@ def main() -> None:
     p.add_argument("--no-flags", action="store_true", help="scaletrain with no flags against the tutorial loop")
     p.add_argument("--ablate", action="store_true", help="scaletrain with measuring pieces off, beside itself")
     p.add_argument("--lightning", action="store_true", help="add Lightning at equal settings")
+    p.add_argument("--pair", action="store_true", help="equal settings, scaletrain and the hand loop only")
     p.add_argument("--breakdown", action="store_true", help="op-by-op profile of a step, both sides")
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--extra", action="append", default=[], help=argparse.SUPPRESS)

@@ -25,7 +25,7 @@ def decided(speeds: dict[str, list[float]], losses: dict[str, list[float]] | Non
 def test_a_candidate_is_chosen_only_beyond_the_noise_in_three_rounds_with_its_loss_kept():
     # 1.4x in every round, the reference within 5 % of itself: chosen, and the line says by how much.
     policy, why, figures = decided({"fp32": [100, 100, 100], AGAIN: [103, 97, 100], "bf16-mixed": [140, 141, 139]})
-    assert policy == "bf16-mixed" and why.startswith("probed: 1.40x fp32 (1.39-1.41), loss within 0.1%")
+    assert policy == "bf16-mixed" and why.startswith("probed: 1.40x fp32 (1.39-1.41), loss within 0.10%")
     assert "3 rounds" in why and figures["candidates"]["bf16-mixed"]["rounds_beyond_noise"] == 3
     # A tie: 6-8 % faster, but the reference read 12 % apart from itself.
     policy, why, _ = decided({"fp32": [100, 100, 100], AGAIN: [112, 95, 104], "bf16-mixed": [107, 106, 108]})

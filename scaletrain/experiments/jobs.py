@@ -22,6 +22,9 @@ def training_job(cfg: TrainConfig, name: str, folder: Path, group: str | None, p
     cfg.tracking.group = group
     cfg.run_dir = str(folder / name)
     cfg.progress = False
+    # An experiment compares its jobs like for like: none measures its own precision (a probe run
+    # beside the experiment's other jobs would read their load as its noise); `auto` takes the rule.
+    cfg.probe = False
     config_name, log_name = JOB_FILES     # beside the run's own files (lifecycle/folder.py allows them)
     config_path = write_toml(cfg, folder / name / config_name)
     return Job(name=name, argv=scaletrain_argv("train", "--config", str(config_path)),

@@ -12,8 +12,10 @@ A candidate is chosen only where it beat the reference by more than that noise i
 MIN_ROUNDS rounds (the rule of training/rounds.py, autotune's too) and its training loss stayed within autotune's
 tolerance of the reference's over the same steps; otherwise the reference is kept and the start
 line says why ("inconclusive": the noise, the load). The probe costs at most `probe_share` of the
-run's predicted time (PROBE_CAP_S at most): a run too short to pay for it is not probed, and
-decided from its step count before any step is taken. A decision is kept in the user's cache
+run's predicted time (PROBE_CAP_S at most), counted from the reference's first copy on (whose
+build and first step pay the process's one-time costs the run would pay anyway): a run whose step
+count alone says it is too short is not probed at all; one whose measured step says so stops
+after the reference's two copies. A decision is kept in the user's cache
 folder (cache.py) under the model's structure, input, batch, device, threads and torch version,
 so the next run of the same model starts at once.
 """
@@ -172,7 +174,7 @@ def decide(reference: str, found: dict[str, Confirmation], losses: dict[str, lis
         conf = found[best]
         departure = figures["candidates"][best]["loss_departure"]
         why = (f"probed: {conf.median:.2f}x {reference} ({conf.low:.2f}-{conf.high:.2f}), loss within "
-               f"{departure:.1%}, noise ±{band:.0%}, {rounds} rounds")
+               f"{departure:.2%}, noise ±{band:.0%}, {rounds} rounds")
         return best, why, figures
     return reference, f"probed, {reference} kept: " + "; ".join(best_why), figures
 
@@ -209,16 +211,19 @@ def run_probe(reference: str, candidates: list[str], make_arm: Callable[[str], A
         budget = budget_s(predicted, share)
         count = 2 + len(candidates)
         smallest = setup_s * (count - 2) + step_s * count * MIN_ROUNDS * MIN_WINDOW_STEPS
+        # The budget is the probe's own cost: from the reference's first copy on (its build and first
+        # step paid the process's one-time costs, imports and kernel selection, which the run's own
+        # build would otherwise pay; `seconds` reports them all the same).
         if share >= 1:     # measure whatever it costs (within the cap)
-            budget = max(budget, min(smallest + (time.perf_counter() - started), PROBE_CAP_S))
-        if smallest > budget - (time.perf_counter() - started):
+            budget = max(budget, min(smallest + (time.perf_counter() - built), PROBE_CAP_S))
+        if smallest > budget - (time.perf_counter() - built):
             return Decision(reference, f"not probed: this run is predicted to take {predicted:.0f} s, and a probe "
                                        f"would take over {share:.0%} of it ({smallest:.1f} s more)",
                             {"predicted_s": predicted}, time.perf_counter() - started)
         for name in candidates:
             arms[name] = make_arm(name)
             arms[name].window(WARMUP_STEPS)
-        plan = plan_windows(step_s, len(arms), budget - (time.perf_counter() - started))
+        plan = plan_windows(step_s, len(arms), budget - (time.perf_counter() - built))
         rounds, window = plan if plan is not None else (MIN_ROUNDS, MIN_WINDOW_STEPS)
         losses: dict[str, list[float]] = {name: [] for name in arms}
 
