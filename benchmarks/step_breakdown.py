@@ -135,31 +135,38 @@ def _scaletrain(case, threads: int) -> dict:
     found: dict = {}
 
     class ProfileSecondEpoch:
+        """Profiles the second epoch's training: from its start to the validation that follows it
+        (the profiler stops there, so validation's operations are not counted); its wall time is
+        the run's own clock of that epoch (`epoch_train_time_s`)."""
+        prof = None     # the warm-up validates once before any epoch begins
+
         def on_epoch_begin(self, trainer, epoch):
+            self.prof = None
             if epoch == 1:
                 self.prof = profile(activities=[ProfilerActivity.CPU])
                 self.prof.__enter__()
-                self.start = time.perf_counter()
+
+        def on_validation_begin(self, trainer):
+            if self.prof is not None:
+                self.prof.__exit__(None, None, None)
+                self.events, self.prof = self.prof.events(), None
 
         def on_epoch_end(self, trainer, epoch, logs):
-            if epoch == 1:
-                wall = logs["epoch_train_time_s"]
-                self.prof.__exit__(None, None, None)
-                steps = trainer.steps_per_epoch
-                tops = _top_level(self.prof.events())
-                counts = defaultdict(int)
-                for e in tops:
-                    counts[e.thread] += 1
-                main = max(counts, key=counts.get)
-                families: dict[str, float] = defaultdict(float)
-                for e in tops:
-                    # The epoch's training only: validation's operations come after the clock stopped.
-                    if e.thread == main and e.time_range.start <= tops[0].time_range.start + wall * 1e6 + 1e6:
-                        families[_family(e.name)] += (e.time_range.end - e.time_range.start) / steps
-                ops = sum(families.values())
-                found.update(wall_us=wall * 1e6 / steps, ops_us=ops, host_us=wall * 1e6 / steps - ops,
-                             families=dict(families),
-                             other_threads_events=sum(v for k, v in counts.items() if k != main))
+            if epoch != 1:
+                return
+            steps = trainer.steps_per_epoch
+            tops = _top_level(self.events)
+            counts = defaultdict(int)
+            for e in tops:
+                counts[e.thread] += 1
+            main = max(counts, key=counts.get)
+            families: dict[str, float] = defaultdict(float)
+            for e in tops:
+                if e.thread == main:
+                    families[_family(e.name)] += (e.time_range.end - e.time_range.start) / steps
+            ops, wall = sum(families.values()), logs["epoch_train_time_s"] * 1e6 / steps
+            found.update(wall_us=wall, ops_us=ops, host_us=wall - ops, families=dict(families),
+                         other_threads_events=sum(v for k, v in counts.items() if k != main))
 
     with tempfile.TemporaryDirectory() as root:
         cfg = TrainConfig(model=ModelConfig(name=case.model, options=dict(case.options)),
