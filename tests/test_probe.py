@@ -116,3 +116,22 @@ def test_a_probed_run_equals_its_choice_named_and_the_next_run_starts_from_the_c
     assert "probed" not in _settings_line(resumed.stdout) and f"precision {chosen}" in _settings_line(resumed.stdout)
     rule = run(["train", *QUICK, "--no-probe", "--run-dir", "d"], tmp_path, XDG_CACHE_HOME=home)
     assert "precision fp32 (auto: on a CPU" in _settings_line(rule.stdout) and "probe" not in _settings_line(rule.stdout)
+
+
+def test_an_arm_trains_a_probes_steps_even_where_the_run_has_fewer(digits):
+    """A short run probed with --probe-share 1: each arm may train more steps than the run's whole
+    schedule holds (here 2 steps an epoch, 1 epoch); its schedule is long enough for the most a
+    probe trains, and every window's loss is a number."""
+    import math
+
+    from scaletrain.config import DataConfig, ModelConfig, TrainConfig
+    from scaletrain.training.build import build_training
+    cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [8]}), data=DataConfig(name="digits"),
+                      batch_size=512, epochs=1, threads=1, progress=False)
+    cfg.tracking.record = False
+    arm = probe.Arm(build_training(cfg, dataset=digits, checked=True).trainer, digits)
+    assert arm.steps_per_epoch * cfg.epochs < probe.MAX_ARM_STEPS
+    for _ in range(probe.MAX_ARM_STEPS // arm.steps_per_epoch):
+        seconds, loss = arm.window(arm.steps_per_epoch)
+        assert seconds > 0 and math.isfinite(loss)
+    arm.close()

@@ -46,6 +46,8 @@ PROBE_CAP_S = 60.0
 MIN_ROUNDS, MAX_ROUNDS = 3, 5
 MIN_WINDOW_STEPS = 2
 WARMUP_STEPS = 2      # per arm, untimed: allocation and kernel selection (the second one times the reference)
+MAX_WINDOW_STEPS = 50
+MAX_ARM_STEPS = WARMUP_STEPS + MAX_ROUNDS * MAX_WINDOW_STEPS
 
 
 def precision_candidates(facts: DeviceFacts, reference: str) -> list[str]:
@@ -99,7 +101,11 @@ class Arm:
         self.loader = trainer.loader(dataset.train, train=True)
         self.steps_per_epoch = len(self.loader)
         trainer.counters.resize(self.steps_per_epoch)
-        self.step = trainer.build_step(trainer.schedule(self.steps_per_epoch, trainer.config.epochs))
+        # A schedule long enough for the most steps a probe trains (a short run probed with
+        # --probe-share 1 may have fewer steps than that): the same on every arm, which is all the
+        # loss check compares.
+        epochs = max(trainer.config.epochs, -(-MAX_ARM_STEPS // self.steps_per_epoch) + 1)
+        self.step = trainer.build_step(trainer.schedule(self.steps_per_epoch, epochs))
         self.trainer.model.train()
         self._batches = iter(self.loader)
 
@@ -136,7 +142,7 @@ def plan_windows(step_s: float, arms: int, budget: float) -> tuple[int, int] | N
     for rounds in range(MAX_ROUNDS, MIN_ROUNDS - 1, -1):
         window = int(budget / (step_s * arms * rounds))
         if window >= MIN_WINDOW_STEPS:
-            return rounds, min(window, 50)
+            return rounds, min(window, MAX_WINDOW_STEPS)
     return None
 
 
