@@ -124,10 +124,10 @@ def test_an_arm_trains_a_probes_steps_even_where_the_run_has_fewer(digits):
     probe trains, and every window's loss is a number."""
     import math
 
-    from scaletrain.config import DataConfig, ModelConfig, TrainConfig
+    from scaletrain.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
     from scaletrain.training.build import build_training
     cfg = TrainConfig(model=ModelConfig(name="mlp", options={"hidden": [8]}), data=DataConfig(name="digits"),
-                      batch_size=512, epochs=1, threads=1, progress=False)
+                      batch_size=512, epochs=1, threads=1, progress=False, optim=OptimConfig(lr_schedule="onecycle"))
     cfg.tracking.record = False
     arm = probe.Arm(build_training(cfg, dataset=digits, checked=True).trainer, digits)
     assert arm.steps_per_epoch * cfg.epochs < probe.MAX_ARM_STEPS
