@@ -37,6 +37,9 @@ def test_a_candidate_is_chosen_only_beyond_the_noise_in_three_rounds_with_its_lo
     policy, why, _ = decided({"fp32": [100] * 3, AGAIN: [100] * 3, "bf16-mixed": [150] * 3},
                              {"fp32": [1.0] * 3, "bf16-mixed": [1.2] * 3})
     assert policy == "fp32" and "refused: loss departs 20.0% (tolerance 5%)" in why
+    # Slower in every round: said so, not a tie.
+    policy, why, _ = decided({"fp32": [100] * 3, AGAIN: [100] * 3, "bf16-mixed": [70] * 3})
+    assert policy == "fp32" and why.endswith("bf16-mixed 0.70x fp32 (0.70-0.70), slower in every round")
     # Two rounds cannot make three: inconclusive however fast.
     policy, why, _ = decided({"fp32": [100] * 2, AGAIN: [100] * 2, "bf16-mixed": [200] * 2}, rounds=2)
     assert policy == "fp32" and "2 of 2 rounds, 3 needed" in why
@@ -116,6 +119,16 @@ def test_a_probed_run_equals_its_choice_named_and_the_next_run_starts_from_the_c
     assert "probed" not in _settings_line(resumed.stdout) and f"precision {chosen}" in _settings_line(resumed.stdout)
     rule = run(["train", *QUICK, "--no-probe", "--run-dir", "d"], tmp_path, XDG_CACHE_HOME=home)
     assert "precision fp32 (auto: on a CPU" in _settings_line(rule.stdout) and "probe" not in _settings_line(rule.stdout)
+    # The store keeps how each was chosen, and `runs compare` says it.
+    from tests.processes import run_here
+    ids = [json.loads((tmp_path / f / "summary.json").read_text())["run_id"] for f in ("a", "b", "c", "d")]
+    table = run_here(["runs", "compare", *ids], tmp_path).stdout
+    assert "(probed: " in table and "(cached: " in table and "(auto)" in table, table
+    from scaletrain.tracking.store import RunStore
+    with RunStore(tmp_path / "scaletrain-runs" / "runs.db") as store:   # the resume kept how it was chosen
+        kept = store.get(ids[0]).environment["settings"]["precision"]
+    assert kept["chosen"].startswith("auto: probed") and kept["measured"]["reference"] == "fp32"
+    assert set(kept["measured"]["candidates"]) == {"bf16-mixed"} and kept["measured"]["rounds"] >= 3
 
 
 def test_an_arm_trains_a_probes_steps_even_where_the_run_has_fewer(digits):

@@ -54,7 +54,7 @@ COLUMNS = [
     Column("model", lambda r: _config(r, "model.name"), lambda r: str(_config(r, "model.name") or "-")),
     Column("data", lambda r: _config(r, "data.name"), lambda r: str(_config(r, "data.name") or "-")),
     Column("precision", lambda r: r.summary_value("precision", _config(r, "precision.policy")),
-           lambda r: str(r.summary_value("precision", _config(r, "precision.policy")) or "-")),
+           lambda r: str(r.summary_value("precision", _config(r, "precision.policy")) or "-") + _how_chosen(r)),
     Column("batch", lambda r: r.summary_value("batch_size", _config(r, "batch_size")),
            lambda r: str(r.summary_value("batch_size", _config(r, "batch_size")) or "-")),
     Column("epochs", lambda r: r.summary_value("epochs_run"), lambda r: str(r.summary_value("epochs_run", "-"))),
@@ -75,6 +75,25 @@ COLUMNS = [
     Column("device", lambda r: r.environment.get("device"), lambda r: str(r.environment.get("device", "-"))),
     Column("settings", lambda r: _settings(r), lambda r: _settings(r) or "-"),
 ]
+
+
+def _how_chosen(record: RunRecord) -> str:
+    """How the precision was chosen, where scaletrain chose it: ` (probed: 1.62x fp32, 3 rounds)`
+    for one measured on the run's own step (training/probe.py), ` (cached: ...)` for one a run
+    before measured, ` (auto)` for the rule; nothing where the configuration named it."""
+    entry = (record.environment.get("settings") or {}).get("precision")
+    chosen = entry.get("chosen") if isinstance(entry, dict) else None
+    if not isinstance(chosen, str) or not chosen:
+        return ""
+    measured = entry.get("measured") or {}
+    winner = (measured.get("candidates") or {}).get(entry.get("value")) if isinstance(measured, dict) else None
+    how = "cached" if chosen.startswith("cached") else "probed"
+    if isinstance(winner, dict) and winner.get("ratios"):
+        ratios = sorted(winner["ratios"])
+        return f" ({how}: {ratios[len(ratios) // 2]:.2f}x {measured.get('reference')}, {len(ratios)} rounds)"
+    if "probed" in chosen.replace("not probed", ""):
+        return f" ({how}: kept)"
+    return " (auto)"
 
 
 def _settings(record: RunRecord) -> str | None:

@@ -54,13 +54,30 @@ class TrackedRun:
     def on_train_begin(self, trainer) -> None:
         """Called before the recorder's own on_train_begin (it starts the sampling clock)."""
         config = to_mapping(self.cfg)
+        environment = self._with_earlier_choices(self.environment) if self.resumed else self.environment
         # The digest run.json binds the run's config.json with: the store names the same configuration.
         self.store.start_run(self.run_id, name=self.name, group=self.cfg.tracking.group, run_dir=str(self.run_dir),
-                             config=config, environment={**self.environment, "config_sha256": config_digest(config)})
+                             config=config, environment={**environment, "config_sha256": config_digest(config)})
         if self.resumed:
             offset = self.store.continue_run(self.run_id, len(trainer.history))
             self.recorder.wall_start -= offset   # elapsed times continue the earlier processes'
         self.began = True
+
+    def _with_earlier_choices(self, environment: dict) -> dict:
+        """A resumed run's settings, where its saved configuration now names what scaletrain chose
+        when the run began (the precision `auto` probed): the earlier record of how it was chosen
+        is kept for the same value, not replaced by "named"."""
+        try:
+            earlier = (self.store.get(self.run_id).environment or {}).get("settings") or {}
+        except Exception:   # noqa: BLE001 - no earlier record to keep (a run the store never saw)
+            return environment
+        settings = dict(environment.get("settings") or {})
+        for name, entry in settings.items():
+            before = earlier.get(name)
+            if (isinstance(before, dict) and before.get("chosen") and isinstance(entry, dict)
+                    and not entry.get("chosen") and before.get("value") == entry.get("value")):
+                settings[name] = before
+        return {**environment, "settings": settings}
 
     def finish(self, summary: dict | None) -> None:
         """summary None: the run's stored summary stays as it was."""

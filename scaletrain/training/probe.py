@@ -172,6 +172,8 @@ def decide(reference: str, found: dict[str, Confirmation], losses: dict[str, lis
         elif conf.wins:
             if best is None or conf.median > found[best].median:
                 best = name
+        elif conf.slower:
+            best_why.append(f"{head}, slower in every round")
         else:
             best_why.append(f"{head}, inconclusive: beyond the noise (±{band:.0%}) in "
                             f"{conf.rounds_beyond_noise} of {rounds} rounds, {conf.required_rounds} needed")
@@ -222,8 +224,8 @@ def run_probe(reference: str, candidates: list[str], make_arm: Callable[[str], A
         # build would otherwise pay; `seconds` reports them all the same).
         if share >= 1:     # measure whatever it costs (within the cap)
             budget = max(budget, min(smallest + (time.perf_counter() - built), PROBE_CAP_S))
-        if smallest > budget - (time.perf_counter() - built):
-            return Decision(reference, f"not probed: this run is predicted to take {predicted:.0f} s, and a probe "
+        elif smallest > budget - (time.perf_counter() - built):
+            return Decision(reference, f"not probed: this run is predicted to take {predicted:.1f} s, and a probe "
                                        f"would take over {share:.0%} of it ({smallest:.1f} s more)",
                             {"predicted_s": predicted}, time.perf_counter() - started)
         for name in candidates:
