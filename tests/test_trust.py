@@ -322,7 +322,9 @@ class _FillDisk:
             return
         stat = os.statvfs(self.folder)
         free = stat.f_bavail * stat.f_frsize - self.leave
-        with (self.folder / "filler").open("wb") as fh:
+        # Unbuffered: a write the disk cannot take fails here, never again as a buffer flushed at
+        # close (a background checkpoint taking space meanwhile once failed the test so).
+        with (self.folder / "filler").open("wb", buffering=0) as fh:
             try:
                 fh.write(bytes(max(free, 0)))
             except OSError:

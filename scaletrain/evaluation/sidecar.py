@@ -127,7 +127,9 @@ class SidecarEvaluator:
             try:
                 result = self.evaluate(path)
             except (OSError, UserError, RuntimeError) as exc:
-                if path.exists():
+                # Pruning takes the marker away first, then the files: a folder still there without
+                # its marker is being removed, not damaged.
+                if CheckpointStore.is_complete(path):
                     raise
                 # Pruned by the training (it keeps its newest few) before or while it was read.
                 self.console.print(f"evaluator: skipped {path.name}: removed by the training before it was read "
