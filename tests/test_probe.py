@@ -148,3 +148,42 @@ def test_an_arm_trains_a_probes_steps_even_where_the_run_has_fewer(digits):
         seconds, loss = arm.window(arm.steps_per_epoch)
         assert seconds > 0 and math.isfinite(loss)
     arm.close()
+
+
+class _FakeArm:
+    """An arm on stubbed timings: `seconds[policy]` a step; the loss falls the same way in every
+    precision. `fail_at`: the window (counted per arm) at which this policy's arm raises."""
+
+    def __init__(self, policy: str, seconds: dict, fail_at: dict):
+        self.policy, self.seconds, self.fail_at, self.windows, self.steps = policy, seconds, fail_at, 0, 0
+
+    def window(self, steps: int):
+        self.windows += 1
+        if self.windows == self.fail_at.get(self.policy):
+            raise RuntimeError(f'"addmm" not implemented for {self.policy}\nmore')
+        self.steps += steps
+        return steps * self.seconds[self.policy], 2.0 / (1 + self.steps / 100)
+
+    def close(self):
+        pass
+
+
+def test_the_probe_on_stubbed_timings_chooses_and_a_candidate_that_fails_is_never_chosen():
+    seconds = {"fp32": 0.030, "bf16-mixed": 0.020}
+
+    def probed(fail_at=None, share=0.05, steps=10_000):
+        return probe.run_probe("fp32", ["bf16-mixed"], lambda p: _FakeArm(p, seconds, fail_at or {}), steps, share)
+    chosen = probed()
+    assert chosen.policy == "bf16-mixed" and chosen.why.startswith("probed: 1.50x fp32 (1.50-1.50)")
+    assert chosen.figures["rounds"] == probe.MAX_ROUNDS and chosen.figures["candidates"]["bf16-mixed"]["ratios"]
+    # bf16 has no kernel for this model: said, and the run keeps fp32.
+    broken = probed({"bf16-mixed": 1})
+    assert broken.policy == "fp32" and "bf16-mixed failed: RuntimeError: \"addmm\" not implemented" in broken.why
+    # It won the first rounds, then failed: not chosen on those.
+    late = probed({"bf16-mixed": 6})
+    assert late.policy == "fp32" and "bf16-mixed failed" in late.why
+    # The reference itself fails: not probed, the run's own step will say why.
+    assert probed({"fp32": 1}).why.startswith("not probed: the step failed on a copy of the run (RuntimeError")
+    # A run predicted short of the smallest probe stops after the reference's two copies.
+    short = probed(steps=300)
+    assert short.policy == "fp32" and short.why.startswith("not probed: this run is predicted to take 9.0 s")

@@ -184,7 +184,7 @@ def decide(reference: str, found: dict[str, Confirmation], losses: dict[str, lis
         why = (f"probed: {conf.median:.2f}x {reference} ({conf.low:.2f}-{conf.high:.2f}), loss within "
                f"{departure:.2%}, noise ±{band:.0%}, {rounds} rounds")
         return best, why, figures
-    return reference, f"probed, {reference} kept: " + "; ".join(best_why), figures
+    return reference, f"probed, {reference} kept" + (": " + "; ".join(best_why) if best_why else ""), figures
 
 
 def _departure(mine: list[float], theirs: list[float]) -> float | None:
@@ -205,48 +205,81 @@ def run_probe(reference: str, candidates: list[str], make_arm: Callable[[str], A
     started = time.perf_counter()
     arms: dict[str, Arm] = {}
     try:
-        # The reference's two copies first (the first build pays the process's one-time costs, which
-        # the run's own build then does not): the second's build and warm-up say what an arm costs to
-        # set up, and a warm step predicts the run; the others are built only where the probe fits.
-        arms[reference] = make_arm(reference)
-        arms[reference].window(WARMUP_STEPS - 1)
-        built = time.perf_counter()
-        arms[AGAIN] = make_arm(reference)
-        arms[AGAIN].window(WARMUP_STEPS)
-        setup_s = time.perf_counter() - built
-        step_s, _ = arms[reference].window(1)
-        predicted = step_s * run_steps
-        budget = budget_s(predicted, share)
-        count = 2 + len(candidates)
-        smallest = setup_s * (count - 2) + step_s * count * MIN_ROUNDS * MIN_WINDOW_STEPS
-        # The budget is the probe's own cost: from the reference's first copy on (its build and first
-        # step paid the process's one-time costs, imports and kernel selection, which the run's own
-        # build would otherwise pay; `seconds` reports them all the same).
-        if share >= 1:     # measure whatever it costs (within the cap)
-            budget = max(budget, min(smallest + (time.perf_counter() - built), PROBE_CAP_S))
-        elif smallest > budget - (time.perf_counter() - built):
-            return Decision(reference, f"not probed: this run is predicted to take {predicted:.1f} s, and a probe "
-                                       f"would take over {share:.0%} of it ({smallest:.1f} s more)",
-                            {"predicted_s": predicted}, time.perf_counter() - started)
-        for name in candidates:
-            arms[name] = make_arm(name)
-            arms[name].window(WARMUP_STEPS)
-        plan = plan_windows(step_s, len(arms), budget - (time.perf_counter() - built))
-        rounds, window = plan if plan is not None else (MIN_ROUNDS, MIN_WINDOW_STEPS)
-        losses: dict[str, list[float]] = {name: [] for name in arms}
-
-        def measure(key: str, number: int) -> Measured:
-            seconds, loss = arms[key].window(window)
-            losses[key].append(loss)
-            return Measured(window / seconds)
-
-        found = confirm(reference, candidates, rounds, measure, lambda v, b: v / b)
-        policy, why, figures = decide(reference, found, losses)
-        figures.update(rounds=rounds, window_steps=window, predicted_s=predicted, step_s=step_s)
-        return Decision(policy, why, figures, time.perf_counter() - started)
+        return _probe(reference, candidates, make_arm, run_steps, share, arms, started)
+    except Exception as exc:    # noqa: BLE001 - the run's own step raises it again, with its context
+        return Decision(reference, f"not probed: the step failed on a copy of the run ({_first_line(exc)})",
+                        {}, time.perf_counter() - started)
     finally:
         for arm in arms.values():
             arm.close()
+        arms.clear()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()     # the copies' memory back before the run's own build
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
+
+
+def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm], run_steps: int, share: float,
+           arms: dict[str, Arm], started: float) -> Decision:
+    """run_probe's measuring, into `arms` (which run_probe closes)."""
+    # The reference's two copies first (the first build pays the process's one-time costs, which
+    # the run's own build then does not): the second's build and warm-up say what an arm costs to
+    # set up, and a warm step predicts the run; the others are built only where the probe fits.
+    arms[reference] = make_arm(reference)
+    arms[reference].window(WARMUP_STEPS - 1)
+    built = time.perf_counter()
+    arms[AGAIN] = make_arm(reference)
+    arms[AGAIN].window(WARMUP_STEPS)
+    setup_s = time.perf_counter() - built
+    step_s, _ = arms[reference].window(1)
+    predicted = step_s * run_steps
+    budget = budget_s(predicted, share)
+    count = 2 + len(candidates)
+    smallest = setup_s * (count - 2) + step_s * count * MIN_ROUNDS * MIN_WINDOW_STEPS
+    # The budget is the probe's own cost: from the reference's first copy on (its build and first
+    # step paid the process's one-time costs, imports and kernel selection, which the run's own
+    # build would otherwise pay; `seconds` reports them all the same).
+    if share >= 1:     # measure whatever it costs (within the cap)
+        budget = max(budget, min(smallest + (time.perf_counter() - built), PROBE_CAP_S))
+    elif smallest > budget - (time.perf_counter() - built):
+        return Decision(reference, f"not probed: this run is predicted to take {predicted:.1f} s, and a probe "
+                                   f"would take over {share:.0%} of it ({smallest:.1f} s more)",
+                        {"predicted_s": predicted}, time.perf_counter() - started)
+    failed: dict[str, str] = {}     # a candidate this model cannot train in (an op without a kernel)
+    for name in candidates:
+        try:
+            arms[name] = make_arm(name)
+            arms[name].window(WARMUP_STEPS)
+        except Exception as exc:   # noqa: BLE001 - that precision's failure, not the run's
+            failed[name] = _first_line(exc)
+            arms.pop(name, None)
+    running = [name for name in candidates if name not in failed]
+    plan = plan_windows(step_s, len(arms), budget - (time.perf_counter() - built))
+    rounds, window = plan if plan is not None else (MIN_ROUNDS, MIN_WINDOW_STEPS)
+    losses: dict[str, list[float]] = {name: [] for name in arms}
+
+    def measure(key: str, number: int) -> Measured | None:
+        if key in failed:
+            return None
+        try:
+            seconds, loss = arms[key].window(window)
+        except Exception as exc:   # noqa: BLE001 - mid-probe: this arm's rounds are dropped
+            failed[key] = _first_line(exc)
+            return None
+        losses[key].append(loss)
+        return Measured(window / seconds)
+
+    found = confirm(reference, running, rounds, measure, lambda v, b: v / b) if running else {}
+    # A candidate that failed in a later round is not chosen on the rounds before it.
+    policy, why, figures = decide(reference, {k: v for k, v in found.items() if k not in failed}, losses)
+    if failed:
+        why += "; " + "; ".join(f"{name} failed: {line}" for name, line in failed.items())
+        figures["failed"] = failed
+    figures.update(rounds=rounds, window_steps=window, predicted_s=predicted, step_s=step_s)
+    return Decision(policy, why, figures, time.perf_counter() - started)
 
 
 def probe_config(cfg, policy: str, threads: int):
