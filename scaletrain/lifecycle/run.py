@@ -147,14 +147,15 @@ def start_run(request: RunRequest, env, strategy, console: Console, extra_callba
     dataset = load_dataset(cfg.data, seed=cfg.seed)
     task = task_for(cfg, dataset)
     metric = task.check_metric(cfg.target_metric) if cfg.target is not None else None
-    settings, probe_s = _probe(request.settings, cfg, dataset, task, plan, strategy)
+    settings, probe_s = _probe(request.settings, cfg, dataset, task, plan, strategy, console)
     run = Run(plan, cfg, env, strategy, request.folders, dataset, task, console, wall_start, settings)
     run.probe_s = probe_s
     run.open(metric, list(extra_callbacks))
     return run
 
 
-def _probe(settings: list[Setting], cfg: TrainConfig, dataset, task, plan: RunPlan, strategy) -> tuple[list[Setting], float]:
+def _probe(settings: list[Setting], cfg: TrainConfig, dataset, task, plan: RunPlan, strategy,
+           console: Console) -> tuple[list[Setting], float]:
     """The settings `auto` chose by rule, measured on the run's own step where that applies
     (training/probe.py), before the run's folder records its configuration; the probe's seconds.
     A resumed run keeps its recorded choice (its configuration names it: nothing is `auto`)."""
@@ -166,7 +167,8 @@ def _probe(settings: list[Setting], cfg: TrainConfig, dataset, task, plan: RunPl
             setting = Setting("precision", setting.value, f"{setting.why}; not probed: {strategy.world_size} "
                                                           "processes (a probe measures one)")
         elif setting.name == "precision":
-            setting, seconds = probed_precision(cfg, dataset, task, setting, plan.run_id, strategy.device)
+            setting, seconds = probed_precision(cfg, dataset, task, setting, plan.run_id, strategy.device,
+                                                lambda line: console.print(line, soft_wrap=True))
         out.append(setting)
     return out, seconds
 

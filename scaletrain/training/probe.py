@@ -348,7 +348,8 @@ def remember(key: str, decision: Decision, run_id: str) -> None:
 
 
 # ------------------------------------------------------------------ the run's decision
-def probed_precision(cfg, dataset, task, setting: Setting, run_id: str, device: torch.device) -> tuple[Setting, float]:
+def probed_precision(cfg, dataset, task, setting: Setting, run_id: str, device: torch.device,
+                     say: Callable[[str], None] = print) -> tuple[Setting, float]:
     """The run's precision Setting where `--precision auto` chose it (`setting.why` set): kept by
     the rule where the probe does not apply or does not pay, else measured (or read from the
     cache); writes the choice into `cfg`. Returns the Setting and the seconds probing took."""
@@ -381,6 +382,8 @@ def probed_precision(cfg, dataset, task, setting: Setting, run_id: str, device: 
     def make_arm(policy: str) -> Arm:
         return Arm(build_training(probe_config(cfg, policy, threads), dataset=dataset, task=task,
                                   checked=True).trainer, dataset)
+    say(f"probing the precision on copies of this run's step: {', '.join([reference, *candidates])}, at most "
+        f"{cfg.probe_share:.0%} of the run's time (--no-probe: the rule alone)")
     decision = run_probe(reference, candidates, make_arm, run_steps, cfg.probe_share)
     cfg.precision.policy = decision.policy
     if decision.measured and key:
