@@ -125,7 +125,9 @@ class Trainer:
         # What this device does with the policy, and tensor-core shapes under 16-bit precisions;
         # run_training prints these once.
         self.advice = (precision_warnings(self.policy, facts)
-                       + alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps)
+                       # Tensor cores are a GPU's: on a CPU (where the probe may choose bf16) the sizes do not matter.
+                       + (alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps)
+                          if self.device.type == "cuda" else [])
                        + ([model.describe_optimizer(cfg.optim)] if own_optim else [])
                        + ([f"--grad-compression {cfg.distributed.grad_compression} compresses what processes "
                            "exchange; this run has one process, so nothing is compressed (it applies under --nproc)"]
