@@ -599,3 +599,24 @@ def test_studies_of_one_name_in_two_folders_never_share_a_store_group(tmp_path):
     assert study_group("autotune", tmp_path / "runs" / "autotune" / "autotune", store) == "autotune-autotune"
     a, b = study_group("autotune", tmp_path / "a", store), study_group("autotune", tmp_path / "b", store)
     assert a != b and a.startswith("autotune-autotune-") and study_group("autotune", tmp_path / "a", store) == a
+
+
+def test_the_knobs_most_likely_to_matter_are_measured_first(tmp_path):
+    """Precision, compile, then on a CPU the thread count (issue 95): a search cut short by its
+    budget has measured those."""
+    from rich.console import Console
+
+    from scaletrain.config import DataConfig, ModelConfig, TrainConfig
+    from scaletrain.experiments.autotune.knobs import first_candidates
+    from scaletrain.experiments.autotune.search import AutoTuner
+    from scaletrain.experiments.autotune.settings import AutotuneSettings
+    cfg = TrainConfig(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), batch_size=64, device="cpu")
+    tuner = AutoTuner(cfg, AutotuneSettings(out=tmp_path / "t", trials=2), Console(quiet=True))
+    labels = [k.label for k in tuner.knobs]
+    assert labels[1:3] == ["compile", "threads"] and "precision" in labels
+    order = first_candidates(tuner.knobs, tuner.plan()[0])
+    changed = [next(k.label for k in tuner.knobs if c[k.key] != order[0][k.key]) for c in order[1:]]
+    firsts = list(dict.fromkeys(changed))
+    # A CPU without bfloat16 discards every 16-bit candidate before anything runs: no precision row.
+    expected = ["precision", "compile", "threads"] if "precision" in firsts else ["compile", "threads"]
+    assert firsts[:len(expected)] == expected, firsts

@@ -103,8 +103,15 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
         Knob("precision.policy", _with_baseline_first(cfg, "precision.policy", _precisions(device)), numerics=True,
              first=True),
         Knob("compile", _with_baseline_first(cfg, "compile", (False, True))),
-        Knob("steps_per_execution", _with_baseline_first(cfg, "steps_per_execution", (1, 8))),
     ]
+    if cfg.distributed.nproc <= 1 and not cuda:
+        # Third, after precision and compile: on a CPU the thread count is the knob most likely to
+        # matter next (a busy core halves two threads' speed: BENCHMARKS.md "Threads under load").
+        # torch's default (None) is one thread per core; fewer can win for small models (less
+        # sync). Under --nproc the launcher gives each worker its share of the cores.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        knobs.append(Knob("threads", _with_baseline_first(cfg, "threads", (1, cores))))
+    knobs.append(Knob("steps_per_execution", _with_baseline_first(cfg, "steps_per_execution", (1, 8))))
     if facts.repeated_blocks:
         knobs.append(Knob("memory.activation_checkpointing",
                           _with_baseline_first(cfg, "memory.activation_checkpointing", (False, True))))
@@ -121,11 +128,6 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
         knobs.append(Knob("distributed.strategy", _strategies(cfg)))
         knobs.append(Knob("distributed.grad_compression",
                           _with_baseline_first(cfg, "distributed.grad_compression", ("none", "bf16")), numerics=True))
-    elif not cuda:
-        # torch's default (None) is one thread per core; fewer can win for small models (less
-        # sync). Under --nproc the launcher gives each worker its share of the cores.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        knobs.append(Knob("threads", _with_baseline_first(cfg, "threads", (1, cores))))
     return [k for k in knobs if len(k.values) > 1]
 
 
