@@ -187,3 +187,49 @@ def test_the_probe_on_stubbed_timings_chooses_and_a_candidate_that_fails_is_neve
     # A run predicted short of the smallest probe stops after the reference's two copies.
     short = probed(steps=300)
     assert short.policy == "fp32" and short.why.startswith("not probed: this run is predicted to take 9.0 s")
+
+
+USER_CODE = """
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+class Points(Dataset):
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = (self.x.sum(1) > 0).long()
+    def __len__(self):
+        return len(self.y)
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+def splits():
+    return {"train": Points(1024, 0), "val": Points(128, 1)}
+
+class Net(nn.Module):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, num_classes))
+    def forward(self, x):
+        return self.body(x)
+"""
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_users_own_model_and_torch_dataset_are_probed_through_their_loader(tmp_path):
+    """The user's nn.Module and torch Dataset, read by a DataLoader with a worker: the copies read
+    the user's batches, end their workers, and the run trains in what the probe chose."""
+    from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
+    from tests.processes import run
+    if not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS:
+        pytest.skip("this CPU computes no bfloat16 natively: nothing to probe")
+    (tmp_path / "mine.py").write_text(USER_CODE)
+    done = run(["train", "--model", "mine:Net", "--data", "mine:splits", "--epochs", "2", "--batch-size", "64",
+                "--num-workers", "1", "--probe-share", "1", "--no-progress", "--run-dir", "r"], tmp_path,
+               XDG_CACHE_HOME=str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    line = _settings_line(done.stdout)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert "(auto: probed" in line and summary["probe_s"] > 0, line
+    assert line.startswith(f"settings: precision {summary['precision']} ")

@@ -129,6 +129,7 @@ class Arm:
         return seconds, sum(losses) / len(losses)
 
     def close(self) -> None:
+        self.loader.stop_workers()    # a user's DataLoader workers end with the copy, not at exit
         self.trainer.close()
 
 
