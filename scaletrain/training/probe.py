@@ -38,7 +38,16 @@ from scaletrain.files import read_json, user_cache_dir
 from scaletrain.inputs import tensors
 from scaletrain.precision.hardware import CPU_BF16_FLAGS, NATIVE_BF16, DeviceFacts
 from scaletrain.training.defaults import Setting
-from scaletrain.training.rounds import AGAIN, LOSS_TOLERANCE, LOSS_TOLERANCE_16BIT, Confirmation, Measured, confirm
+from scaletrain.training.rounds import (
+    AGAIN,
+    LOSS_TOLERANCE,
+    LOSS_TOLERANCE_16BIT,
+    Confirmation,
+    Measured,
+    confirm,
+    loss_departure,
+    within_tolerance,
+)
 
 PROBE_CAP_S = 60.0
 # Rounds: at least MIN_ROUNDS (the rule asks for that many beyond the noise), up to MAX_ROUNDS
@@ -161,13 +170,13 @@ def decide(reference: str, found: dict[str, Confirmation], losses: dict[str, lis
     figures["noise"] = {"ratios": list(noise.ratios) if noise else [], "band": band}
     best, best_why = None, []
     for name, conf in found.items():
-        departure = _departure(losses.get(name, []), losses.get(reference, []))
+        departure = loss_departure(losses.get(name, []), losses.get(reference, []))
         tol = tolerance(name, reference)
         figures["candidates"][name] = {"ratios": conf.ratios, "loss_departure": departure, "loss_tolerance": tol,
                                        "rounds_beyond_noise": conf.rounds_beyond_noise}
         rounds = len(conf.ratios)
         head = f"{name} {conf.median:.2f}x {reference} ({conf.low:.2f}-{conf.high:.2f})"
-        if departure is None or departure > tol:
+        if not within_tolerance(departure, tol):
             best_why.append(f"{head}, refused: loss departs {departure:.1%} (tolerance {tol:.0%})"
                             if departure is not None else f"{head}, refused: no loss to compare")
         elif conf.wins:
@@ -186,17 +195,6 @@ def decide(reference: str, found: dict[str, Confirmation], losses: dict[str, lis
                f"{departure:.2%}, noise ±{band:.0%}, {rounds} rounds")
         return best, why, figures
     return reference, f"probed, {reference} kept" + (": " + "; ".join(best_why) if best_why else ""), figures
-
-
-def _departure(mine: list[float], theirs: list[float]) -> float | None:
-    pairs = [(a, b) for a, b in zip(mine, theirs)]
-    if not pairs or not all(map(_finite, (v for p in pairs for v in p))):
-        return None
-    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs)
-
-
-def _finite(v: float) -> bool:
-    return v == v and abs(v) != float("inf")
 
 
 def run_probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm], run_steps: int,

@@ -39,6 +39,20 @@ AGAIN = "given-again"
 # of docs/autotune.md; both can be set with --loss-tolerance / --loss-tolerance-16bit.
 LOSS_TOLERANCE = 0.02
 LOSS_TOLERANCE_16BIT = 0.05
+
+
+def loss_departure(mine: list[float], reference: list[float]) -> float | None:
+    """How far a contestant's losses strayed from the reference's over the same steps: the largest
+    relative difference (nan or inf where a loss was not finite), None with nothing to compare.
+    Autotune's loss check and the probe's (tolerances above)."""
+    pairs = list(zip(mine, reference))
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs) if pairs else None
+
+
+def within_tolerance(departure: float | None, tolerance: float) -> bool:
+    return departure is not None and math.isfinite(departure) and departure <= tolerance
+
+
 # Rounds a winner must have beaten the reference by more than the noise in.
 MIN_ROUNDS_BEYOND_NOISE = 3
 

@@ -11,7 +11,6 @@ beyond the tolerance (looser where the precision changes the arithmetic) is refu
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from scaletrain.experiments.jobs import settle, training_job
 from scaletrain.experiments.pruning import TRIAL_ENV, rate_below_floor
 from scaletrain.experiments.slots import Finished, SlotPool
 from scaletrain.tracking.store import RunStore
+from scaletrain.training.rounds import loss_departure, within_tolerance
 
 
 class CandidateRuns:
@@ -163,10 +163,9 @@ class CandidateRuns:
         return self.s.loss_tolerance_16bit if numerics else self.s.loss_tolerance
 
     def check_loss(self, row: Row, baseline: Row) -> None:
-        pairs = list(zip(row.loss, baseline.loss))
-        row.departure = max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs) if pairs else None
+        row.departure = loss_departure(row.loss, baseline.loss)
         tol = self.tolerance(row.params)
-        if row.departure is None or not math.isfinite(row.departure) or row.departure > tol:
+        if not within_tolerance(row.departure, tol):
             row.outcome = "refused"
             row.why = f"loss departs {row.departure:.2%} from the baseline's (tolerance {tol:.0%})"
 
