@@ -112,6 +112,11 @@ def test_a_probed_run_equals_its_choice_named_and_the_next_run_starts_from_the_c
     again = run(["train", *QUICK, "--probe-share", "1", "--run-dir", "c"], tmp_path, XDG_CACHE_HOME=home)
     assert f"precision {chosen} (cached from run {run_id}: probed" in _settings_line(again.stdout)
     assert json.loads((tmp_path / "c" / "summary.json").read_text())["probe_s"] == 0
+    # A cache edited to name what this run could not have chosen is not taken: the run probes.
+    cache = tmp_path / "cache" / "scaletrain" / probe.CACHE_FILE
+    cache.write_text(json.dumps({k: {**v, "policy": "fp16-mixed"} for k, v in json.loads(cache.read_text()).items()}))
+    edited = run(["train", *QUICK, "--probe-share", "1", "--run-dir", "e"], tmp_path, XDG_CACHE_HOME=home)
+    assert "(auto: probed" in _settings_line(edited.stdout) and "fp16" not in _settings_line(edited.stdout)
     # A resume continues in the recorded precision, and --no-probe keeps the rule.
     resumed = run(["train", *QUICK[:-3], "--epochs", "4", "--threads", "1", "--no-progress", "--run-dir", "a",
                    "--resume", "auto", "--probe-share", "1"], tmp_path, XDG_CACHE_HOME=home)

@@ -373,7 +373,8 @@ def probed_precision(cfg, dataset, task, setting: Setting, run_id: str, device: 
     threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
     key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, [reference, *candidates])
     kept = cached_decision(key) if key else None
-    if kept is not None:
+    # A cache file is the user's file: only a precision this run could have chosen is taken from it.
+    if kept is not None and kept["policy"] in (reference, *candidates):
         cfg.precision.policy = kept["policy"]
         return Setting("precision", kept["policy"], f"cached from run {kept['run_id']}: {kept['why']}",
                        kept.get("figures")), 0.0
