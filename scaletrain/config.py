@@ -279,7 +279,9 @@ class TrainConfig:
                              "bash scripts/setup.sh xla)", pattern=r"auto|cpu|cuda(:[0-9]+)?|xla",
                      rule="auto, cpu, cuda, cuda:N or xla", resumable=True)
     steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1, resumable=True)
-    compile: bool = _f(False, "apply torch.compile to the model", resumable=True)
+    compile: bool | None = _f(None, "apply torch.compile to the model (default: off, unless the probe measures on "
+                                    "the run's own step that compiling repays its compile time over the run; "
+                                    "--no-compile keeps it off)", resumable=True)
     threads: int | None = _f(None, "intra-op CPU threads (torch.set_num_threads; default: torch's own, one per "
                                    "core, or a multi/tune slot's share of the cores)", ge=1, resumable=True)
     inter_op_threads: int | None = _f(None, "inter-op CPU threads (torch.set_num_interop_threads; default: torch's "

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from scaletrain.training import probe
+from scaletrain.training import probe, probe_cache
 from scaletrain.training.rounds import AGAIN, Measured, confirm
 
 
@@ -60,23 +60,24 @@ def test_a_run_too_short_to_repay_a_probe_is_not_probed_and_the_budget_bounds_th
 def test_the_cache_holds_a_decision_per_model_input_and_torch_and_ignores_a_damaged_file(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     model = torch.nn.Sequential(torch.nn.Linear(8, 4))
-    key = probe.cache_key(model, torch.zeros(1, 8), 64, "cpu x", 2, ["fp32", "bf16-mixed"])
-    assert probe.cached_decision(key) is None
-    probe.remember(key, probe.Decision("bf16-mixed", "probed: 1.50x fp32", {"rounds": 3}), "run1")
-    kept = probe.cached_decision(key)
+    key = probe_cache.cache_key(model, torch.zeros(1, 8), 64, "cpu x", 2, ["fp32", "bf16-mixed"])
+    assert probe_cache.cached_entry(key) is None
+    entry = probe.Probed(probe.Decision("bf16-mixed", "probed: 1.50x fp32", {"rounds": 3}), None).cache_entry("fp32")
+    probe_cache.remember(key, entry, "run1")
+    kept = probe_cache.cached_entry(key)
     assert kept["policy"] == "bf16-mixed" and kept["run_id"] == "run1"
     # Another input shape, another model, another torch: another key (a miss).
-    assert probe.cache_key(model, torch.zeros(1, 9), 64, "cpu x", 2, ["fp32", "bf16-mixed"]) != key
-    assert probe.cache_key(torch.nn.Sequential(torch.nn.Linear(8, 5)), torch.zeros(1, 8), 64, "cpu x", 2,
+    assert probe_cache.cache_key(model, torch.zeros(1, 9), 64, "cpu x", 2, ["fp32", "bf16-mixed"]) != key
+    assert probe_cache.cache_key(torch.nn.Sequential(torch.nn.Linear(8, 5)), torch.zeros(1, 8), 64, "cpu x", 2,
                            ["fp32", "bf16-mixed"]) != key
     monkeypatch.setattr(torch, "__version__", "9.9.9")
-    assert probe.cache_key(model, torch.zeros(1, 8), 64, "cpu x", 2, ["fp32", "bf16-mixed"]) != key
-    (tmp_path / "scaletrain" / probe.CACHE_FILE).write_text("{not json")
-    assert probe.cached_decision(key) is None
+    assert probe_cache.cache_key(model, torch.zeros(1, 8), 64, "cpu x", 2, ["fp32", "bf16-mixed"]) != key
+    (tmp_path / "scaletrain" / probe_cache.CACHE_FILE).write_text("{not json")
+    assert probe_cache.cached_entry(key) is None
 
 
 QUICK = ["--model", "mlp", "--model-option", "hidden=[256,256]", "--data", "digits", "--batch-size", "32",
-         "--epochs", "3", "--threads", "1", "--no-progress"]
+         "--no-compile", "--epochs", "3", "--threads", "1", "--no-progress"]
 
 
 def _settings_line(out: str) -> str:
@@ -113,7 +114,7 @@ def test_a_probed_run_equals_its_choice_named_and_the_next_run_starts_from_the_c
     assert f"precision {chosen} (cached from run {run_id}: probed" in _settings_line(again.stdout)
     assert json.loads((tmp_path / "c" / "summary.json").read_text())["probe_s"] == 0
     # A cache edited to name what this run could not have chosen is not taken: the run probes.
-    cache = tmp_path / "cache" / "scaletrain" / probe.CACHE_FILE
+    cache = tmp_path / "cache" / "scaletrain" / probe_cache.CACHE_FILE
     cache.write_text(json.dumps({k: {**v, "policy": "fp16-mixed"} for k, v in json.loads(cache.read_text()).items()}))
     edited = run(["train", *QUICK, "--probe-share", "1", "--run-dir", "e"], tmp_path, XDG_CACHE_HOME=home)
     assert "(auto: probed" in _settings_line(edited.stdout) and "fp16" not in _settings_line(edited.stdout)
@@ -156,8 +157,9 @@ def test_an_arm_trains_a_probes_steps_even_where_the_run_has_fewer(digits):
 
 
 class _FakeArm:
-    """An arm on stubbed timings: `seconds[policy]` a step; the loss falls the same way in every
-    precision. `fail_at`: the window (counted per arm) at which this policy's arm raises."""
+    """An arm on stubbed timings: `seconds[key]` a step (key: a precision, with " compiled" for a
+    compiled copy); the loss falls the same way in every one. `fail_at`: the window (counted per
+    arm) at which this key's arm raises."""
 
     def __init__(self, policy: str, seconds: dict, fail_at: dict):
         self.policy, self.seconds, self.fail_at, self.windows, self.steps = policy, seconds, fail_at, 0, 0
@@ -177,21 +179,73 @@ def test_the_probe_on_stubbed_timings_chooses_and_a_candidate_that_fails_is_neve
     seconds = {"fp32": 0.030, "bf16-mixed": 0.020}
 
     def probed(fail_at=None, share=0.05, steps=10_000):
-        return probe.run_probe("fp32", ["bf16-mixed"], lambda p: _FakeArm(p, seconds, fail_at or {}), steps, share)
+        return probe.run_probe("fp32", ["bf16-mixed"], lambda p: _FakeArm(p, seconds, fail_at or {}), steps,
+                               share).precision
     chosen = probed()
-    assert chosen.policy == "bf16-mixed" and chosen.why.startswith("probed: 1.50x fp32 (1.50-1.50)")
+    assert chosen.value == "bf16-mixed" and chosen.why.startswith("probed: 1.50x fp32 (1.50-1.50)")
     assert chosen.figures["rounds"] == probe.MAX_ROUNDS and chosen.figures["candidates"]["bf16-mixed"]["ratios"]
     # bf16 has no kernel for this model: said, and the run keeps fp32.
     broken = probed({"bf16-mixed": 1})
-    assert broken.policy == "fp32" and "bf16-mixed failed: RuntimeError: \"addmm\" not implemented" in broken.why
+    assert broken.value == "fp32" and "bf16-mixed failed: RuntimeError: \"addmm\" not implemented" in broken.why
     # It won the first rounds, then failed: not chosen on those.
     late = probed({"bf16-mixed": 6})
-    assert late.policy == "fp32" and "bf16-mixed failed" in late.why
+    assert late.value == "fp32" and "bf16-mixed failed" in late.why
     # The reference itself fails: not probed, the run's own step will say why.
     assert probed({"fp32": 1}).why.startswith("not probed: the step failed on a copy of the run (RuntimeError")
     # A run predicted short of the smallest probe stops after the reference's two copies.
     short = probed(steps=300)
-    assert short.policy == "fp32" and short.why.startswith("not probed: this run is predicted to take 9.0 s")
+    assert short.value == "fp32" and short.why.startswith("not probed: this run is predicted to take 9.0 s")
+
+
+def _compile_rounds(ratio: float, noise: float = 1.0, rounds: int = 3):
+    return probe.Confirmation(probe.COMPILED, [ratio] * rounds, noise=probe.Confirmation(AGAIN, [noise] * rounds))
+
+
+def test_compile_is_chosen_only_where_the_steps_it_saves_repay_its_compile_twice():
+    # 1.5x a 30 ms step saves 10 ms a step: 100 s over 10,000 steps repays a 20 s compile 5x.
+    on, why, figures = probe.decide_compile("fp32", _compile_rounds(1.5), 0.001, 20.0, 0.03, 10_000)
+    assert on and why.startswith("probed: compiled 1.50x eager (1.50-1.50), loss within 0.10%, its 20 s compile "
+                                 "repaid 5.0x over 10,000 steps")
+    # The same gain over 1,000 steps saves 10 s: under twice the compile, so eager.
+    on, why, _ = probe.decide_compile("fp32", _compile_rounds(1.5), 0.001, 20.0, 0.03, 1_000)
+    assert not on and why.endswith("but its 20 s compile would save 10 s over 1,000 steps (2x its cost needed)")
+    # A tie inside the noise, a loss the check refuses (fp32's 2 %: compiling only reorders), slower.
+    assert "inconclusive" in probe.decide_compile("fp32", _compile_rounds(1.1, noise=0.8), 0.0, 1.0, 0.03, 10**6)[1]
+    assert "refused: loss departs 3.0% (tolerance 2%)" in probe.decide_compile("fp32", _compile_rounds(2.0), 0.03,
+                                                                                   1.0, 0.03, 10**6)[1]
+    assert probe.decide_compile("fp32", _compile_rounds(0.9), 0.0, 1.0, 0.03, 10**6)[1].endswith("slower in every round")
+    # A kept decision is judged again for the next run's length (the cache's figures).
+    _, _, figures = probe.decide_compile("fp32", _compile_rounds(1.5), 0.001, 20.0, 0.03, 10_000)
+    assert probe.compile_from_figures(figures, 10_000)[0] and not probe.compile_from_figures(figures, 1_000)[0]
+
+
+def test_compile_is_probed_in_the_precision_chosen_on_new_copies_and_a_compile_that_fails_is_off():
+    seconds = {"fp32": 0.030, "bf16-mixed": 0.020, "bf16-mixed compiled": 0.010, "fp32 compiled": 0.015}
+    built: list[str] = []
+
+    def make(fail_at):
+        def arm(key):
+            built.append(key)
+            return _FakeArm(key, seconds, fail_at)
+        return arm
+    # Long enough that 5 % holds a compile (30 ms x 20,000 steps: 30 s).
+    probed = probe.run_probe("fp32", ["bf16-mixed"], make({}), 20_000, 0.05, compile_asked=True)
+    assert probed.precision.value == "bf16-mixed" and probed.compile.value is True
+    assert probed.compile.figures["policy"] == "bf16-mixed" and probed.compile.why.startswith("probed: compiled 2.00x")
+    # The eager step it was measured against trained from step 0 too (two new bf16 copies).
+    assert built == ["fp32", "fp32", "bf16-mixed", "bf16-mixed", "bf16-mixed", "bf16-mixed compiled"]
+    # With the precision named (no candidates), the reference's own copies are the eager side.
+    built.clear()
+    alone = probe.run_probe("fp32", [], make({}), 20_000, 0.05, compile_asked=True)
+    assert alone.precision is None and alone.compile.value is True and built == ["fp32", "fp32", "fp32 compiled"]
+    failed = probe.run_probe("fp32", [], make({"fp32 compiled": 1}), 20_000, 0.05, compile_asked=True).compile
+    assert failed.value is False and failed.why.startswith("probed, off: compiling failed: RuntimeError")
+    # A run whose 5 % cannot hold a compile: not probed, and said why; the precision still is.
+    short = probe.run_probe("fp32", ["bf16-mixed"], make({}), 5_000, 0.05, compile_asked=True)
+    assert short.precision.value == "bf16-mixed" and short.compile.value is False
+    assert short.compile.why.startswith("not probed: the probe's 8 s (5% of the run's predicted 150 s) cannot hold "
+                                        "a compile")
+    assert short.cache_entry("fp32") is None     # a question left open: asked again by the next run
 
 
 USER_CODE = """
@@ -224,7 +278,8 @@ class Net(nn.Module):
 @pytest.mark.usefixtures("processes")
 def test_a_users_own_model_and_torch_dataset_are_probed_through_their_loader(tmp_path):
     """The user's nn.Module and torch Dataset, read by a DataLoader with a worker: the copies read
-    the user's batches, end their workers, and the run trains in what the probe chose."""
+    the user's batches, end their workers, and the run trains in what the probe chose, compiled or
+    not (a real compile, measured in the precision chosen)."""
     from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
     from tests.processes import run
     if not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS:
@@ -232,9 +287,16 @@ def test_a_users_own_model_and_torch_dataset_are_probed_through_their_loader(tmp
     (tmp_path / "mine.py").write_text(USER_CODE)
     done = run(["train", "--model", "mine:Net", "--data", "mine:splits", "--epochs", "2", "--batch-size", "64",
                 "--num-workers", "1", "--probe-share", "1", "--no-progress", "--run-dir", "r"], tmp_path,
-               XDG_CACHE_HOME=str(tmp_path / "cache"))
+               XDG_CACHE_HOME=str(tmp_path / "cache"), timeout=300,
+               # Started from the rig's fork server, a compile beside a DataLoader worker hung (the
+               # same command from a shell takes 15 s): a cold interpreter, as a user's is.
+               cold=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     line = _settings_line(done.stdout)
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert "(auto: probed" in line and summary["probe_s"] > 0, line
     assert line.startswith(f"settings: precision {summary['precision']} ")
+    # Compile, not named, was measured too (in the precision chosen), and the run did what it chose.
+    compiled = "compile on (auto: probed: compiled" in line
+    assert compiled or "compile off (auto: probed, off: compiled" in line, line
+    assert summary["compile"] is compiled

@@ -60,10 +60,10 @@ from scaletrain.tracking.loggers import build_trackers, check_trackers
 from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.training.build import task_for
-from scaletrain.training.defaults import Setting, describe_settings, settle_precision_here
+from scaletrain.training.defaults import Setting, choose_compile, describe_settings, settle_precision_here
 from scaletrain.training.device_rules import device_problem
 from scaletrain.training.preflight import settle_model_optimizer
-from scaletrain.training.probe import probed_precision
+from scaletrain.training.probe import probed_settings
 from scaletrain.user_code.trust import code_names
 
 SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)
@@ -115,7 +115,9 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     # `--precision auto` becomes the device's policy in the configuration the run saves, so a
     # resume (or another host of the job, which adopts the chief's) runs the same one.
     precision = settle_precision_here(cfg)
-    return RunRequest(cfg, folders, [precision] if precision.why else [])
+    compiling = choose_compile(cfg.compile)     # (the probe may turn it on: start_run)
+    cfg.compile = compiling.value
+    return RunRequest(cfg, folders, [s for s in (precision, compiling) if s.why])
 
 
 def agree_on_plan(cfg: TrainConfig, env, strategy) -> tuple[RunPlan, TrainConfig]:
@@ -161,16 +163,11 @@ def _probe(settings: list[Setting], cfg: TrainConfig, dataset, task, plan: RunPl
     A resumed run keeps its recorded choice (its configuration names it: nothing is `auto`)."""
     if plan.mode == "resume":
         return settings, 0.0
-    out, seconds = [], 0.0
-    for setting in settings:
-        if setting.name == "precision" and setting.why and strategy.world_size > 1:
-            setting = Setting("precision", setting.value, f"{setting.why}; not probed: {strategy.world_size} "
-                                                          "processes (a probe measures one)")
-        elif setting.name == "precision":
-            setting, seconds = probed_precision(cfg, dataset, task, setting, plan.run_id, strategy.device,
-                                                lambda line: console.print(line, soft_wrap=True))
-        out.append(setting)
-    return out, seconds
+    if strategy.world_size > 1:
+        return [Setting(s.name, s.value, f"{s.why}; not probed: {strategy.world_size} processes (a probe measures "
+                                         "one)") for s in settings], 0.0
+    return probed_settings(cfg, dataset, task, settings, plan.run_id, strategy.device,
+                           lambda line: console.print(line, soft_wrap=True))
 
 
 class Run:

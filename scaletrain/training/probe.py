@@ -23,21 +23,17 @@ so the next run of the same model starts at once.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from scaletrain.errors import UserError
-from scaletrain.files import read_json, user_cache_dir
 from scaletrain.inputs import tensors
 from scaletrain.precision.hardware import CPU_BF16_FLAGS, NATIVE_BF16, DeviceFacts
 from scaletrain.training.defaults import Setting
+from scaletrain.training.probe_cache import cache_key, cached_entry, remember
 from scaletrain.training.rounds import (
     AGAIN,
     LOSS_TOLERANCE,
@@ -57,6 +53,13 @@ MIN_WINDOW_STEPS = 2
 WARMUP_STEPS = 2      # per arm, untimed: allocation and kernel selection (the second one times the reference)
 MAX_WINDOW_STEPS = 50
 MAX_ARM_STEPS = WARMUP_STEPS + MAX_ROUNDS * MAX_WINDOW_STEPS
+# Compile, measured in the precision chosen: its arm's key beside the eager step's. A compile is
+# probed only where the budget left holds COMPILE_FLOOR_S (the default recipe's 1-D CNN compiled
+# cold in 20 s on a 2-core EPYC; inductor's cache made the second 4 s: BENCHMARKS.md), and chosen
+# only where the steps it saves come to COMPILE_MARGIN times what compiling took.
+COMPILED = "compiled"
+COMPILE_FLOOR_S = 20.0
+COMPILE_MARGIN = 2.0
 
 
 def precision_candidates(facts: DeviceFacts, reference: str) -> list[str]:
@@ -73,15 +76,39 @@ def precision_candidates(facts: DeviceFacts, reference: str) -> list[str]:
 
 @dataclass
 class Decision:
-    """What the probe chose, why (the start line's words) and its figures (the run's record)."""
-    policy: str
+    """One setting's choice: its value (a precision's name; compile on or off), why (the start
+    line's words) and the figures measured for it (the run's record)."""
+    value: object
     why: str
     figures: dict = field(default_factory=dict)
-    seconds: float = 0.0         # what probing cost this run (0 for a cached or unprobed decision)
 
     @property
     def measured(self) -> bool:
         return bool(self.figures.get("rounds"))
+
+
+@dataclass
+class Probed:
+    """What a probe decided: the precision (None where it was not a question: named, or nothing
+    else native here), compile (None where named) and the seconds it took."""
+    precision: Decision | None
+    compile: Decision | None
+    seconds: float = 0.0
+
+    def decided(self) -> dict[str, tuple[object, str, dict | None]]:
+        """Each question's (value, why, figures) for the run's settings."""
+        return {name: (d.value, f"auto: {d.why}", d.figures or None)
+                for name, d in (("precision", self.precision), ("compile", self.compile)) if d is not None}
+
+    def cache_entry(self, reference: str) -> dict | None:
+        """What the cache keeps of it, or None where a question asked was not measured (a compile
+        that did not fit this run's budget is asked again by a longer run)."""
+        if not all(d.measured for d in (self.precision, self.compile) if d is not None):
+            return None
+        precision = self.precision
+        return {"policy": precision.value if precision else reference, "why": precision.why if precision else None,
+                "figures": precision.figures if precision else None,
+                "compile": self.compile.figures if self.compile else None}
 
 
 def probe_cost_steps(arms: int, rounds: int = MIN_ROUNDS, window: int = MIN_WINDOW_STEPS) -> int:
@@ -197,23 +224,68 @@ def decide(reference: str, found: dict[str, Confirmation], losses: dict[str, lis
     return reference, f"probed, {reference} kept" + (": " + "; ".join(best_why) if best_why else ""), figures
 
 
+def decide_compile(policy: str, conf: Confirmation, departure: float | None, compile_s: float, step_s: float,
+                   run_steps: int) -> tuple[bool, str, dict]:
+    """Compile on or off from its rounds against the eager step in `policy`: it must win (rounds.py),
+    keep its loss, and repay its compile: the steps it saves over the run's `run_steps` must come to
+    COMPILE_MARGIN times the compile's measured seconds. (The measured compile is a cold one; the run's
+    own reads inductor's cache that the probe filled, so the rule errs towards eager.)"""
+    tol = tolerance(policy, policy)
+    saved = run_steps * step_s * (1 - 1 / conf.median) if conf.ratios and conf.median > 0 else 0.0
+    figures = {"ratios": conf.ratios, "noise": {"ratios": list(conf.noise.ratios) if conf.noise else [],
+                                                 "band": conf.band},
+               "rounds_beyond_noise": conf.rounds_beyond_noise, "loss_departure": departure, "loss_tolerance": tol,
+               "compile_s": compile_s, "step_s": step_s, "run_steps": run_steps, "saved_s": saved,
+               "rounds": len(conf.ratios), "policy": policy}
+    if not conf.ratios:
+        return False, "probed, off: no round measured", figures
+    head = f"compiled {conf.median:.2f}x eager ({conf.low:.2f}-{conf.high:.2f})"
+    if not within_tolerance(departure, tol):
+        return False, (f"probed, off: {head}, refused: loss departs {departure:.1%} (tolerance {tol:.0%})"
+                       if departure is not None else f"probed, off: {head}, refused: no loss to compare"), figures
+    if conf.slower:
+        return False, f"probed, off: {head}, slower in every round", figures
+    if not conf.wins:
+        return False, (f"probed, off: {head}, inconclusive: beyond the noise (±{conf.band:.0%}) in "
+                       f"{conf.rounds_beyond_noise} of {len(conf.ratios)} rounds, {conf.required_rounds} needed"), figures
+    if saved < COMPILE_MARGIN * compile_s:
+        return False, (f"probed, off: {head}, but its {compile_s:.0f} s compile would save {saved:.0f} s over "
+                       f"{run_steps:,} steps ({COMPILE_MARGIN:g}x its cost needed)"), figures
+    repaid = f"its {compile_s:.0f} s compile repaid {saved / compile_s:.1f}x" if compile_s >= 0.5 else "compiled from the cache"
+    return True, (f"probed: {head}, loss within {departure:.2%}, {repaid} over {run_steps:,} steps, "
+                  f"noise ±{conf.band:.0%}, {len(conf.ratios)} rounds"), figures
+
+
+def compile_from_figures(figures: dict, run_steps: int) -> tuple[bool, str, dict]:
+    """A kept compile decision's figures judged again for this run's length (a decision cached
+    from a longer run may not repay on a shorter one)."""
+    noise = Confirmation(AGAIN, [float(r) for r in figures["noise"]["ratios"]])
+    conf = Confirmation(COMPILED, [float(r) for r in figures["ratios"]], noise=noise)
+    return decide_compile(str(figures["policy"]), conf, figures.get("loss_departure"), float(figures["compile_s"]),
+                          float(figures["step_s"]), run_steps)
+
+
 def run_probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm], run_steps: int,
-              share: float) -> Decision:
-    """Measures `reference` (two copies) and `candidates` on their own arms, interleaved, within
-    the budget; returns the decision. `make_arm(policy)` builds a copy of the run in that policy."""
+              share: float, compile_asked: bool = False) -> Probed:
+    """Measures `reference` (two copies) against the precision `candidates`, then (`compile_asked`)
+    the compiled step against the eager one in the precision chosen, each on its own arm, interleaved,
+    within the budget. `make_arm(key)` builds a copy of the run: `key` is a precision's name, with
+    " compiled" after it for the compiled copy."""
     started = time.perf_counter()
     arms: dict[str, Arm] = {}
     try:
-        return _probe(reference, candidates, make_arm, run_steps, share, arms, started)
+        return _probe(reference, candidates, make_arm, run_steps, share, compile_asked, arms)
     except Exception as exc:    # noqa: BLE001 - the run's own step raises it again, with its context
-        return Decision(reference, f"not probed: the step failed on a copy of the run ({_first_line(exc)})",
-                        {}, time.perf_counter() - started)
+        why = f"not probed: the step failed on a copy of the run ({_first_line(exc)})"
+        return Probed(Decision(reference, why) if candidates else None, Decision(False, why) if compile_asked else None,
+                      time.perf_counter() - started)
     finally:
         for arm in arms.values():
             arm.close()
         arms.clear()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()     # the copies' memory back before the run's own build
+        # (the seconds of a probe that returned are set by _probe, from the same start)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -222,8 +294,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm], run_steps: int, share: float,
-           arms: dict[str, Arm], started: float) -> Decision:
+           compile_asked: bool, arms: dict[str, Arm]) -> Probed:
     """run_probe's measuring, into `arms` (which run_probe closes)."""
+    started = time.perf_counter()
     # The reference's two copies first (the first build pays the process's one-time costs, which
     # the run's own build then does not): the second's build and warm-up say what an arm costs to
     # set up, and a warm step predicts the run; the others are built only where the probe fits.
@@ -235,18 +308,64 @@ def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm]
     setup_s = time.perf_counter() - built
     step_s, _ = arms[reference].window(1)
     predicted = step_s * run_steps
-    budget = budget_s(predicted, share)
-    count = 2 + len(candidates)
-    smallest = setup_s * (count - 2) + step_s * count * MIN_ROUNDS * MIN_WINDOW_STEPS
     # The budget is the probe's own cost: from the reference's first copy on (its build and first
     # step paid the process's one-time costs, imports and kernel selection, which the run's own
     # build would otherwise pay; `seconds` reports them all the same).
+    budget = budget_s(predicted, share)
+    count = 2 + len(candidates) + (1 if compile_asked else 0)
+    smallest = setup_s * (count - 2) + step_s * count * MIN_ROUNDS * MIN_WINDOW_STEPS
+    spent = time.perf_counter() - built
     if share >= 1:     # measure whatever it costs (within the cap)
-        budget = max(budget, min(smallest + (time.perf_counter() - built), PROBE_CAP_S))
-    elif smallest > budget - (time.perf_counter() - built):
-        return Decision(reference, f"not probed: this run is predicted to take {predicted:.1f} s, and a probe "
-                                   f"would take over {share:.0%} of it ({smallest:.1f} s more)",
-                        {"predicted_s": predicted}, time.perf_counter() - started)
+        budget = max(budget, min(smallest + spent + (COMPILE_FLOOR_S if compile_asked else 0), PROBE_CAP_S))
+    elif smallest > budget - spent:
+        why = (f"not probed: this run is predicted to take {predicted:.1f} s, and a probe would take over "
+               f"{share:.0%} of it ({smallest:.1f} s more)")
+        return Probed(Decision(reference, why, {"predicted_s": predicted}) if candidates else None,
+                      Decision(False, why) if compile_asked else None, time.perf_counter() - started)
+    deadline = built + budget
+    # A compile is measured after the precisions, in their choice, where the budget holds one
+    # (COMPILE_FLOOR_S) and its own smallest rounds beside the precisions' smallest; the
+    # precisions' rounds then leave it that much. Otherwise they take the whole budget.
+    compile_reserve = COMPILE_FLOOR_S + step_s * 3 * MIN_ROUNDS * MIN_WINDOW_STEPS
+    compile_fits = share >= 1 or budget - spent - (smallest if candidates else 0.0) >= compile_reserve
+    precision = None
+    if candidates:
+        precision = _precision_stage(reference, candidates, make_arm, arms, step_s,
+                                     deadline - (compile_reserve if compile_asked and compile_fits else 0.0))
+        precision.figures.update(predicted_s=predicted, step_s=step_s)
+    compiled = None
+    if compile_asked and not compile_fits:
+        compiled = Decision(False, f"not probed: the probe's {budget:.0f} s ({share:.0%} of the run's predicted "
+                                   f"{predicted:.0f} s) cannot hold a compile ({COMPILE_FLOOR_S:.0f} s or more here)")
+    elif compile_asked:
+        policy = precision.value if precision is not None else reference
+        compiled = _compile_stage(policy, reference, make_arm, arms, run_steps, step_s, setup_s, deadline)
+    return Probed(precision, compiled, time.perf_counter() - started)
+
+
+def _window_measure(arms: dict[str, Arm], window: int, losses: dict[str, list[float]],
+                    failed: dict[str, str], seconds: dict[str, list[float]] | None = None):
+    """confirm()'s measure over `arms` (keyed as confirm names them): samples/s of one window, its
+    mean loss into `losses`; an arm that raises is dropped (its failure into `failed`)."""
+    def measure(key: str, number: int) -> Measured | None:
+        if key in failed:
+            return None
+        try:
+            took, loss = arms[key].window(window)
+        except Exception as exc:   # noqa: BLE001 - mid-probe: this arm's rounds are dropped
+            failed[key] = _first_line(exc)
+            return None
+        losses.setdefault(key, []).append(loss)
+        if seconds is not None:
+            seconds.setdefault(key, []).append(took / window)
+        return Measured(window / took)
+    return measure
+
+
+def _precision_stage(reference: str, candidates: list[str], make_arm: Callable[[str], Arm], arms: dict[str, Arm],
+                     step_s: float, deadline: float) -> Decision:
+    """The precisions' rounds: the reference (and its second copy, in `arms` already) against each
+    candidate built here; a candidate that cannot be built or fails is named, never chosen."""
     failed: dict[str, str] = {}     # a candidate this model cannot train in (an op without a kernel)
     for name in candidates:
         try:
@@ -256,36 +375,71 @@ def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm]
             failed[name] = _first_line(exc)
             arms.pop(name, None)
     running = [name for name in candidates if name not in failed]
-    plan = plan_windows(step_s, len(arms), budget - (time.perf_counter() - built))
+    keys = [reference, AGAIN, *running]
+    plan = plan_windows(step_s, len(keys), deadline - time.perf_counter())
     rounds, window = plan if plan is not None else (MIN_ROUNDS, MIN_WINDOW_STEPS)
-    losses: dict[str, list[float]] = {name: [] for name in arms}
-
-    def measure(key: str, number: int) -> Measured | None:
-        if key in failed:
-            return None
-        try:
-            seconds, loss = arms[key].window(window)
-        except Exception as exc:   # noqa: BLE001 - mid-probe: this arm's rounds are dropped
-            failed[key] = _first_line(exc)
-            return None
-        losses[key].append(loss)
-        return Measured(window / seconds)
-
+    losses: dict[str, list[float]] = {}
+    measure = _window_measure({k: arms[k] for k in keys}, window, losses, failed)
     found = confirm(reference, running, rounds, measure, lambda v, b: v / b) if running else {}
     # A candidate that failed in a later round is not chosen on the rounds before it.
     policy, why, figures = decide(reference, {k: v for k, v in found.items() if k not in failed}, losses)
     if failed:
         why += "; " + "; ".join(f"{name} failed: {line}" for name, line in failed.items())
         figures["failed"] = failed
-    figures.update(rounds=rounds, window_steps=window, predicted_s=predicted, step_s=step_s)
-    return Decision(policy, why, figures, time.perf_counter() - started)
+    figures.update(rounds=rounds, window_steps=window)
+    return Decision(policy, why, figures)
 
 
-def probe_config(cfg, policy: str, threads: int):
-    """A copy of the run's configuration for one arm: `policy`, the run's thread count, nothing
-    recorded, no checkpoints."""
+def _compile_stage(policy: str, reference: str, make_arm: Callable[[str], Arm], arms: dict[str, Arm],
+                   run_steps: int, step_s: float, setup_s: float, deadline: float) -> Decision:
+    """The compiled step against the eager one in `policy` (the precision chosen), with the eager
+    step's second copy as the noise; on only where decide_compile says it repays."""
+    eager, eager_again = reference, AGAIN
+    if any(key not in (reference, AGAIN) for key in arms):
+        # The precisions' rounds trained their copies on: the loss check compares the same steps, so
+        # the eager step and its noise are measured on new copies too (the old ones' memory first).
+        for key in list(arms):
+            arms.pop(key).close()
+        eager, eager_again = policy, f"{policy} again"
+        built = time.perf_counter()
+        arms[eager] = make_arm(policy)
+        arms[eager].window(WARMUP_STEPS)
+        setup_s = time.perf_counter() - built
+        arms[eager_again] = make_arm(policy)
+        arms[eager_again].window(WARMUP_STEPS)
+    start = time.perf_counter()
+    try:
+        arms[COMPILED] = make_arm(f"{policy} {COMPILED}")
+        arms[COMPILED].window(WARMUP_STEPS)    # the first steps compile (a second graph for the second)
+    except Exception as exc:   # noqa: BLE001 - compiling's failure, not the run's: it trains eager
+        arms.pop(COMPILED, None)
+        return Decision(False, f"probed, off: compiling failed: {_first_line(exc)}", {"failed": _first_line(exc)})
+    # What compiling cost beyond an eager copy's build and warm-up.
+    compile_s = max(time.perf_counter() - start - setup_s, 0.0)
+    plan = plan_windows(step_s, 3, deadline - time.perf_counter())
+    rounds, window = plan if plan is not None else (MIN_ROUNDS, MIN_WINDOW_STEPS)
+    losses: dict[str, list[float]] = {}
+    seconds: dict[str, list[float]] = {}
+    failed: dict[str, str] = {}
+    measure = _window_measure({policy: arms[eager], AGAIN: arms[eager_again], COMPILED: arms[COMPILED]},
+                              window, losses, failed, seconds)
+    conf = confirm(policy, [COMPILED], rounds, measure, lambda v, b: v / b)[COMPILED]
+    if COMPILED in failed:
+        return Decision(False, f"probed, off: the compiled step failed: {failed[COMPILED]}", {"failed": failed[COMPILED]})
+    eager_step = statistics.median(seconds[policy]) if seconds.get(policy) else step_s
+    on, why, figures = decide_compile(policy, conf, loss_departure(losses.get(COMPILED, []), losses.get(policy, [])),
+                                      compile_s, eager_step, run_steps)
+    figures["window_steps"] = window
+    return Decision(on, why, figures)
+
+
+def probe_config(cfg, key: str, threads: int):
+    """A copy of the run's configuration for one arm: `key`'s precision (and compile where it says
+    " compiled"), the run's thread count, nothing recorded, no checkpoints."""
+    policy, _, compiled = key.partition(" ")
     out = copy.deepcopy(cfg)
     out.precision.policy = policy
+    out.compile = compiled == COMPILED
     out.tracking.record = False
     out.progress = False
     out.checkpoint.every = 0
@@ -293,102 +447,95 @@ def probe_config(cfg, policy: str, threads: int):
     return out
 
 
-# ------------------------------------------------------------------ remembered decisions
-CACHE_FILE = "probe-decisions.json"
-CACHE_ENTRIES = 200      # the newest kept: one per model and machine a user trains
-
-
-def cache_key(model: torch.nn.Module, example: torch.Tensor, batch: int, device_name: str, threads: int,
-              candidates: list[str]) -> str:
-    """What a decision holds for: the model's structure (its modules and their shapes, as repr
-    prints them), the input's shape and dtype, the batch, the device, the thread count, the
-    candidates and torch's version."""
-    parts = {"structure": hashlib.sha256(repr(model).encode()).hexdigest(),
-             "input": [list(example.shape[1:]), str(example.dtype)], "batch": batch, "device": device_name,
-             "threads": threads, "candidates": candidates, "torch": torch.__version__}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _cache_path() -> Path:
-    return user_cache_dir() / CACHE_FILE
-
-
-def cached_decision(key: str) -> dict | None:
-    """The decision kept under `key`, or None (none kept, or a file that is not ours: ignored)."""
-    path = _cache_path()
-    if not path.exists():
-        return None
-    try:
-        entries = read_json(path, "the probe's cache")
-    except UserError:
-        return None
-    entry = entries.get(key)
-    return entry if isinstance(entry, dict) and isinstance(entry.get("policy"), str) else None
-
-
-def remember(key: str, decision: Decision, run_id: str) -> None:
-    """Keeps a measured decision for the next run of the same model here (best effort: a cache
-    that cannot be written costs the next run a probe, never this one its training)."""
-    path = _cache_path()
-    try:
-        entries = read_json(path, "the probe's cache") if path.exists() else {}
-    except UserError:
-        entries = {}
-    entries[key] = {"policy": decision.policy, "why": decision.why, "run_id": run_id, "time": time.time(),
-                    "figures": decision.figures}
-    entries = dict(sorted(entries.items(), key=lambda kv: kv[1].get("time", 0))[-CACHE_ENTRIES:])
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries))
-        tmp.replace(path)
-    except OSError:
-        pass
-
-
 # ------------------------------------------------------------------ the run's decision
-def probed_precision(cfg, dataset, task, setting: Setting, run_id: str, device: torch.device,
-                     say: Callable[[str], None] = print) -> tuple[Setting, float]:
-    """The run's precision Setting where `--precision auto` chose it (`setting.why` set): kept by
-    the rule where the probe does not apply or does not pay, else measured (or read from the
-    cache); writes the choice into `cfg`. Returns the Setting and the seconds probing took."""
+def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, device: torch.device,
+                    say: Callable[[str], None] = print) -> tuple[list[Setting], float]:
+    """`settings` with the ones `auto` chose by rule (precision, compile: `why` set) measured on
+    the run's own step where that applies and pays (or read from the cache); writes the choices
+    into `cfg`. Returns the settings and the seconds probing took."""
     from scaletrain.precision.hardware import device_facts
     from scaletrain.training.build import build_training, set_thread_pools
-    if setting.why is None or not cfg.probe or setting.name != "precision":
-        return setting, 0.0
-    reference = setting.value
+    chosen = {s.name: s for s in settings if s.why is not None}
+    precision, compiling = chosen.get("precision"), chosen.get("compile")
+    if not cfg.probe or (precision is None and compiling is None):
+        return settings, 0.0
     facts = device_facts(device)
-    candidates = precision_candidates(facts, reference)
-    if not candidates:
-        return setting, 0.0
+    if facts.kind not in ("cpu", "cuda"):    # an XLA device compiles each shape: a few steps measure its compiler
+        return settings, 0.0
+    reference = cfg.precision.policy
+    candidates = precision_candidates(facts, reference) if precision is not None else []
+    compile_asked = compiling is not None
+    if not candidates and not compile_asked:
+        return settings, 0.0
     batch = cfg.per_replica_batch_size or cfg.batch_size
-    rule = setting.why.removeprefix("auto: ")
+    out = {s.name: s for s in settings}
+
+    def settled(decided: dict[str, tuple[object, str, dict | None]]) -> list[Setting]:
+        for name, (value, why, figures) in decided.items():
+            out[name] = Setting(name, value, why, figures)
+        if "precision" in out:
+            cfg.precision.policy = out["precision"].value
+        if "compile" in out:
+            cfg.compile = bool(out["compile"].value)
+        return list(out.values())
+
+    def unprobed(reason: str) -> list[Setting]:
+        # (a precision with nothing to measure against keeps its rule's words)
+        # (and compile, beside a precision that says it in full, its first words)
+        return settled({s.name: (s.value, f"{s.why}; {reason.split(' (')[0] if candidates and s is compiling else reason}",
+                                 None)
+                        for s in (precision, compiling) if s is not None and (s is compiling or candidates)})
     try:
         run_steps = max(len(dataset.train) // max(batch, 1), 1) * cfg.epochs
     except TypeError:     # a stream of unknown length: nothing predicts the run, nothing bounds a probe
-        return Setting("precision", reference, f"auto: {rule}; not probed: the data's length is unknown"), 0.0
-    short = too_short(run_steps, 2 + len(candidates), cfg.probe_share)
+        return unprobed("not probed: the data's length is unknown"), 0.0
+    arms = 2 + len(candidates) + (1 if compile_asked else 0)
+    short = too_short(run_steps, arms, cfg.probe_share)
     if short:    # decided from the step count: no step taken, no look at the load
-        return Setting("precision", reference, f"auto: {rule}; {short}"), 0.0
+        return unprobed(short), 0.0
     threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
-    key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, [reference, *candidates])
-    kept = cached_decision(key) if key else None
-    # A cache file is the user's file: only a precision this run could have chosen is taken from it.
-    if kept is not None and kept["policy"] in (reference, *candidates):
-        cfg.precision.policy = kept["policy"]
-        return Setting("precision", kept["policy"], f"cached from run {kept['run_id']}: {kept['why']}",
-                       kept.get("figures")), 0.0
+    questions = [reference, *candidates, *([COMPILED] if compile_asked else [])]
+    key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, questions)
+    kept = _from_cache(key, reference, candidates, compile_asked, run_steps) if key else None
+    if kept is not None:
+        return settled(kept), 0.0
 
-    def make_arm(policy: str) -> Arm:
-        return Arm(build_training(probe_config(cfg, policy, threads), dataset=dataset, task=task,
+    def make_arm(arm_key: str) -> Arm:
+        return Arm(build_training(probe_config(cfg, arm_key, threads), dataset=dataset, task=task,
                                   checked=True).trainer, dataset)
-    say(f"probing the precision on copies of this run's step: {', '.join([reference, *candidates])}, at most "
-        f"{cfg.probe_share:.0%} of the run's time (--no-probe: the rule alone)")
-    decision = run_probe(reference, candidates, make_arm, run_steps, cfg.probe_share)
-    cfg.precision.policy = decision.policy
-    if decision.measured and key:
-        remember(key, decision, run_id)
-    return Setting("precision", decision.policy, f"auto: {decision.why}", decision.figures), decision.seconds
+    asked = ", ".join([*([reference, *candidates] if candidates else []), *(["compile"] if compile_asked else [])])
+    say(f"probing {asked} on copies of this run's step, at most {cfg.probe_share:.0%} of the run's time "
+        "(--no-probe: the rules alone)")
+    probed = run_probe(reference, candidates, make_arm, run_steps, cfg.probe_share, compile_asked)
+    entry = probed.cache_entry(reference)
+    if key and entry is not None:
+        remember(key, entry, run_id)
+    return settled(probed.decided()), probed.seconds
+
+
+def _from_cache(key: str, reference: str, candidates: list[str], compile_asked: bool,
+                run_steps: int) -> dict[str, tuple[object, str, dict | None]] | None:
+    """The kept decisions for this key as this run's settings, or None (a miss). The cache file is
+    the user's: only a precision this run could have chosen is taken from it, and a kept compile
+    is judged again for this run's length."""
+    kept = cached_entry(key)
+    if kept is None:
+        return None
+    out: dict[str, tuple[object, str, dict | None]] = {}
+    where = f"cached from run {kept['run_id']}"
+    if candidates:
+        if kept.get("policy") not in (reference, *candidates) or not isinstance(kept.get("why"), str):
+            return None
+        out["precision"] = (kept["policy"], f"{where}: {kept['why']}", kept.get("figures"))
+    if compile_asked:
+        try:
+            on, why, figures = compile_from_figures(kept["compile"], run_steps)
+        except (KeyError, TypeError, ValueError):     # an entry without it, or edited: measured again
+            return None
+        if figures["policy"] != (kept["policy"] if candidates else reference):
+            return None
+        out["compile"] = (on, f"{where}: {why}", figures)
+    return out
 
 
 def _key(cfg, dataset, batch: int, device: str, threads: int, candidates: list[str]) -> str | None:

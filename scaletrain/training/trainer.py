@@ -44,6 +44,7 @@ from scaletrain.training.counters import DeviceCounters
 from scaletrain.training.defaults import (
     Setting,
     choose_channels_last,
+    choose_compile,
     choose_cudnn_benchmark,
     fixed_batch_shapes,
     has_2d_convolutions,
@@ -114,7 +115,8 @@ class Trainer:
         facts = device_facts(self.device)
         cfg.precision.policy, why = settle_precision(cfg.precision.policy, facts)
         self.settings = [Setting("precision", cfg.precision.policy, why),
-                         choose_channels_last(cfg.channels_last, self.device, has_2d_convolutions(model))]
+                         choose_channels_last(cfg.channels_last, self.device, has_2d_convolutions(model)),
+                         choose_compile(cfg.compile)]
         self.policy = get_policy(cfg.precision.policy)
         self.policy.configure_backend()
         torch.manual_seed(cfg.seed)

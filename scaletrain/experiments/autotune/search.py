@@ -58,7 +58,7 @@ from scaletrain.experiments.study import (
 from scaletrain.experiments.sweep import scaled_lr
 from scaletrain.memory.units import format_bytes
 from scaletrain.tracking.store import RunStore
-from scaletrain.training.defaults import choose_channels_last, settle_precision_here
+from scaletrain.training.defaults import choose_channels_last, choose_compile, settle_precision_here
 from scaletrain.training.rounds import AGAIN, Confirmation
 from scaletrain.training.threads import choose_threads
 
@@ -102,6 +102,7 @@ class AutoTuner:
         settle_precision_here(base)
         facts = model_facts(base, shape, outputs)
         base.channels_last = choose_channels_last(base.channels_last, self.device, facts.convolutions_2d).value
+        base.compile = choose_compile(base.compile).value
         knobs = system_knobs(base, self.device, facts, streamed)
         if settings.objective is TIME_TO_TARGET:    # what changes the steps needed, not only their speed
             sizes = [b for b in (base.batch_size // 2, base.batch_size * 2) if 8 <= b <= self.train_samples // 4]
