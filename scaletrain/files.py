@@ -25,6 +25,14 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaletrain"
 
 
+def keep_compiled_artifacts() -> None:
+    """torch.compile's compiled graphs kept in the user's cache folder (`<user_cache_dir>/inductor`)
+    rather than inductor's default under /tmp, which a reboot empties: the next run of the same
+    model compiles from them (benchmarks/compile_cache.py). Said before torch first asks for its
+    folder (it fixes it then, even a meta build asks); a TORCHINDUCTOR_CACHE_DIR the user set is kept."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "inductor"))
+
+
 def nesting_depth(value: Any) -> int:
     """How deeply lists and objects nest in `value` (0: a scalar), counted without recursion."""
     deepest, todo = 0, [(value, 1)]

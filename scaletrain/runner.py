@@ -15,6 +15,7 @@ from scaletrain.console import make_console
 from scaletrain.distributed import build_strategy, dist_env
 from scaletrain.distributed.capabilities import Serving
 from scaletrain.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, UserError
+from scaletrain.files import keep_compiled_artifacts
 from scaletrain.lifecycle.run import RunRequest, settle_config, start_run
 from scaletrain.summary import RunSummary
 from scaletrain.training import Trainer, build_training
@@ -26,6 +27,7 @@ def run_training(cfg: TrainConfig | RunRequest, console: Console | None = None,
     (`settle_config`). `callbacks`: extra callbacks, on every rank (a tuner's pruning callback,
     whose stop every rank must take: it asks the chief and follows its answer).
     A process that serves rather than trains (a parameter server) returns (None, None)."""
+    keep_compiled_artifacts()     # (a no-op after the CLI's; first for the Python API)
     env = dist_env()
     request = cfg if isinstance(cfg, RunRequest) else settle_config(cfg, env)
     strategy = build_strategy(request.config.distributed, env)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 
@@ -348,3 +349,14 @@ def test_denormals_are_flushed_on_every_thread_the_trainer_computes_on(tmp_path,
     assert setting.value == ("flushed" if flush else "kept")
     from scaletrain.training.denormals import flush_denormals
     flush_denormals(False)      # PyTorch's own default again, for the tests after this one
+
+
+def test_compiled_graphs_are_kept_in_the_users_cache_folder_unless_the_user_named_one(tmp_path, monkeypatch):
+    from scaletrain.files import keep_compiled_artifacts
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    keep_compiled_artifacts()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "scaletrain" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/theirs")
+    keep_compiled_artifacts()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/theirs"

@@ -29,6 +29,7 @@ from scaletrain.errors import (
     UserError,
     WriteFailed,
 )
+from scaletrain.files import keep_compiled_artifacts
 from scaletrain.lifecycle import stops
 from scaletrain.training import threads
 from scaletrain.user_code.failures import user_failure
@@ -210,6 +211,7 @@ def _main(argv: list[str], named: str) -> int:
         # import) ends them in one line too.
         threads.mark_start()
         threads.check_omp_num_threads()     # before torch, whose OpenMP reads it as it loads
+        keep_compiled_artifacts()           # before torch fixes its compile cache's folder
         # A flag's own check (cli/flags.py) raises a ConfigError while parsing: one line, exit 2.
         args = build_parser(only=named).parse_args(argv)
         command = next(c for c in COMMANDS if c.name == args.command)

@@ -59,7 +59,7 @@ def settle_precision_here(cfg) -> Setting:
 def choose_compile(given: bool | None) -> Setting:
     """`--compile` as given, or (None) off: compiling pays only where a run's steps repay its
     compile time, which the probe (probe.py) measures on the run's own step where the run is long
-    enough (the default recipe's 1-D CNN compiled in 20 s for a 1.04x step on a 2-core CPU)."""
+    enough (the default recipe's 1-D CNN compiled in 19 s cold for a 1.04-1.20x step on a 2-core CPU)."""
     if given is not None:
         return Setting("compile", given, None)
     return Setting("compile", False, "auto: eager unless measured to repay its compile")

@@ -19,6 +19,7 @@ from torch import nn
 
 from scaletrain.distributed.capabilities import CostBalancing
 from scaletrain.distributed.strategies.base import Strategy
+from scaletrain.files import keep_compiled_artifacts
 from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
 from scaletrain.precision import PrecisionPolicy
 from scaletrain.training.preflight import layer_costs_of
@@ -46,6 +47,9 @@ def parallelize(model: nn.Module, cfg, strategy: Strategy, policy: PrecisionPoli
         model = model.to(memory_format=torch.channels_last)
     blocks = (apply_activation_checkpointing(model, cfg.memory.block_classes)
               if cfg.memory.activation_checkpointing else [])
+    if cfg.compile:    # (the CLI and run_training said it first: torch may ask for the folder early)
+        keep_compiled_artifacts()
     compile_fn = (lambda m: torch.compile(m, mode=cfg.compile_mode)) if cfg.compile else (lambda m: m)
     train_forward, eval_forward = strategy.wrap(model, compile_fn, cfg.memory.block_classes, policy)
     return Parallelized(model, train_forward, eval_forward, blocks)
+

@@ -55,7 +55,7 @@ MAX_WINDOW_STEPS = 50
 MAX_ARM_STEPS = WARMUP_STEPS + MAX_ROUNDS * MAX_WINDOW_STEPS
 # Compile, measured in the precision chosen: its arm's key beside the eager step's. A compile is
 # probed only where the budget left holds COMPILE_FLOOR_S (the default recipe's 1-D CNN compiled
-# cold in 20 s on a 2-core EPYC; inductor's cache made the second 4 s: BENCHMARKS.md), and chosen
+# cold in 19 s on a 2-core EPYC; from the compile cache, 2.4 s: BENCHMARKS.md), and chosen
 # only where the steps it saves come to COMPILE_MARGIN times what compiling took.
 COMPILED = "compiled"
 COMPILE_FLOOR_S = 20.0
