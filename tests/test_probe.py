@@ -300,3 +300,30 @@ def test_a_users_own_model_and_torch_dataset_are_probed_through_their_loader(tmp
     compiled = "compile on (auto: probed: compiled" in line
     assert compiled or "compile off (auto: probed, off: compiled" in line, line
     assert summary["compile"] is compiled
+
+
+@pytest.mark.usefixtures("processes")
+def test_under_nproc_the_chief_decides_and_every_rank_trains_in_its_choice(tmp_path):
+    """Two processes of DDP: rank 0 measures one process's step alone (or reads the cache) and
+    every rank takes its decision. The cache is edited to say bf16-mixed, whatever this machine
+    measured: were rank 1 to train in the rule's fp32 beside a rank 0 in bf16-mixed, their averaged
+    gradients, and so the weights, would differ from the same run with bf16-mixed named."""
+    from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
+    from tests.processes import run
+    if not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS:
+        pytest.skip("this CPU computes no bfloat16 natively: nothing to probe")
+    home = str(tmp_path / "cache")
+    probed = run(["train", *QUICK, "--nproc", "2", "--probe-share", "1", "--run-dir", "a"], tmp_path,
+                 XDG_CACHE_HOME=home)
+    assert probed.returncode == 0, probed.stdout[-2000:] + probed.stderr[-2000:]
+    assert "(auto: probed" in _settings_line(probed.stdout), _settings_line(probed.stdout)
+    cache = tmp_path / "cache" / "scaletrain" / probe_cache.CACHE_FILE
+    cache.write_text(json.dumps({k: {**v, "policy": "bf16-mixed"} for k, v in json.loads(cache.read_text()).items()}))
+    cached = run(["train", *QUICK, "--nproc", "2", "--probe-share", "1", "--run-dir", "c"], tmp_path,
+                 XDG_CACHE_HOME=home)
+    assert "precision bf16-mixed (cached from run" in _settings_line(cached.stdout), _settings_line(cached.stdout)
+    named = run(["train", *QUICK, "--nproc", "2", "--precision", "bf16-mixed", "--run-dir", "b"], tmp_path,
+                XDG_CACHE_HOME=home)
+    assert named.returncode == 0, named.stderr[-2000:]
+    c, b = _weights(tmp_path / "c"), _weights(tmp_path / "b")
+    assert all(torch.equal(c[k], b[k]) for k in c)

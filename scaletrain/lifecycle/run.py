@@ -160,14 +160,33 @@ def _probe(settings: list[Setting], cfg: TrainConfig, dataset, task, plan: RunPl
            console: Console) -> tuple[list[Setting], float]:
     """The settings `auto` chose by rule, measured on the run's own step where that applies
     (training/probe.py), before the run's folder records its configuration; the probe's seconds.
-    A resumed run keeps its recorded choice (its configuration names it: nothing is `auto`)."""
-    if plan.mode == "resume":
+    A resumed run keeps its recorded choice (its configuration names it: nothing is `auto`).
+    Under several processes of data parallelism the chief decides, measuring one process's step,
+    and every rank takes its decision; a model split over processes (pipeline, tensor, parameter
+    servers) is not measured as one."""
+    if plan.mode == "resume" or not settings:
         return settings, 0.0
-    if strategy.world_size > 1:
-        return [Setting(s.name, s.value, f"{s.why}; not probed: {strategy.world_size} processes (a probe measures "
-                                         "one)") for s in settings], 0.0
-    return probed_settings(cfg, dataset, task, settings, plan.run_id, strategy.device,
-                           lambda line: console.print(line, soft_wrap=True))
+    say = (lambda line: console.print(line, soft_wrap=True))
+    if strategy.world_size == 1:
+        return probed_settings(cfg, dataset, task, settings, plan.run_id, strategy.device, say)
+    if strategy.layout.replicas != strategy.world_size:
+        return [Setting(s.name, s.value, f"{s.why}; not probed: the model is split over {strategy.world_size} "
+                                         "processes (a probe measures one)") for s in settings], 0.0
+    if strategy.is_chief:
+        try:
+            settings, seconds = probed_settings(cfg, dataset, task, settings, plan.run_id, strategy.device, say,
+                                                replicas=strategy.world_size)
+        except BaseException as exc:
+            strategy.broadcast_object({"error": str(exc) or type(exc).__name__})
+            raise
+        strategy.broadcast_object({"settings": [(s.name, s.value, s.why, s.figures) for s in settings],
+                                   "precision": cfg.precision.policy, "compile": cfg.compile, "seconds": seconds})
+        return settings, seconds
+    message = strategy.broadcast_object(None)
+    if "error" in message:
+        raise UserError(f"the chief's probe failed: {message['error']}")
+    cfg.precision.policy, cfg.compile = message["precision"], message["compile"]
+    return [Setting(*fields) for fields in message["settings"]], message["seconds"]
 
 
 class Run:

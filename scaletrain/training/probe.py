@@ -433,11 +433,15 @@ def _compile_stage(policy: str, reference: str, make_arm: Callable[[str], Arm], 
     return Decision(on, why, figures)
 
 
-def probe_config(cfg, key: str, threads: int):
+def probe_config(cfg, key: str, threads: int, per_replica_batch: int | None = None):
     """A copy of the run's configuration for one arm: `key`'s precision (and compile where it says
-    " compiled"), the run's thread count, nothing recorded, no checkpoints."""
+    " compiled"), the run's thread count, nothing recorded, no checkpoints. `per_replica_batch`: a
+    run of several processes is measured as one of them, training its share of the batch alone."""
     policy, _, compiled = key.partition(" ")
     out = copy.deepcopy(cfg)
+    if per_replica_batch is not None:
+        out.batch_size, out.per_replica_batch_size, out.accumulate_to_global = per_replica_batch, None, False
+        out.distributed = type(cfg.distributed)()
     out.precision.policy = policy
     out.compile = compiled == COMPILED
     out.tracking.record = False
@@ -449,10 +453,14 @@ def probe_config(cfg, key: str, threads: int):
 
 # ------------------------------------------------------------------ the run's decision
 def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, device: torch.device,
-                    say: Callable[[str], None] = print) -> tuple[list[Setting], float]:
+                    say: Callable[[str], None] = print, replicas: int = 1) -> tuple[list[Setting], float]:
     """`settings` with the ones `auto` chose by rule (precision, compile: `why` set) measured on
     the run's own step where that applies and pays (or read from the cache); writes the choices
-    into `cfg`. Returns the settings and the seconds probing took."""
+    into `cfg`. Returns the settings and the seconds probing took. `replicas` > 1: the run's
+    chief decides for a data-parallel run of that many processes, measuring one process's step
+    (its share of the batch, its device and threads) on copies of its own, alone."""
+    from scaletrain.distributed import build_strategy, divide_batch
+    from scaletrain.distributed.env import DistEnv
     from scaletrain.precision.hardware import device_facts
     from scaletrain.training.build import build_training, set_thread_pools
     chosen = {s.name: s for s in settings if s.why is not None}
@@ -467,7 +475,9 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
     compile_asked = compiling is not None
     if not candidates and not compile_asked:
         return settings, 0.0
-    batch = cfg.per_replica_batch_size or cfg.batch_size
+    division = divide_batch(cfg.batch_size, cfg.per_replica_batch_size, replicas, cfg.optim.grad_accum_steps,
+                            cfg.accumulate_to_global)
+    batch = division.per_replica
     out = {s.name: s for s in settings}
 
     def settled(decided: dict[str, tuple[object, str, dict | None]]) -> list[Setting]:
@@ -486,7 +496,7 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
                                  None)
                         for s in (precision, compiling) if s is not None and (s is compiling or candidates)})
     try:
-        run_steps = max(len(dataset.train) // max(batch, 1), 1) * cfg.epochs
+        run_steps = max(len(dataset.train) // max(division.global_batch, 1), 1) * cfg.epochs
     except TypeError:     # a stream of unknown length: nothing predicts the run, nothing bounds a probe
         return unprobed("not probed: the data's length is unknown"), 0.0
     arms = 2 + len(candidates) + (1 if compile_asked else 0)
@@ -501,8 +511,14 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
         return settled(kept), 0.0
 
     def make_arm(arm_key: str) -> Arm:
-        return Arm(build_training(probe_config(cfg, arm_key, threads), dataset=dataset, task=task,
-                                  checked=True).trainer, dataset)
+        arm_cfg = probe_config(cfg, arm_key, threads, batch if replicas > 1 else None)
+        # Beside a process group, a copy is one process of its own (a strategy of one, on this
+        # rank's device), never another member of the group.
+        strategy = build_strategy(arm_cfg.distributed, DistEnv()) if replicas > 1 else None
+        if strategy is not None:
+            strategy.setup(str(device))
+        return Arm(build_training(arm_cfg, strategy=strategy, dataset=dataset, task=task, checked=True).trainer,
+                   dataset)
     asked = ", ".join([*([reference, *candidates] if candidates else []), *(["compile"] if compile_asked else [])])
     say(f"probing {asked} on copies of this run's step, at most {cfg.probe_share:.0%} of the run's time "
         "(--no-probe: the rules alone)")
