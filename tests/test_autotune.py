@@ -242,6 +242,20 @@ def test_a_budget_that_runs_out_stops_the_candidate_in_flight_and_reports_the_be
 
 
 @pytest.mark.usefixtures("processes")
+def test_a_budget_too_small_for_one_candidate_is_refused_before_anything_runs(tmp_path):
+    """A few of the given configuration's steps are timed first, in autotune's own process: a
+    budget that cannot hold measuring it says so, with what would, before a study or a trial exists."""
+    out = tmp_path / "tuned"
+    done = run(["autotune", *SMALL, "--budget-s", "0.5", "--out", str(out), "--store", str(tmp_path / "runs.db")],
+               tmp_path)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    line, = [ln for ln in (done.stdout + done.stderr).splitlines() if "cannot hold one candidate" in ln]
+    assert line.startswith("scaletrain: error: --budget-s 0.5 cannot hold one candidate: measuring the given "
+                           "configuration is predicted to take") and "give --budget-s" in line, line
+    assert not out.exists() and not (tmp_path / "runs.db").exists()
+
+
+@pytest.mark.usefixtures("processes")
 def test_a_budget_leaves_the_confirmation_its_share(tmp_path, one_study_s):
     """Under --budget-s the search stops starting candidates once the rest of the budget is what
     the confirmation will take (its rounds at the candidates' median run): 4 candidates, but after
@@ -552,7 +566,8 @@ def test_a_confirmation_run_that_crawls_is_stopped_at_the_floor_and_counts_its_s
                 "--model", "faulty_models:loaded_mlp", "--model-option", f"counter={tmp_path / 'load'}",
                 "--model-option", "slow_process=3", "--model-option", "delay_s=0.2", "--knobs", "grad_accum_steps",
                 "--trials", "2", "--finalists", "1", "--confirm-rounds", "1",
-                "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="1")
+                # (no budget, so no pilot: its steps in this process would count as a process here)
+                "--budget-s", "0", "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (out / "trials" / "confirm-0-0" / "train.log").read_text()
     assert "below the floor" in log, log[-2000:]
@@ -575,6 +590,7 @@ def test_a_winner_picked_by_the_machines_load_is_reported_as_a_tie(tmp_path):
     out = tmp_path / "tuned"
     done = run(["autotune", *SMALL[:-2], "--model", "faulty_models:loaded_mlp", "--model-option",
                 f"counter={tmp_path / 'load'}", "--knobs", "grad_accum_steps", "--trials", "2", "--confirm-rounds", "3",
+                "--budget-s", "0",    # (no pilot: its steps in this process would count as a process here)
                 "--out", str(out), "--store", str(tmp_path / "runs.db")], tmp_path, OMP_NUM_THREADS="1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = _result(out)

@@ -37,6 +37,7 @@ from scaletrain.errors import UserError
 from scaletrain.experiments.autotune.confirming import confirm_finalists
 from scaletrain.experiments.autotune.knobs import Knob, apply, candidates, first_candidates, model_facts, system_knobs
 from scaletrain.experiments.autotune.measuring import CandidateRuns
+from scaletrain.experiments.autotune.pilot import check_budget_holds_one
 from scaletrain.experiments.autotune.planning import device_memory, plan_candidates
 from scaletrain.experiments.autotune.settings import (
     THROUGHPUT,
@@ -92,7 +93,7 @@ class AutoTuner:
         shape, outputs, task = sample_shape(base.data)
         self.shape, self.outputs, self.task = shape, outputs, task
         from scaletrain.data import load_dataset
-        dataset = load_dataset(base.data, seed=base.seed)
+        dataset = self.dataset = load_dataset(base.data, seed=base.seed)
         train, self.example = dataset.train, dataset.example
         self.train_samples = len(train)
         # Read on the host (streamed shards, a user's own samples, or asked for): its workers matter.
@@ -177,8 +178,9 @@ class AutoTuner:
         return {k.key: trial.suggest_categorical(k.label, [json.dumps(v) for v in k.values]) for k in self.knobs}
 
     def run(self) -> list[Row]:
-        self.s.out.mkdir(parents=True, exist_ok=True)
         kept, discarded = self.plan()
+        check_budget_holds_one(self.base, self.s, self.dataset, self.deadline)    # before the study is made
+        self.s.out.mkdir(parents=True, exist_ok=True)
         budget = len(kept) if self.s.exhaustive else min(self.s.trials, len(kept))
         window = (f"each trained until validation {self.base.target_metric} reaches {self.base.target} "
                   f"(at most {self.base.epochs} epochs)" if self.s.objective is TIME_TO_TARGET else
