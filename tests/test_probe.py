@@ -109,8 +109,9 @@ def test_a_probed_run_equals_its_choice_named_and_the_next_run_starts_from_the_c
     assert f"precision {chosen};" in _settings_line(named.stdout)        # named: never probed
     a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # The next run of the same model here starts from the decision, at once.
-    again = run(["train", *QUICK, "--probe-share", "1", "--run-dir", "c"], tmp_path, XDG_CACHE_HOME=home)
+    # The next run of the same model here starts from the decision, at once, though on its own it
+    # would be too short to probe (no --probe-share 1).
+    again = run(["train", *QUICK, "--run-dir", "c"], tmp_path, XDG_CACHE_HOME=home)
     assert f"precision {chosen} (cached from run {run_id}: probed" in _settings_line(again.stdout)
     assert json.loads((tmp_path / "c" / "summary.json").read_text())["probe_s"] == 0
     # A cache edited to name what this run could not have chosen is not taken: the run probes.

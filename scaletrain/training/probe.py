@@ -499,16 +499,17 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
         run_steps = max(len(dataset.train) // max(division.global_batch, 1), 1) * cfg.epochs
     except TypeError:     # a stream of unknown length: nothing predicts the run, nothing bounds a probe
         return unprobed("not probed: the data's length is unknown"), 0.0
-    arms = 2 + len(candidates) + (1 if compile_asked else 0)
-    short = too_short(run_steps, arms, cfg.probe_share)
-    if short:    # decided from the step count: no step taken, no look at the load
-        return unprobed(short), 0.0
     threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
     questions = [reference, *candidates, *([COMPILED] if compile_asked else [])]
     key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, questions)
+    # First the cache: a run too short to repay a probe still takes what a longer run of the same
+    # model here measured (or `--probe-share 1` did once).
     kept = _from_cache(key, reference, candidates, compile_asked, run_steps) if key else None
     if kept is not None:
         return settled(kept), 0.0
+    short = too_short(run_steps, 2 + len(candidates) + (1 if compile_asked else 0), cfg.probe_share)
+    if short:    # decided from the step count: no step taken
+        return unprobed(short), 0.0
 
     def make_arm(arm_key: str) -> Arm:
         arm_cfg = probe_config(cfg, arm_key, threads, batch if replicas > 1 else None)
