@@ -6,6 +6,7 @@ accuracy; a round's ratio is no flags' over each named run's.
 
     python benchmarks/probe_payoff.py --rounds 5                          # the default recipe (not probed: too short)
     python benchmarks/probe_payoff.py --rounds 3 -- --epochs 20           # long enough to probe
+    python benchmarks/probe_payoff.py --recipe none --rounds 3 -- --model gpt --data char-corpus ...
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+RECIPE = ["--recipe", "mnist1d-cnn"]
+
+
 def one_run(extra: list[str], named: list[str], cache: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as root:
         run = Path(root) / "run"
@@ -31,7 +35,7 @@ def one_run(extra: list[str], named: list[str], cache: str | None = None) -> dic
         env = {**os.environ, "XDG_CACHE_HOME": cache or str(Path(root) / "cache"),
                "SCALETRAIN_CACHE_DIR": os.environ.get("SCALETRAIN_CACHE_DIR", str(Path.home() / ".cache" / "scaletrain"))}
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--recipe", "mnist1d-cnn", "--no-progress",
+        done = subprocess.run([sys.executable, "-m", "scaletrain", "train", *RECIPE, "--no-progress",
                                "--run-dir", str(run), "--store", str(Path(root) / "runs.db"), *extra, *named],
                               cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode:
@@ -46,8 +50,11 @@ def one_run(extra: list[str], named: list[str], cache: str | None = None) -> dic
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--recipe", default="mnist1d-cnn", help="the recipe every side starts from; none: only the flags")
     p.add_argument("extra", nargs="*", help="flags after --, given to every side")
     args = p.parse_args()
+    global RECIPE
+    RECIPE = [] if args.recipe == "none" else ["--recipe", args.recipe]
     sides = {"no flags": [], "no flags, cached": [], "fp32 named": ["--precision", "fp32"],
              "bf16-mixed named": ["--precision", "bf16-mixed"]}
     names = list(sides)
@@ -64,7 +71,7 @@ def main() -> None:
     import torch
 
     from benchmarks.step_cost import cpu_name
-    print(f"\n## the default recipe {' '.join(args.extra)}: whole runs, {args.rounds} rounds")
+    print(f"\n## {' '.join(RECIPE) or 'no recipe'} {' '.join(args.extra)}: whole runs, {args.rounds} rounds")
     print(f"# {cpu_name()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"1-min load {min(loads):.2f}-{max(loads):.2f}")
 
