@@ -312,7 +312,7 @@ def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm]
     # step paid the process's one-time costs, imports and kernel selection, which the run's own
     # build would otherwise pay; `seconds` reports them all the same).
     budget = budget_s(predicted, share)
-    count = 2 + len(candidates) + (1 if compile_asked else 0)
+    count = 2 + (len(candidates) or 1)     # the precisions' arms (or the compiled one: its own fit below)
     smallest = setup_s * (count - 2) + step_s * count * MIN_ROUNDS * MIN_WINDOW_STEPS
     spent = time.perf_counter() - built
     if share >= 1:     # measure whatever it costs (within the cap)
@@ -507,7 +507,9 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
     kept = _from_cache(key, reference, candidates, compile_asked, run_steps) if key else None
     if kept is not None:
         return settled(kept), 0.0
-    short = too_short(run_steps, 2 + len(candidates) + (1 if compile_asked else 0), cfg.probe_share)
+    # (the precisions' arms, or the compiled one beside the reference's two: a compile that the
+    # budget cannot hold is left out later, from the measured step, and does not make a run too short)
+    short = too_short(run_steps, 2 + (len(candidates) or 1), cfg.probe_share)
     if short:    # decided from the step count: no step taken
         return unprobed(short), 0.0
 
