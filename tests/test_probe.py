@@ -62,7 +62,7 @@ def test_the_cache_holds_a_decision_per_model_input_and_torch_and_ignores_a_dama
     model = torch.nn.Sequential(torch.nn.Linear(8, 4))
     key = probe_cache.cache_key(model, torch.zeros(1, 8), 64, "cpu x", 2, ["fp32", "bf16-mixed"])
     assert probe_cache.cached_entry(key) is None
-    entry = probe.Probed(probe.Decision("bf16-mixed", "probed: 1.50x fp32", {"rounds": 3}), None).cache_entry("fp32")
+    entry = probe.Probed(probe.Decision("bf16-mixed", "probed: 1.50x fp32", {"rounds": 3}), None).cache_entry()
     probe_cache.remember(key, entry, "run1")
     kept = probe_cache.cached_entry(key)
     assert kept["policy"] == "bf16-mixed" and kept["run_id"] == "run1"
@@ -246,7 +246,8 @@ def test_compile_is_probed_in_the_precision_chosen_on_new_copies_and_a_compile_t
     assert short.precision.value == "bf16-mixed" and short.compile.value is False
     assert short.compile.why.startswith("not probed: the probe's 8 s (5% of the run's predicted 150 s) cannot hold "
                                         "a compile")
-    assert short.cache_entry("fp32") is None     # a question left open: asked again by the next run
+    kept = short.cache_entry()    # the precision kept; compile left open, for a longer run to ask
+    assert kept["policy"] == "bf16-mixed" and "compile" not in kept and kept["step_s"] == pytest.approx(0.03)
 
 
 USER_CODE = """
@@ -328,3 +329,17 @@ def test_under_nproc_the_chief_decides_and_every_rank_trains_in_its_choice(tmp_p
     assert named.returncode == 0, named.stderr[-2000:]
     c, b = _weights(tmp_path / "c"), _weights(tmp_path / "b")
     assert all(torch.equal(c[k], b[k]) for k in c)
+
+
+def test_a_kept_precision_is_taken_and_a_compile_left_open_is_asked_only_where_it_can_fit():
+    kept = {"run_id": "r1", "policy": "bf16-mixed", "why": "probed: 1.50x fp32", "figures": {"rounds": 3},
+            "step_s": 0.03}
+    found = probe._from_cache(kept, "fp32", ["bf16-mixed"], True, 1_000)
+    assert found["precision"][:2] == ("bf16-mixed", "cached from run r1: probed: 1.50x fp32") and "compile" not in found
+    # 1,000 steps of 30 ms: 5 % is 1.5 s, no compile fits: said from the kept step time, no copy built.
+    assert probe._compile_unfit_by_cache(kept, 1_000, 0.05).startswith("not probed: the probe's 2 s (5% of the "
+                                                                       "run's predicted 30 s) cannot hold a compile")
+    assert probe._compile_unfit_by_cache(kept, 100_000, 0.05) is None     # 150 s: a longer run asks it
+    assert probe._compile_unfit_by_cache(kept, 1_000, 1.0) is None         # --probe-share 1 measures anyway
+    # A kept precision this run could not choose is no hit at all.
+    assert probe._from_cache({**kept, "policy": "fp16-mixed"}, "fp32", ["bf16-mixed"], True, 1_000) == {}

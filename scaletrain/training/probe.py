@@ -94,21 +94,24 @@ class Probed:
     precision: Decision | None
     compile: Decision | None
     seconds: float = 0.0
+    step_s: float | None = None     # the reference's warm step, as measured (None: no step taken)
 
     def decided(self) -> dict[str, tuple[object, str, dict | None]]:
         """Each question's (value, why, figures) for the run's settings."""
         return {name: (d.value, f"auto: {d.why}", d.figures or None)
                 for name, d in (("precision", self.precision), ("compile", self.compile)) if d is not None}
 
-    def cache_entry(self, reference: str) -> dict | None:
-        """What the cache keeps of it, or None where a question asked was not measured (a compile
-        that did not fit this run's budget is asked again by a longer run)."""
-        if not all(d.measured for d in (self.precision, self.compile) if d is not None):
-            return None
-        precision = self.precision
-        return {"policy": precision.value if precision else reference, "why": precision.why if precision else None,
-                "figures": precision.figures if precision else None,
-                "compile": self.compile.figures if self.compile else None}
+    def cache_entry(self) -> dict:
+        """What the cache keeps of it: each question it measured (a compile that did not fit this
+        run's budget stays open, and a longer run asks it)."""
+        out: dict = {}
+        if self.precision is not None and self.precision.measured:
+            out.update(policy=self.precision.value, why=self.precision.why, figures=self.precision.figures)
+        if self.compile is not None and self.compile.measured:
+            out["compile"] = self.compile.figures
+        if out or self.step_s:    # (a step time alone tells the next run whether a compile can fit)
+            out["step_s"] = self.step_s
+        return out
 
 
 def probe_cost_steps(arms: int, rounds: int = MIN_ROUNDS, window: int = MIN_WINDOW_STEPS) -> int:
@@ -321,7 +324,7 @@ def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm]
         why = (f"not probed: this run is predicted to take {predicted:.1f} s, and a probe would take over "
                f"{share:.0%} of it ({smallest:.1f} s more)")
         return Probed(Decision(reference, why, {"predicted_s": predicted}) if candidates else None,
-                      Decision(False, why) if compile_asked else None, time.perf_counter() - started)
+                      Decision(False, why) if compile_asked else None, time.perf_counter() - started, step_s)
     deadline = built + budget
     # A compile is measured after the precisions, in their choice, where the budget holds one
     # (COMPILE_FLOOR_S) and its own smallest rounds beside the precisions' smallest; the
@@ -335,12 +338,16 @@ def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm]
         precision.figures.update(predicted_s=predicted, step_s=step_s)
     compiled = None
     if compile_asked and not compile_fits:
-        compiled = Decision(False, f"not probed: the probe's {budget:.0f} s ({share:.0%} of the run's predicted "
-                                   f"{predicted:.0f} s) cannot hold a compile ({COMPILE_FLOOR_S:.0f} s or more here)")
+        compiled = Decision(False, compile_unfit(budget, share, predicted))
     elif compile_asked:
         policy = precision.value if precision is not None else reference
         compiled = _compile_stage(policy, reference, make_arm, arms, run_steps, step_s, setup_s, deadline)
-    return Probed(precision, compiled, time.perf_counter() - started)
+    return Probed(precision, compiled, time.perf_counter() - started, step_s)
+
+
+def compile_unfit(budget: float, share: float, predicted: float) -> str:
+    return (f"not probed: the probe's {budget:.0f} s ({share:.0%} of the run's predicted {predicted:.0f} s) cannot "
+            f"hold a compile ({COMPILE_FLOOR_S:.0f} s or more here)")
 
 
 def _window_measure(arms: dict[str, Arm], window: int, losses: dict[str, list[float]],
@@ -459,10 +466,9 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
     into `cfg`. Returns the settings and the seconds probing took. `replicas` > 1: the run's
     chief decides for a data-parallel run of that many processes, measuring one process's step
     (its share of the batch, its device and threads) on copies of its own, alone."""
-    from scaletrain.distributed import build_strategy, divide_batch
-    from scaletrain.distributed.env import DistEnv
+    from scaletrain.distributed import divide_batch
     from scaletrain.precision.hardware import device_facts
-    from scaletrain.training.build import build_training, set_thread_pools
+    from scaletrain.training.build import set_thread_pools
     chosen = {s.name: s for s in settings if s.why is not None}
     precision, compiling = chosen.get("precision"), chosen.get("compile")
     if not cfg.probe or (precision is None and compiling is None):
@@ -489,73 +495,105 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
             cfg.compile = bool(out["compile"].value)
         return list(out.values())
 
-    def unprobed(reason: str) -> list[Setting]:
-        # (a precision with nothing to measure against keeps its rule's words)
-        # (and compile, beside a precision that says it in full, its first words)
-        return settled({s.name: (s.value, f"{s.why}; {reason.split(' (')[0] if candidates and s is compiling else reason}",
-                                 None)
-                        for s in (precision, compiling) if s is not None and (s is compiling or candidates)})
     try:
         run_steps = max(len(dataset.train) // max(division.global_batch, 1), 1) * cfg.epochs
     except TypeError:     # a stream of unknown length: nothing predicts the run, nothing bounds a probe
-        return unprobed("not probed: the data's length is unknown"), 0.0
+        return settled(_unprobed("not probed: the data's length is unknown", precision if candidates else None,
+                                 compiling)), 0.0
     threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
     questions = [reference, *candidates, *([COMPILED] if compile_asked else [])]
     key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, questions)
     # First the cache: a run too short to repay a probe still takes what a longer run of the same
-    # model here measured (or `--probe-share 1` did once).
-    kept = _from_cache(key, reference, candidates, compile_asked, run_steps) if key else None
-    if kept is not None:
+    # model here measured (or `--probe-share 1` did once). A question the kept entry left open (a
+    # compile its run's budget could not hold) is asked now, in the kept precision.
+    raw = cached_entry(key) if key else None
+    kept = _from_cache(raw, reference, candidates, compile_asked, run_steps)
+    open_precision = bool(candidates) and "precision" not in kept
+    open_compile = compile_asked and "compile" not in kept
+    if not open_precision and not open_compile:
         return settled(kept), 0.0
-    # (the precisions' arms, or the compiled one beside the reference's two: a compile that the
-    # budget cannot hold is left out later, from the measured step, and does not make a run too short)
+    reference = kept["precision"][0] if "precision" in kept else reference
+    candidates = candidates if open_precision else []
+    unfit = _compile_unfit_by_cache(raw, run_steps, cfg.probe_share) if open_compile and not open_precision else None
+    if unfit:    # a step time measured here before says a compile cannot fit: no copy built
+        return settled({**kept, **_unprobed(unfit, None, compiling)}), 0.0
     short = too_short(run_steps, 2 + (len(candidates) or 1), cfg.probe_share)
     if short:    # decided from the step count: no step taken
-        return unprobed(short), 0.0
+        return settled({**kept, **_unprobed(short, precision if open_precision else None,
+                                            compiling if open_compile else None)}), 0.0
+
+    make_arm = _arm_maker(cfg, dataset, task, threads, batch if replicas > 1 else None, device)
+    asked = ", ".join([*([reference, *candidates] if candidates else []), *(["compile"] if open_compile else [])])
+    say(f"probing {asked} on copies of this run's step, at most {cfg.probe_share:.0%} of the run's time "
+        "(--no-probe: the rules alone)")
+    probed = run_probe(reference, candidates, make_arm, run_steps, cfg.probe_share, open_compile)
+    measured = probed.cache_entry()
+    if key and measured:
+        remember(key, {**(raw or {}), **measured}, run_id)
+    return settled({**kept, **probed.decided()}), probed.seconds
+
+def _compile_unfit_by_cache(raw: dict | None, run_steps: int, share: float) -> str | None:
+    """Why a compile cannot be probed in this run's budget, from the step time a kept entry holds
+    (None: it may fit, or nothing was kept)."""
+    step_s = raw.get("step_s") if raw else None
+    if share >= 1 or not isinstance(step_s, (int, float)) or step_s <= 0:
+        return None
+    predicted = step_s * run_steps
+    budget = budget_s(predicted, share)
+    return compile_unfit(budget, share, predicted) if budget < COMPILE_FLOOR_S else None
+
+
+def _unprobed(reason: str, precision: Setting | None, compiling: Setting | None) -> dict:
+    """The rule's choices of the questions left open (None: not open), with why they stay so;
+    compile, beside a precision that says the reason in full, says its first words."""
+    out = {}
+    if precision is not None:
+        out["precision"] = (precision.value, f"{precision.why}; {reason}", None)
+    if compiling is not None:
+        out["compile"] = (compiling.value, f"{compiling.why}; {reason.split(' (')[0] if precision else reason}", None)
+    return out
+
+
+def _arm_maker(cfg, dataset, task, threads: int, per_replica_batch: int | None, device: torch.device):
+    """make_arm for run_probe: a copy of the run in an arm's settings. With `per_replica_batch`
+    (a run of several processes), a copy is one process of its own (a strategy of one on this
+    rank's device), never another member of the group."""
+    from scaletrain.distributed import build_strategy
+    from scaletrain.distributed.env import DistEnv
+    from scaletrain.training.build import build_training
 
     def make_arm(arm_key: str) -> Arm:
-        arm_cfg = probe_config(cfg, arm_key, threads, batch if replicas > 1 else None)
-        # Beside a process group, a copy is one process of its own (a strategy of one, on this
-        # rank's device), never another member of the group.
-        strategy = build_strategy(arm_cfg.distributed, DistEnv()) if replicas > 1 else None
+        arm_cfg = probe_config(cfg, arm_key, threads, per_replica_batch)
+        strategy = build_strategy(arm_cfg.distributed, DistEnv()) if per_replica_batch is not None else None
         if strategy is not None:
             strategy.setup(str(device))
         return Arm(build_training(arm_cfg, strategy=strategy, dataset=dataset, task=task, checked=True).trainer,
                    dataset)
-    asked = ", ".join([*([reference, *candidates] if candidates else []), *(["compile"] if compile_asked else [])])
-    say(f"probing {asked} on copies of this run's step, at most {cfg.probe_share:.0%} of the run's time "
-        "(--no-probe: the rules alone)")
-    probed = run_probe(reference, candidates, make_arm, run_steps, cfg.probe_share, compile_asked)
-    entry = probed.cache_entry(reference)
-    if key and entry is not None:
-        remember(key, entry, run_id)
-    return settled(probed.decided()), probed.seconds
+    return make_arm
 
 
-def _from_cache(key: str, reference: str, candidates: list[str], compile_asked: bool,
-                run_steps: int) -> dict[str, tuple[object, str, dict | None]] | None:
-    """The kept decisions for this key as this run's settings, or None (a miss). The cache file is
-    the user's: only a precision this run could have chosen is taken from it, and a kept compile
-    is judged again for this run's length."""
-    kept = cached_entry(key)
+def _from_cache(kept: dict | None, reference: str, candidates: list[str], compile_asked: bool,
+                run_steps: int) -> dict[str, tuple[object, str, dict | None]]:
+    """The decisions a kept cache entry holds for the questions this run asks, as its settings
+    (empty: a miss). The cache file is the user's: only a precision this run could have chosen is
+    taken from it, and a kept compile is judged again for this run's length."""
     if kept is None:
-        return None
+        return {}
     out: dict[str, tuple[object, str, dict | None]] = {}
     where = f"cached from run {kept['run_id']}"
-    if candidates:
-        if kept.get("policy") not in (reference, *candidates) or not isinstance(kept.get("why"), str):
-            return None
+    if candidates and isinstance(kept.get("why"), str):
+        if kept.get("policy") not in (reference, *candidates):
+            return {}
         out["precision"] = (kept["policy"], f"{where}: {kept['why']}", kept.get("figures"))
-    if compile_asked:
+    if compile_asked and kept.get("compile") is not None:
         try:
             on, why, figures = compile_from_figures(kept["compile"], run_steps)
-        except (KeyError, TypeError, ValueError):     # an entry without it, or edited: measured again
-            return None
-        if figures["policy"] != (kept["policy"] if candidates else reference):
-            return None
-        out["compile"] = (on, f"{where}: {why}", figures)
+        except (KeyError, TypeError, ValueError):     # edited: measured again
+            return out
+        policy = out["precision"][0] if "precision" in out else reference
+        if figures["policy"] == policy:
+            out["compile"] = (on, f"{where}: {why}", figures)
     return out
-
 
 def _key(cfg, dataset, batch: int, device: str, threads: int, candidates: list[str]) -> str | None:
     """The cache key of this run's model, built on the meta device (its structure, no memory);
