@@ -127,8 +127,14 @@ class PrecisionConfig:
     policy: str = _f("auto", "auto (bf16-mixed on a GPU that computes bfloat16 natively, CUDA capability 8.0 and "
                      "newer; fp32 elsewhere: the start line says which and why), fp32 (PyTorch's default: TF32 "
                      "convolutions on such GPUs, IEEE float32 matrix products), fp32-strict (IEEE float32 "
-                     "everywhere), tf32, bf16-mixed, fp16-mixed or bf16-true", choices=PRECISIONS)
+                     "everywhere), tf32, bf16-mixed, fp16-mixed, bf16-true or fp8 (torchao's float8 training of the "
+                     "linear layers: pip install 'scaletrain[fp8]'; a GPU of compute capability 8.9 or newer)",
+                     choices=PRECISIONS)
     fp32_modules: list[str] = _f([], "module names or class names kept in float32")
+    fp8_recipe: str = _f("tensorwise", "--precision fp8: torchao's scaling recipe, tensorwise (one scale a tensor) or "
+                                       "rowwise (a scale a row)", choices=("tensorwise", "rowwise"))
+    fp8_emulate: bool = _f(False, "--precision fp8 on a device without float8 tensor cores (a CPU, a GPU older "
+                                  "than compute capability 8.9): emulated, for tests and correctness checks, not faster")
     init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale", gt=0)
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 

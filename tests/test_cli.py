@@ -111,7 +111,7 @@ def _bad_inputs(tmp_path):
         (fashion + ["--data-dir", str(labels)], "label 99 is out of range [0, 10)"),
         (fashion + ["--data-dir", str(shape)], "shape mismatch"),
         (fashion + ["--data-dir", str(folder), "--model", "nope"], "unknown model 'nope'"),
-        (["--model", "mlp", "--data", "digits", "--precision", "fp8"], "'precision.policy' must be one of auto, bf16-mixed, bf16-true, fp16-mixed, fp32, fp32-strict, tf32"),
+        (["--model", "mlp", "--data", "digits", "--precision", "fp4"], "'precision.policy' must be one of auto, bf16-mixed, bf16-true, fp16-mixed, fp32, fp32-strict, fp8, tf32"),
         (["--model", "mlp", "--data", "digits", "--batch-size", "30", "--grad-accum-steps", "4"],
          "global batch 30 does not divide across 1 replica(s) x 4 accumulation steps; use --batch-size 28 or 32"),
         (["--model", "mlp", "--data", "digits", "--epochs", "0"], "config key 'epochs' must be >= 1"),

@@ -46,7 +46,7 @@ def test_every_numeric_field_declares_what_it_admits():
     ("optim.momentum", 1.0, "must be >= 0 and < 1"),
     ("optim.betas", [0.9, 1.5], "has an item that must be >= 0 and < 1"),
     ("optim.min_lr_ratio", 1.5, "must be >= 0 and <= 1"),
-    ("precision.policy", "fp8", "must be one of auto, bf16-mixed"),
+    ("precision.policy", "fp4", "must be one of auto, bf16-mixed"),
     ("target", float("nan"), "must be a finite number"),
     ("target_metric", "Val Acc", "must be a metric name"),
     ("task", "translation", "must be one of auto"),

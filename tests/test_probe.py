@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from scaletrain.training import probe, probe_cache
+from scaletrain.training import probe, probe_cache, probe_settings
 from scaletrain.training.rounds import AGAIN, Measured, confirm
 
 
@@ -334,12 +334,12 @@ def test_under_nproc_the_chief_decides_and_every_rank_trains_in_its_choice(tmp_p
 def test_a_kept_precision_is_taken_and_a_compile_left_open_is_asked_only_where_it_can_fit():
     kept = {"run_id": "r1", "policy": "bf16-mixed", "why": "probed: 1.50x fp32", "figures": {"rounds": 3},
             "step_s": 0.03}
-    found = probe._from_cache(kept, "fp32", ["bf16-mixed"], True, 1_000)
+    found = probe_settings._from_cache(kept, "fp32", ["bf16-mixed"], True, 1_000)
     assert found["precision"][:2] == ("bf16-mixed", "cached from run r1: probed: 1.50x fp32") and "compile" not in found
     # 1,000 steps of 30 ms: 5 % is 1.5 s, no compile fits: said from the kept step time, no copy built.
-    assert probe._compile_unfit_by_cache(kept, 1_000, 0.05).startswith("not probed: the probe's 2 s (5% of the "
+    assert probe_settings._compile_unfit_by_cache(kept, 1_000, 0.05).startswith("not probed: the probe's 2 s (5% of the "
                                                                        "run's predicted 30 s) cannot hold a compile")
-    assert probe._compile_unfit_by_cache(kept, 100_000, 0.05) is None     # 150 s: a longer run asks it
-    assert probe._compile_unfit_by_cache(kept, 1_000, 1.0) is None         # --probe-share 1 measures anyway
+    assert probe_settings._compile_unfit_by_cache(kept, 100_000, 0.05) is None     # 150 s: a longer run asks it
+    assert probe_settings._compile_unfit_by_cache(kept, 1_000, 1.0) is None         # --probe-share 1 measures anyway
     # A kept precision this run could not choose is no hit at all.
-    assert probe._from_cache({**kept, "policy": "fp16-mixed"}, "fp32", ["bf16-mixed"], True, 1_000) == {}
+    assert probe_settings._from_cache({**kept, "policy": "fp16-mixed"}, "fp32", ["bf16-mixed"], True, 1_000) == {}

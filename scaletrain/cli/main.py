@@ -141,6 +141,9 @@ def run_list(args: argparse.Namespace, argv: list[str]) -> int:
     print("models:     " + ", ".join(model_names()))
     print("data sets:  " + ", ".join((*DATA_SETS, "module:function (your own splits: docs/your-model-and-data.md)")))
     print("precisions: " + ", ".join(PRECISIONS))
+    print("            fp8: torchao's float8 linear layers, bf16 autocast for the rest (pip install 'scaletrain[fp8]'; "
+          "a GPU of compute capability 8.9 or newer, --fp8-emulate elsewhere: not faster); its gain here is not "
+          "measured yet")
     print("strategies: " + ", ".join(STRATEGIES))
     print("recipes:    " + ", ".join(recipe_names()))
     return 0

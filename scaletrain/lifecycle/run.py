@@ -63,7 +63,7 @@ from scaletrain.training.build import task_for
 from scaletrain.training.defaults import Setting, choose_compile, describe_settings, settle_precision_here
 from scaletrain.training.device_rules import device_problem
 from scaletrain.training.preflight import settle_model_optimizer
-from scaletrain.training.probe import probed_settings
+from scaletrain.training.probe_settings import probed_settings
 from scaletrain.user_code.trust import code_names
 
 SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)

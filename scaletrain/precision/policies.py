@@ -65,8 +65,20 @@ class PrecisionPolicy:
         torch.backends.cuda.matmul.allow_tf32 = self.tf32_matmul
         torch.set_float32_matmul_precision("high" if self.tf32_matmul else "highest")
 
-    def convert_module(self, model: nn.Module, fp32_modules: list[str] | tuple[str, ...] = ()) -> nn.Module:
-        """Casts parameters to the storage dtype and pins the opted-out modules to float32."""
+    def problem(self, options, kind: str, capability: tuple[int, int] | None) -> str | None:
+        """Why this policy cannot train here (one line, with the fix), or None. `options`: the
+        PrecisionConfig; `kind`: the device's type; `capability`: a CUDA device's compute
+        capability (None before the device is opened: the launch asks first, the Trainer again)."""
+        return None
+
+    def notes(self, model: nn.Module, options=None) -> list[str]:
+        """What the run's start says about this policy on this model (after convert_module)."""
+        return []
+
+    def convert_module(self, model: nn.Module, fp32_modules: list[str] | tuple[str, ...] = (),
+                       options=None) -> nn.Module:
+        """Casts parameters to the storage dtype and pins the opted-out modules to float32.
+        `options`: the PrecisionConfig, for a policy with its own (fp8's recipe)."""
         if self.param_dtype != torch.float32:
             model.to(self.param_dtype)
         if fp32_modules:
@@ -102,9 +114,10 @@ class PrecisionPolicy:
 POLICIES = Registry("precision", "--precision", choices=PRECISION_CHOICES)
 
 
-def register_policy(name: str, **settings) -> PrecisionPolicy:
-    """Makes `--precision NAME` the policy with these settings (PrecisionPolicy's fields)."""
-    return POLICIES.add(name, PrecisionPolicy(name=name, **settings))
+def register_policy(name: str, cls: type[PrecisionPolicy] = PrecisionPolicy, **settings) -> PrecisionPolicy:
+    """Makes `--precision NAME` the policy with these settings (PrecisionPolicy's fields); `cls`: a
+    policy that does more than set dtypes (precision/float8.py)."""
+    return POLICIES.add(name, cls(name=name, **settings))
 
 
 # `fp32` is what PyTorch and Lightning's "32-true" do with no flags; `fp32-strict` is IEEE float32

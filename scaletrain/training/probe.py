@@ -16,7 +16,7 @@ run's predicted time (PROBE_CAP_S at most), counted from the reference's first c
 build and first step pay the process's one-time costs the run would pay anyway): a run whose step
 count alone says it is too short is not probed at all; one whose measured step says so stops
 after the reference's two copies. A decision is kept in the user's cache
-folder (cache.py) under the model's structure, input, batch, device, threads and torch version,
+folder (probe_cache.py; what a run asks and takes from it: probe_settings.py) under the model's structure, input, batch, device, threads and torch version,
 so the next run of the same model starts at once.
 """
 
@@ -30,10 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from scaletrain.inputs import tensors
 from scaletrain.precision.hardware import CPU_BF16_FLAGS, NATIVE_BF16, DeviceFacts
-from scaletrain.training.defaults import Setting
-from scaletrain.training.probe_cache import cache_key, cached_entry, remember
 from scaletrain.training.rounds import (
     AGAIN,
     LOSS_TOLERANCE,
@@ -65,13 +62,23 @@ COMPILE_MARGIN = 2.0
 def precision_candidates(facts: DeviceFacts, reference: str) -> list[str]:
     """The precisions besides `reference` (the rule's) that can pay on this device: bf16-mixed where
     it computes bfloat16 natively (AVX512-BF16 or AMX on a CPU; compute capability 8.0 on CUDA),
-    fp16-mixed on CUDA's tensor cores, and fp32."""
+    fp16-mixed on CUDA's tensor cores, fp8 on float8 tensor cores (8.9), and fp32."""
     if facts.kind not in ("cpu", "cuda"):    # an XLA device compiles each shape: a few steps measure its compiler
         return []
     native_bf16 = ((facts.kind == "cpu" and bool(facts.cpu_flags & CPU_BF16_FLAGS))
                    or (facts.kind == "cuda" and facts.capability is not None and facts.capability >= NATIVE_BF16))
-    names = ["fp32", *(["bf16-mixed"] if native_bf16 else []), *(["fp16-mixed"] if facts.kind == "cuda" else [])]
+    names = ["fp32", *(["bf16-mixed"] if native_bf16 else []), *(["fp16-mixed"] if facts.kind == "cuda" else []),
+             *(["fp8"] if _float8_here(facts) else [])]
     return [n for n in names if n != reference]
+
+
+def _float8_here(facts: DeviceFacts) -> bool:
+    """fp8 is a candidate on float8 tensor cores (CUDA 8.9 and newer) with torchao installed; never
+    emulated (on a CPU it is only ever slower). Which layers convert is torchao's rule for now
+    (precision/float8.py): measured per layer shape once a GPU runs it."""
+    from scaletrain.precision.float8 import FP8_CAPABILITY, torchao_installed
+    return (facts.kind == "cuda" and facts.capability is not None and facts.capability >= FP8_CAPABILITY
+            and torchao_installed())
 
 
 @dataclass
@@ -456,156 +463,3 @@ def probe_config(cfg, key: str, threads: int, per_replica_batch: int | None = No
     out.checkpoint.every = 0
     out.threads = threads     # chosen once for the run (no second look at the load)
     return out
-
-
-# ------------------------------------------------------------------ the run's decision
-def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, device: torch.device,
-                    say: Callable[[str], None] = print, replicas: int = 1) -> tuple[list[Setting], float]:
-    """`settings` with the ones `auto` chose by rule (precision, compile: `why` set) measured on
-    the run's own step where that applies and pays (or read from the cache); writes the choices
-    into `cfg`. Returns the settings and the seconds probing took. `replicas` > 1: the run's
-    chief decides for a data-parallel run of that many processes, measuring one process's step
-    (its share of the batch, its device and threads) on copies of its own, alone."""
-    from scaletrain.distributed import divide_batch
-    from scaletrain.precision.hardware import device_facts
-    from scaletrain.training.build import set_thread_pools
-    chosen = {s.name: s for s in settings if s.why is not None}
-    precision, compiling = chosen.get("precision"), chosen.get("compile")
-    if not cfg.probe or (precision is None and compiling is None):
-        return settings, 0.0
-    facts = device_facts(device)
-    if facts.kind not in ("cpu", "cuda"):    # an XLA device compiles each shape: a few steps measure its compiler
-        return settings, 0.0
-    reference = cfg.precision.policy
-    candidates = precision_candidates(facts, reference) if precision is not None else []
-    compile_asked = compiling is not None
-    if not candidates and not compile_asked:
-        return settings, 0.0
-    division = divide_batch(cfg.batch_size, cfg.per_replica_batch_size, replicas, cfg.optim.grad_accum_steps,
-                            cfg.accumulate_to_global)
-    batch = division.per_replica
-    out = {s.name: s for s in settings}
-
-    def settled(decided: dict[str, tuple[object, str, dict | None]]) -> list[Setting]:
-        for name, (value, why, figures) in decided.items():
-            out[name] = Setting(name, value, why, figures)
-        if "precision" in out:
-            cfg.precision.policy = out["precision"].value
-        if "compile" in out:
-            cfg.compile = bool(out["compile"].value)
-        return list(out.values())
-
-    try:
-        run_steps = max(len(dataset.train) // max(division.global_batch, 1), 1) * cfg.epochs
-    except TypeError:     # a stream of unknown length: nothing predicts the run, nothing bounds a probe
-        return settled(_unprobed("not probed: the data's length is unknown", precision if candidates else None,
-                                 compiling)), 0.0
-    threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
-    questions = [reference, *candidates, *([COMPILED] if compile_asked else [])]
-    key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, questions)
-    # First the cache: a run too short to repay a probe still takes what a longer run of the same
-    # model here measured (or `--probe-share 1` did once). A question the kept entry left open (a
-    # compile its run's budget could not hold) is asked now, in the kept precision.
-    raw = cached_entry(key) if key else None
-    kept = _from_cache(raw, reference, candidates, compile_asked, run_steps)
-    open_precision = bool(candidates) and "precision" not in kept
-    open_compile = compile_asked and "compile" not in kept
-    if not open_precision and not open_compile:
-        return settled(kept), 0.0
-    reference = kept["precision"][0] if "precision" in kept else reference
-    candidates = candidates if open_precision else []
-    unfit = _compile_unfit_by_cache(raw, run_steps, cfg.probe_share) if open_compile and not open_precision else None
-    if unfit:    # a step time measured here before says a compile cannot fit: no copy built
-        return settled({**kept, **_unprobed(unfit, None, compiling)}), 0.0
-    short = too_short(run_steps, 2 + (len(candidates) or 1), cfg.probe_share)
-    if short:    # decided from the step count: no step taken
-        return settled({**kept, **_unprobed(short, precision if open_precision else None,
-                                            compiling if open_compile else None)}), 0.0
-
-    make_arm = _arm_maker(cfg, dataset, task, threads, batch if replicas > 1 else None, device)
-    asked = ", ".join([*([reference, *candidates] if candidates else []), *(["compile"] if open_compile else [])])
-    say(f"probing {asked} on copies of this run's step, at most {cfg.probe_share:.0%} of the run's time "
-        "(--no-probe: the rules alone)")
-    probed = run_probe(reference, candidates, make_arm, run_steps, cfg.probe_share, open_compile)
-    measured = probed.cache_entry()
-    if key and measured:
-        remember(key, {**(raw or {}), **measured}, run_id)
-    return settled({**kept, **probed.decided()}), probed.seconds
-
-def _compile_unfit_by_cache(raw: dict | None, run_steps: int, share: float) -> str | None:
-    """Why a compile cannot be probed in this run's budget, from the step time a kept entry holds
-    (None: it may fit, or nothing was kept)."""
-    step_s = raw.get("step_s") if raw else None
-    if share >= 1 or not isinstance(step_s, (int, float)) or step_s <= 0:
-        return None
-    predicted = step_s * run_steps
-    budget = budget_s(predicted, share)
-    return compile_unfit(budget, share, predicted) if budget < COMPILE_FLOOR_S else None
-
-
-def _unprobed(reason: str, precision: Setting | None, compiling: Setting | None) -> dict:
-    """The rule's choices of the questions left open (None: not open), with why they stay so;
-    compile, beside a precision that says the reason in full, says its first words."""
-    out = {}
-    if precision is not None:
-        out["precision"] = (precision.value, f"{precision.why}; {reason}", None)
-    if compiling is not None:
-        out["compile"] = (compiling.value, f"{compiling.why}; {reason.split(' (')[0] if precision else reason}", None)
-    return out
-
-
-def _arm_maker(cfg, dataset, task, threads: int, per_replica_batch: int | None, device: torch.device):
-    """make_arm for run_probe: a copy of the run in an arm's settings. With `per_replica_batch`
-    (a run of several processes), a copy is one process of its own (a strategy of one on this
-    rank's device), never another member of the group."""
-    from scaletrain.distributed import build_strategy
-    from scaletrain.distributed.env import DistEnv
-    from scaletrain.training.build import build_training
-
-    def make_arm(arm_key: str) -> Arm:
-        arm_cfg = probe_config(cfg, arm_key, threads, per_replica_batch)
-        strategy = build_strategy(arm_cfg.distributed, DistEnv()) if per_replica_batch is not None else None
-        if strategy is not None:
-            strategy.setup(str(device))
-        return Arm(build_training(arm_cfg, strategy=strategy, dataset=dataset, task=task, checked=True).trainer,
-                   dataset)
-    return make_arm
-
-
-def _from_cache(kept: dict | None, reference: str, candidates: list[str], compile_asked: bool,
-                run_steps: int) -> dict[str, tuple[object, str, dict | None]]:
-    """The decisions a kept cache entry holds for the questions this run asks, as its settings
-    (empty: a miss). The cache file is the user's: only a precision this run could have chosen is
-    taken from it, and a kept compile is judged again for this run's length."""
-    if kept is None:
-        return {}
-    out: dict[str, tuple[object, str, dict | None]] = {}
-    where = f"cached from run {kept['run_id']}"
-    if candidates and isinstance(kept.get("why"), str):
-        if kept.get("policy") not in (reference, *candidates):
-            return {}
-        out["precision"] = (kept["policy"], f"{where}: {kept['why']}", kept.get("figures"))
-    if compile_asked and kept.get("compile") is not None:
-        try:
-            on, why, figures = compile_from_figures(kept["compile"], run_steps)
-        except (KeyError, TypeError, ValueError):     # edited: measured again
-            return out
-        policy = out["precision"][0] if "precision" in out else reference
-        if figures["policy"] == policy:
-            out["compile"] = (on, f"{where}: {why}", figures)
-    return out
-
-def _key(cfg, dataset, batch: int, device: str, threads: int, candidates: list[str]) -> str | None:
-    """The cache key of this run's model, built on the meta device (its structure, no memory);
-    None where the model cannot be built there (a user's model that computes while it is built):
-    such a run is probed each time, never cached under a wrong key."""
-    from scaletrain.adapters import model_to_train
-    from scaletrain.tasks import build_task
-    try:
-        example = tensors(dataset.examples.x)[0][:1]
-        outputs = build_task(cfg.task, dataset.task).output_size(dataset)
-        with torch.device("meta"):
-            model = model_to_train(cfg.model.name, dataset.input_shape, outputs, **cfg.model.options)
-    except Exception:   # noqa: BLE001 - the user's builder, on a device it was not written for
-        return None
-    return cache_key(model, example, batch, device, threads, candidates)

@@ -118,6 +118,9 @@ class Trainer:
                          choose_channels_last(cfg.channels_last, self.device, has_2d_convolutions(model)),
                          choose_compile(cfg.compile)]
         self.policy = get_policy(cfg.precision.policy)
+        problem = self.policy.problem(cfg.precision, facts.kind, facts.capability)
+        if problem:
+            raise ConfigError(problem)
         self.policy.configure_backend()
         torch.manual_seed(cfg.seed)
         prepared = parallelize(model, cfg, strategy, self.policy, self.batch.per_replica,
@@ -126,7 +129,7 @@ class Trainer:
         self.checkpointed_blocks = prepared.checkpointed_blocks
         # What this device does with the policy, and tensor-core shapes under 16-bit precisions;
         # run_training prints these once.
-        self.advice = (precision_warnings(self.policy, facts)
+        self.advice = (precision_warnings(self.policy, facts) + self.policy.notes(self.model, cfg.precision)
                        # Tensor cores are a GPU's: on a CPU (where the probe may choose bf16) the sizes do not matter.
                        + (alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps)
                           if self.device.type == "cuda" else [])

@@ -1,0 +1,129 @@
+"""`--precision fp8`: float8 training of the model's `nn.Linear` layers through torchao, bf16
+autocast for everything else (issue 93).
+
+An H100's dense float8 peak is about twice its bf16 peak; torchtitan trains in float8 through
+torchao's `convert_to_float8_training`, which swaps each chosen `nn.Linear` for a `Float8Linear`
+that casts its input, weight and gradient to float8 with dynamic scales in every matrix product.
+The swap keeps the layer's `weight` and `bias` parameters as they were (float32, under autocast),
+and dynamic scaling holds no state: a checkpoint of an fp8 run is a bf16 run's, and the other way
+round (tests/test_float8.py).
+
+- **Recipes**: `--fp8-recipe tensorwise` (the default: one scale a tensor, cuBLAS's kernel) or
+  `rowwise` (a scale a row, torchtitan's default since it measured about +10 % on 8xH100
+  Llama3-8B), torchao's `Float8LinearConfig.from_recipe_name`.
+- **Which layers**: a matrix product in float8 needs both of its dimensions divisible by 16
+  (`torch._scaled_mm`); a layer that has not, and every layer of a module kept in float32
+  (`--fp32-modules`), stays as it is, and the run's notes name them. torchao's own "auto filter" is
+  a fixed table of H100 thresholds; until a GPU measures each layer shape here, the rule is its
+  divisibility rule (docs/guide.md says so).
+- **Where**: on CUDA of compute capability 8.9 or newer (Ada, Hopper). Anywhere else only with
+  `--fp8-emulate`: the same rounding computed in higher precision, for tests and correctness
+  checks, and said to be "emulated, not faster".
+- torchao is an optional extra (`pip install scaletrain[fp8]`); without it the flag is refused in
+  one line that names the install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from scaletrain.precision.policies import PrecisionPolicy, register_policy
+
+FP8_CAPABILITY = (8, 9)       # Ada and Hopper: float8 tensor cores
+FP8_RECIPES = ("tensorwise", "rowwise")
+FP8_MULTIPLE = 16             # torch._scaled_mm: both dimensions of each operand
+MISSING = "--precision fp8 needs torchao: pip install 'scaletrain[fp8]' (or pip install torchao)"
+
+
+def torchao_installed() -> bool:
+    return importlib.util.find_spec("torchao") is not None
+
+
+def _torchao_float8():
+    """torchao.float8, imported without the warnings torchao logs as it loads on a machine without
+    its CUDA kernels (a CPU: "Failed to load ..._C_cutlass_90a.abi3.so"), which are not errors here."""
+    import logging
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        import torchao.float8
+        import torchao.float8.float8_linear
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    return torchao.float8
+
+
+def skipped_reason(name: str, module: nn.Module, kept_fp32: tuple[str, ...]) -> str | None:
+    """Why the `nn.Linear` `name` trains in bf16 rather than float8, or None: it converts."""
+    if any(name == kept or name.startswith(kept + ".") for kept in kept_fp32):
+        return "kept in float32 (--fp32-modules)"
+    if module.in_features % FP8_MULTIPLE or module.out_features % FP8_MULTIPLE:
+        return f"{module.in_features}x{module.out_features}: not divisible by {FP8_MULTIPLE}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Float8Policy(PrecisionPolicy):
+    """bf16 autocast, and torchao's Float8Linear in place of each convertible nn.Linear."""
+
+    def problem(self, options, kind: str, capability: tuple[int, int] | None) -> str | None:
+        if not torchao_installed():
+            return MISSING
+        if options.fp8_emulate:
+            return None
+        if kind != "cuda":
+            return (f"--precision fp8 computes in float8 on a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+                    f"this is a {kind} device: --fp8-emulate runs it emulated here (for tests, not faster), or "
+                    "use --precision bf16-mixed")
+        if capability is not None and capability < FP8_CAPABILITY:
+            cc = ".".join(map(str, capability))
+            return (f"--precision fp8 needs float8 tensor cores (compute capability 8.9 or newer); this GPU is {cc}: "
+                    "use --precision bf16-mixed, or --fp8-emulate to check correctness (not faster)")
+        return None
+
+    def convert_module(self, model: nn.Module, fp32_modules=(), options=None) -> nn.Module:
+        model = PrecisionPolicy.convert_module(self, model, fp32_modules)
+        ao = _torchao_float8()
+        Float8LinearConfig, convert_to_float8_training = ao.Float8LinearConfig, ao.convert_to_float8_training
+        recipe = options.fp8_recipe if options is not None else "tensorwise"
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        if options is not None and options.fp8_emulate:
+            import dataclasses
+            config = dataclasses.replace(config, emulate=True)
+        kept = _kept_names(model, tuple(fp32_modules))
+        return convert_to_float8_training(
+            model, config=config,
+            module_filter_fn=lambda module, name: skipped_reason(name, module, kept) is None)
+
+    def notes(self, model: nn.Module, options=None) -> list[str]:
+        Float8Linear = _torchao_float8().float8_linear.Float8Linear
+        converted = sum(1 for m in model.modules() if isinstance(m, Float8Linear))
+        kept = _kept_names(model, tuple(options.fp32_modules) if options is not None else ())
+        skipped = {name: skipped_reason(name, m, kept) or "not converted"
+                   for name, m in model.named_modules()
+                   if isinstance(m, nn.Linear) and not isinstance(m, Float8Linear)}
+        recipe = options.fp8_recipe if options is not None else "tensorwise"
+        out = [f"fp8 ({recipe}): {converted} linear layer(s) in float8, the rest in bf16 autocast"
+               + (f"; kept out: {', '.join(f'{n} ({why})' for n, why in skipped.items())}" if skipped else "")]
+        if options is not None and options.fp8_emulate:
+            out.append("fp8 emulated (--fp8-emulate): float8's rounding computed in higher precision, for tests and "
+                       "correctness checks, not faster")
+        return out
+
+
+def _kept_names(model: nn.Module, fp32_modules: tuple[str, ...]) -> tuple[str, ...]:
+    """The qualified names of the modules --fp32-modules names (by name or by class name)."""
+    if not fp32_modules:
+        return ()
+    return tuple(name for name, m in model.named_modules()
+                 if name and (name in fp32_modules or type(m).__name__ in fp32_modules))
+
+
+register_policy("fp8", cls=Float8Policy, autocast_dtype=torch.bfloat16, tf32_matmul=True)
