@@ -246,6 +246,10 @@ def test_compile_is_probed_in_the_precision_chosen_on_new_copies_and_a_compile_t
     assert short.precision.value == "bf16-mixed" and short.compile.value is False
     assert short.compile.why.startswith("not probed: the probe's 8 s (5% of the run's predicted 150 s) cannot hold "
                                         "a compile")
+    # Compile alone asked, and one copy's step says it cannot fit: no second copy is built.
+    built.clear()
+    alone_short = probe.run_probe("fp32", [], make({}), 5_000, 0.05, compile_asked=True)
+    assert alone_short.compile.value is False and built == ["fp32"] and alone_short.step_s == pytest.approx(0.03)
     kept = short.cache_entry()    # the precision kept; compile left open, for a longer run to ask
     assert kept["policy"] == "bf16-mixed" and "compile" not in kept and kept["step_s"] == pytest.approx(0.03)
 

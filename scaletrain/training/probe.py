@@ -313,11 +313,16 @@ def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm]
     arms[reference] = make_arm(reference)
     arms[reference].window(WARMUP_STEPS - 1)
     built = time.perf_counter()
-    arms[AGAIN] = make_arm(reference)
-    arms[AGAIN].window(WARMUP_STEPS)
-    setup_s = time.perf_counter() - built
     step_s, _ = arms[reference].window(1)
     predicted = step_s * run_steps
+    if not candidates and share < 1 and budget_s(predicted, share) < COMPILE_FLOOR_S:
+        # Compile alone was asked, and one copy's step already says no compile fits: no second copy.
+        return Probed(None, Decision(False, compile_unfit(budget_s(predicted, share), share, predicted)),
+                      time.perf_counter() - started, step_s)
+    again = time.perf_counter()
+    arms[AGAIN] = make_arm(reference)
+    arms[AGAIN].window(WARMUP_STEPS)
+    setup_s = time.perf_counter() - again
     # The budget is the probe's own cost: from the reference's first copy on (its build and first
     # step paid the process's one-time costs, imports and kernel selection, which the run's own
     # build would otherwise pay; `seconds` reports them all the same).
