@@ -360,3 +360,20 @@ def test_compiled_graphs_are_kept_in_the_users_cache_folder_unless_the_user_name
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/theirs")
     keep_compiled_artifacts()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/theirs"
+
+
+def test_a_cpu_run_keeps_freed_blocks_for_reuse_unless_the_environment_sets_malloc(monkeypatch):
+    """glibc's thresholds fixed once per process (training/allocator.py); a user's own are kept."""
+    from scaletrain.training import allocator
+    monkeypatch.setattr(allocator, "_done", None)
+    for name in allocator.USER_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    setting = allocator.keep_freed_memory()
+    if allocator._glibc() is None:
+        assert setting.value == "as is"
+    else:
+        assert setting.value == "freed blocks kept for reuse" and "64 MiB" in setting.why
+    monkeypatch.setattr(allocator, "_done", None)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert allocator.keep_freed_memory() == allocator.Setting("malloc", "as the environment sets it",
+                                                              "MALLOC_MMAP_THRESHOLD_")

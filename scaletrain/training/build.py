@@ -21,6 +21,7 @@ from scaletrain.distributed import Strategy, resolve_device
 from scaletrain.errors import ConfigError
 from scaletrain.inputs import call_model, map_inputs
 from scaletrain.tasks import Task, build_task
+from scaletrain.training.allocator import keep_freed_memory
 from scaletrain.training.denormals import flush_denormals
 from scaletrain.training.preflight import meta_model, model_memory_problem, run_task
 from scaletrain.training.threads import AdaptiveThreads, ThreadChoice, choose_threads, wait_policy
@@ -126,5 +127,7 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     trainer.settle_setting(threads.setting)
     trainer.settle_setting(wait_policy())
     trainer.settle_setting(flush_denormals(cfg.flush_denormal))   # after the pools exist: each thread set
+    if trainer.device.type == "cpu":     # the step's blocks reused, not mapped afresh (allocator.py)
+        trainer.settle_setting(keep_freed_memory())
     trainer.settle_for_data(dataset)      # so the run's start line and record name it too
     return TrainingParts(trainer, dataset)
