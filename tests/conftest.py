@@ -37,17 +37,20 @@ def small_config(tmp_path, **overrides) -> TrainConfig:
 def _one_data_cache_per_session(tmp_path_factory):
     """Generated data sets are cached (data/cache.py) in one folder for the whole session, shared
     with every CLI process a test starts: the suite generates MNIST-1D once, and never writes to
-    the user's own cache."""
+    the user's own cache (the rest of the user's cache folder is each test's own: _work_in_tmp_path)."""
     import os
 
     from scaletrain.data.cache import CACHE_ENV
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("data-cache"))
+    names = {CACHE_ENV: "data-cache"}
+    before = {name: os.environ.get(name) for name in names}
+    for name, folder in names.items():
+        os.environ[name] = str(tmp_path_factory.mktemp(folder))
     yield
-    if before is None:
-        os.environ.pop(CACHE_ENV, None)
-    else:
-        os.environ[CACHE_ENV] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)
@@ -60,5 +63,7 @@ def _restore_matmul_precision():
 @pytest.fixture(autouse=True)
 def _work_in_tmp_path(tmp_path, monkeypatch):
     """Every test runs in its own folder, so the run store and run folders a training creates by
-    default (./scaletrain-runs) never land in the repository."""
+    default (./scaletrain-runs) never land in the repository, and with a user cache folder of its
+    own: a probe decision another test's run kept must not change what this test's run chooses."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".user-cache"))

@@ -310,7 +310,7 @@ def test_plan_memory_cli_json_and_a_model_too_large_to_build(tmp_path):
     (["--devices", "0"], "--devices must be >= 1"),
     (["--device-memory", "eighty gigs"], "cannot read --device-memory 'eighty gigs'"),
     (["--batch-size", "10", "--devices", "4"], "does not divide over 4 devices"),
-    (["--precision", "fp8"], "unknown precision 'fp8'"),
+    (["--precision", "fp4"], "unknown precision 'fp4'"),
 ])
 def test_plan_memory_bad_inputs_are_one_line_errors(tmp_path, args, message):
     result = run_here(["plan-memory", "--model", "mlp", "--data", "digits", *args], tmp_path)
