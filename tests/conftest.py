@@ -61,9 +61,9 @@ def _restore_matmul_precision():
 
 
 @pytest.fixture(autouse=True)
-def _work_in_tmp_path(tmp_path, monkeypatch):
+def _work_in_tmp_path(tmp_path, tmp_path_factory, monkeypatch):
     """Every test runs in its own folder, so the run store and run folders a training creates by
     default (./scaletrain-runs) never land in the repository, and with a user cache folder of its
     own: a probe decision another test's run kept must not change what this test's run chooses."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".user-cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("user-cache")))   # (beside tmp_path: tests list it)

@@ -80,6 +80,12 @@ QUICK = ["--model", "mlp", "--model-option", "hidden=[256,256]", "--data", "digi
          "--no-compile", "--epochs", "3", "--threads", "1", "--no-progress"]
 
 
+def _skip_without_native_bf16() -> None:
+    from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
+    if not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS:
+        pytest.skip("this CPU computes no bfloat16 natively: fp32 is its only precision, nothing to probe")
+
+
 def _settings_line(out: str) -> str:
     return next(line for line in out.splitlines() if line.startswith("settings:"))
 
@@ -90,10 +96,8 @@ def _weights(folder) -> dict:
 
 @pytest.mark.usefixtures("processes")
 def test_a_probed_run_equals_its_choice_named_and_the_next_run_starts_from_the_cache(tmp_path):
-    from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
     from tests.processes import run
-    if not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS:
-        pytest.skip("this CPU computes no bfloat16 natively: fp32 is its only precision, nothing to probe")
+    _skip_without_native_bf16()
     home = str(tmp_path / "cache")
     probed = run(["train", *QUICK, "--probe-share", "1", "--run-dir", "a", "--checkpoint-every", "20"], tmp_path,
                  XDG_CACHE_HOME=home)
@@ -286,10 +290,8 @@ def test_a_users_own_model_and_torch_dataset_are_probed_through_their_loader(tmp
     """The user's nn.Module and torch Dataset, read by a DataLoader with a worker: the copies read
     the user's batches, end their workers, and the run trains in what the probe chose, compiled or
     not (a real compile, measured in the precision chosen)."""
-    from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
     from tests.processes import run
-    if not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS:
-        pytest.skip("this CPU computes no bfloat16 natively: nothing to probe")
+    _skip_without_native_bf16()
     (tmp_path / "mine.py").write_text(USER_CODE)
     done = run(["train", "--model", "mine:Net", "--data", "mine:splits", "--epochs", "2", "--batch-size", "64",
                 "--num-workers", "1", "--probe-share", "1", "--no-progress", "--run-dir", "r"], tmp_path,
@@ -314,10 +316,8 @@ def test_under_nproc_the_chief_decides_and_every_rank_trains_in_its_choice(tmp_p
     every rank takes its decision. The cache is edited to say bf16-mixed, whatever this machine
     measured: were rank 1 to train in the rule's fp32 beside a rank 0 in bf16-mixed, their averaged
     gradients, and so the weights, would differ from the same run with bf16-mixed named."""
-    from scaletrain.precision.hardware import CPU_BF16_FLAGS, device_facts
     from tests.processes import run
-    if not device_facts(torch.device("cpu")).cpu_flags & CPU_BF16_FLAGS:
-        pytest.skip("this CPU computes no bfloat16 natively: nothing to probe")
+    _skip_without_native_bf16()
     home = str(tmp_path / "cache")
     probed = run(["train", *QUICK, "--nproc", "2", "--probe-share", "1", "--run-dir", "a"], tmp_path,
                  XDG_CACHE_HOME=home)
