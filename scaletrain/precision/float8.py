@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from scaletrain.precision.float32_modules import matching_modules
 from scaletrain.precision.policies import PrecisionPolicy, register_policy
 
 FP8_CAPABILITY = (8, 9)       # Ada and Hopper: float8 tensor cores
@@ -118,12 +119,9 @@ class Float8Policy(PrecisionPolicy):
         return out
 
 
-def _kept_names(model: nn.Module, fp32_modules: tuple[str, ...]) -> tuple[str, ...]:
-    """The qualified names of the modules --fp32-modules names (by name or by class name)."""
-    if not fp32_modules:
-        return ()
-    return tuple(name for name, m in model.named_modules()
-                 if name and (name in fp32_modules or type(m).__name__ in fp32_modules))
 
+def _kept_names(model: nn.Module, fp32_modules: tuple[str, ...]) -> tuple[str, ...]:
+    """The qualified names of the modules --fp32-modules names (float32_modules.py's matching)."""
+    return tuple(matching_modules(model, fp32_modules)) if fp32_modules else ()
 
 register_policy("fp8", cls=Float8Policy, autocast_dtype=torch.bfloat16, tf32_matmul=True)

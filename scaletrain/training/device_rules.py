@@ -14,7 +14,7 @@ def device_problem(cfg: TrainConfig, strategy, world: int) -> str | None:
     kind = device_type(cfg.device)
     if cfg.precision.policy != "auto":     # what the policy itself needs (fp8: torchao, float8 tensor cores)
         from scaletrain.precision import get_policy
-        problem = get_policy(cfg.precision.policy).problem(cfg.precision, _device_kind(cfg.device), None)
+        problem = get_policy(cfg.precision.policy).problem(cfg.precision, kind, None)
         if problem:
             return problem
     if kind != "xla":
@@ -38,11 +38,3 @@ def device_problem(cfg: TrainConfig, strategy, world: int) -> str | None:
         return "--compile on an XLA device: XLA compiles every step's graph already; drop --compile"
     from scaletrain.optim.optimizers import device_problem as optimizer_problem
     return optimizer_problem(cfg.optim.optimizer, kind)
-
-
-def _device_kind(device: str) -> str:
-    """The type of device `--device` names, without opening it (auto: cuda where torch sees one)."""
-    if device != "auto":
-        return device.split(":")[0]
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
