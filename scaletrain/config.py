@@ -310,7 +310,9 @@ class TrainConfig:
                                             "the fastest (default: on on a GPU when every batch has one shape; "
                                             "--no-cudnn-benchmark turns it off)", resumable=True)
     compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES, resumable=True)
-    cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default: on with steps_per_execution>1 on CUDA)", resumable=True)
+    cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default on CUDA: on with "
+                                        "steps_per_execution>1; with one step, on where the probe measures the captured "
+                                        "step faster on the run's own step and repaying its capture)", resumable=True)
     task: str = _f("auto", "what is learned and how it is scored: auto (the data set's; the model's own loss for a "
                    "model whose forward takes labels=), classification, regression, language-model, own-loss, or "
                    "your own package.module:Task class (docs/your-task.md)", choices=TASKS)

@@ -28,6 +28,8 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     result = run(["train", *DIGITS_MLP, "--epochs", "1", "--run-id", "src"], cwd)
     assert result.returncode == 0, result.stderr
     (folder,) = [p for p in (cwd / "scaletrain-runs").iterdir() if p.is_dir()]
+    # Named before the probe could choose its precision: the name says so rather than the rule's guess.
+    assert folder.name.endswith("-mlp-digits-auto-src"), folder.name
     return cwd, folder / "model.pt"
 
 

@@ -258,6 +258,54 @@ def test_compile_is_probed_in_the_precision_chosen_on_new_copies_and_a_compile_t
     assert kept["policy"] == "bf16-mixed" and "compile" not in kept and kept["step_s"] == pytest.approx(0.03)
 
 
+def test_cuda_graphs_are_a_question_on_a_gpu_measured_last_and_never_on_top_of_a_compile():
+    from scaletrain.training.defaults import choose_cuda_graphs
+    # Asked only on a GPU, unnamed, one step per execution, under a strategy that can capture.
+    assert choose_cuda_graphs(None, 1, "cuda", True).why.startswith("auto: off")
+    assert [choose_cuda_graphs(*a) for a in ((True, 1, "cuda", True), (None, 8, "cuda", True), (None, 1, "cpu", True),
+                                             (None, 1, "cuda", False))] == [None] * 4
+    assert probe.probe_config(_config(), "bf16-mixed graphs", 1).cuda_graphs is True
+    seconds = {"fp32": 0.030, "bf16-mixed": 0.020, "bf16-mixed graphs": 0.012, "fp32 compiled": 0.015}
+    built: list[str] = []
+
+    def make(key):
+        built.append(key)
+        return _FakeArm(key, seconds, {})
+    probed = probe.run_probe("fp32", ["bf16-mixed"], make, 20_000, 0.05, graphs_asked=True)
+    # In the precision chosen, against two new eager copies of it (the loss check's same steps).
+    assert probed.precision.value == "bf16-mixed" and probed.graphs.value is True
+    assert probed.graphs.why.startswith("probed: CUDA graph 1.67x eager (1.67-1.67), loss within")
+    assert built == ["fp32", "fp32", "bf16-mixed", "bf16-mixed", "bf16-mixed", "bf16-mixed graphs"]
+    assert probed.decided()["cuda_graphs"][0] is True and probed.cache_entry()["cuda_graphs"]["policy"] == "bf16-mixed"
+    # A kept decision is taken for a run as long, and judged again for a shorter one.
+    kept = {"run_id": "r1", "cuda_graphs": probed.cache_entry()["cuda_graphs"]}
+    assert probe_settings._from_cache(kept, "bf16-mixed", [], False, True, 20_000)["cuda_graphs"][0] is True
+    # Compile chosen: graphs are not measured on top of it.
+    both = probe.run_probe("fp32", [], make, 200_000, 0.05, compile_asked=True, graphs_asked=True)
+    assert both.compile.value is True and both.graphs.value is False and "compiled" in both.graphs.why
+    # Slower captured (a step that is not launch-bound): off.
+    seconds["fp32 graphs"] = 0.040
+    assert probe.run_probe("fp32", [], make, 20_000, 0.05, graphs_asked=True).graphs.why.endswith(
+        "slower in every round")
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_the_probe_asks_cuda_graphs_and_the_run_trains_in_its_answer(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from tests.processes import run
+    done = run(["train", *QUICK, "--probe-share", "1", "--run-dir", "g"], tmp_path, XDG_CACHE_HOME=str(tmp_path / "c"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    line = _settings_line(done.stdout)
+    assert "(auto: probed" in line.partition("cuda_graphs ")[2], line
+    assert json.loads((tmp_path / "g" / "summary.json").read_text())["cuda_graphs"] == ("cuda_graphs on" in line)
+
+
+def _config():
+    from scaletrain.config import TrainConfig
+    return TrainConfig()
+
+
 USER_CODE = """
 import torch
 from torch import nn
@@ -338,7 +386,7 @@ def test_under_nproc_the_chief_decides_and_every_rank_trains_in_its_choice(tmp_p
 def test_a_kept_precision_is_taken_and_a_compile_left_open_is_asked_only_where_it_can_fit():
     kept = {"run_id": "r1", "policy": "bf16-mixed", "why": "probed: 1.50x fp32", "figures": {"rounds": 3},
             "step_s": 0.03}
-    found = probe_settings._from_cache(kept, "fp32", ["bf16-mixed"], True, 1_000)
+    found = probe_settings._from_cache(kept, "fp32", ["bf16-mixed"], True, False, 1_000)
     assert found["precision"][:2] == ("bf16-mixed", "cached from run r1: probed: 1.50x fp32") and "compile" not in found
     # 1,000 steps of 30 ms: 5 % is 1.5 s, no compile fits: said from the kept step time, no copy built.
     assert probe_settings._compile_unfit_by_cache(kept, 1_000, 0.05).startswith("not probed: the probe's 2 s (5% of the "
@@ -346,4 +394,4 @@ def test_a_kept_precision_is_taken_and_a_compile_left_open_is_asked_only_where_i
     assert probe_settings._compile_unfit_by_cache(kept, 100_000, 0.05) is None     # 150 s: a longer run asks it
     assert probe_settings._compile_unfit_by_cache(kept, 1_000, 1.0) is None         # --probe-share 1 measures anyway
     # A kept precision this run could not choose is no hit at all.
-    assert probe_settings._from_cache({**kept, "policy": "fp16-mixed"}, "fp32", ["bf16-mixed"], True, 1_000) == {}
+    assert probe_settings._from_cache({**kept, "policy": "fp16-mixed"}, "fp32", ["bf16-mixed"], True, False, 1_000) == {}

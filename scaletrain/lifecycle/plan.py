@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -35,8 +36,11 @@ from scaletrain.tracking.store import RunStore, new_run_id
 RUNS_ROOT = Path("scaletrain-runs")
 
 
-def run_name(cfg: TrainConfig) -> str:
-    return f"{cfg.model.name}-{cfg.data.name}-{cfg.precision.policy}".replace("/", "_").replace(":", "_")
+def run_name(cfg: TrainConfig, undecided: Collection[str] = ()) -> str:
+    """model-data-precision; `undecided`: the settings a probe may still change after the name is
+    taken (a folder is named before its run's probe): such a precision is named `auto`."""
+    precision = "auto" if "precision" in undecided else cfg.precision.policy
+    return f"{cfg.model.name}-{cfg.data.name}-{precision}".replace("/", "_").replace(":", "_")
 
 
 def launch_identity(env) -> dict:
@@ -113,9 +117,9 @@ def _probe_lock(folder: RunFolder) -> None:
         lock.release()
 
 
-def _new_folder(cfg: TrainConfig, run_id: str) -> RunFolder:
+def _new_folder(cfg: TrainConfig, run_id: str, undecided: Collection[str]) -> RunFolder:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return RunFolder(RUNS_ROOT / f"{stamp}-{run_name(cfg)}-{run_id}")
+    return RunFolder(RUNS_ROOT / f"{stamp}-{run_name(cfg, undecided)}-{run_id}")
 
 
 def _candidates() -> list[RunFolder]:
@@ -173,15 +177,16 @@ def check_outputs(cfg: TrainConfig) -> None:
         check_writable_file(cfg.tracking.store, "run store (--store)")
 
 
-def plan_run(cfg: TrainConfig, env) -> RunPlan:
+def plan_run(cfg: TrainConfig, env, undecided: Collection[str] = ()) -> RunPlan:
     """Decides the run's folder and mode, and checks every output it will write; writes nothing.
-    Raises UserError on a conflict."""
-    plan = _decide_folder(cfg, env)
+    Raises UserError on a conflict. `undecided`: the settings the run's probe may still change
+    (a new folder's name does not state them)."""
+    plan = _decide_folder(cfg, env, undecided)
     _check_owned_outputs(cfg, plan)
     return plan
 
 
-def _decide_folder(cfg: TrainConfig, env) -> RunPlan:
+def _decide_folder(cfg: TrainConfig, env, undecided: Collection[str]) -> RunPlan:
     check_outputs(cfg)
     if cfg.run_dir:
         check_writable_dir(cfg.run_dir, "--run-dir")
@@ -199,7 +204,7 @@ def _decide_folder(cfg: TrainConfig, env) -> RunPlan:
         return RunPlan(source, "resume", source.run_id or cfg.tracking.run_id or new_run_id())
     run_id = cfg.tracking.run_id or new_run_id()
     if not cfg.run_dir:
-        return RunPlan(_new_folder(cfg, run_id), "new", run_id)
+        return RunPlan(_new_folder(cfg, run_id, undecided), "new", run_id)
     folder = RunFolder(cfg.run_dir)
     _probe_lock(folder)
     if not folder.holds_run():

@@ -18,6 +18,7 @@ through `with run:`.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,14 @@ from scaletrain.tracking.loggers import build_trackers, check_trackers
 from scaletrain.tracking.loggers.base import ExternalLogging, RunInfo
 from scaletrain.tracking.tracked_run import TrackedRun, ending_status
 from scaletrain.training.build import task_for
-from scaletrain.training.defaults import Setting, choose_compile, describe_settings, settle_precision_here
+from scaletrain.training.defaults import (
+    Setting,
+    choose_compile,
+    choose_cuda_graphs,
+    describe_settings,
+    device_kind_here,
+    settle_precision_here,
+)
 from scaletrain.training.device_rules import device_problem
 from scaletrain.training.preflight import settle_model_optimizer
 from scaletrain.training.probe_settings import probed_settings
@@ -77,6 +85,10 @@ class RunRequest:
     config: TrainConfig
     folders: JobFolders
     settings: list[Setting] = field(default_factory=list)
+
+    def undecided(self) -> set[str]:
+        """The settings `auto` chose by rule, which the run's probe may still change."""
+        return {s.name for s in self.settings}
 
 
 def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunRequest:
@@ -117,15 +129,18 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     precision = settle_precision_here(cfg)
     compiling = choose_compile(cfg.compile)     # (the probe may turn it on: start_run)
     cfg.compile = compiling.value
-    return RunRequest(cfg, folders, [s for s in (precision, compiling) if s.why])
+    graphs = choose_cuda_graphs(cfg.cuda_graphs, cfg.steps_per_execution, device_kind_here(cfg),
+                                strategy_class(cfg.distributed, world).supports_cuda_graphs)
+    return RunRequest(cfg, folders, [s for s in (precision, compiling, graphs) if s is not None and s.why])
 
 
-def agree_on_plan(cfg: TrainConfig, env, strategy) -> tuple[RunPlan, TrainConfig]:
+def agree_on_plan(cfg: TrainConfig, env, strategy, undecided: Collection[str] = ()) -> tuple[RunPlan, TrainConfig]:
     """The chief plans the run (folder, mode, id) and every rank adopts its plan and config, so
-    ranks on other hosts, which do not see the run folder, continue the same run."""
+    ranks on other hosts, which do not see the run folder, continue the same run. `undecided`:
+    the settings the run's probe may still change."""
     if strategy.is_chief:
         try:
-            plan = plan_run(cfg, env)
+            plan = plan_run(cfg, env, undecided)
             message = {"folder": str(plan.folder.path), "mode": plan.mode, "run_id": plan.run_id,
                        "config": to_mapping(cfg)}
         except UserError as exc:
@@ -145,7 +160,7 @@ def start_run(request: RunRequest, env, strategy, console: Console, extra_callba
     pruning), last, so an epoch is recorded before one of them stops the run."""
     wall_start = time.perf_counter()
     raise_if_owed()       # a stop swallowed while the command started: no run is begun
-    plan, cfg = agree_on_plan(request.config, env, strategy)
+    plan, cfg = agree_on_plan(request.config, env, strategy, request.undecided())
     dataset = load_dataset(cfg.data, seed=cfg.seed)
     task = task_for(cfg, dataset)
     metric = task.check_metric(cfg.target_metric) if cfg.target is not None else None
@@ -273,7 +288,7 @@ class Run:
         # The trainer's own settings, with what the configuration's settling chose in place of the
         # trainer's "as configured" where both name one (the precision `auto` chose).
         settled = {s.name: s for s in self.settled}
-        settings = [settled.get(s.name, s) for s in trainer.settings]
+        settings = [settled.pop(s.name, s) for s in trainer.settings] + list(settled.values())
         if self.tracked is not None:
             self.tracked.describe(trainer.device, device_name(trainer.device), strategy.world_size,
                                   {s.name: s.record() for s in settings})

@@ -37,3 +37,16 @@ class CudaGraphStep:
             static.copy_(new, non_blocking=True)
         self.static_y.copy_(y, non_blocking=True)
         self.graph.replay()
+
+
+def capture_undone(trainer, step: TrainStep, x: Inputs, y: torch.Tensor) -> CudaGraphStep:
+    """`step` captured on (x, y), the training its warm-up iterations did undone: the weights,
+    optimizer state, counters and RNG as they were (what the probe's copies measure from; the
+    trainer's own warm-up does the same around its capture)."""
+    from scaletrain.training.snapshot import TrainingSnapshot
+    extra = {**trainer.counters.tensors(), **(trainer.scaler.state_tensors() if trainer.scaler else {})}
+    snapshot = TrainingSnapshot(trainer.model, trainer.optimizer, extra)
+    captured = CudaGraphStep(step, x, y)
+    snapshot.restore()
+    trainer.counters.restored()
+    return captured

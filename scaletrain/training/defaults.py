@@ -40,6 +40,14 @@ class Setting:
         return {"value": self.value, "chosen": self.why, **({"measured": self.figures} if self.figures else {})}
 
 
+def device_kind_here(cfg) -> str:
+    """The kind of device this process trains on (cfg.device): cuda, cpu or xla, without opening
+    an XLA device (SPMD must be switched on before its runtime starts)."""
+    from scaletrain.accelerators.xla import device_type
+    from scaletrain.distributed import resolve_device
+    return "xla" if device_type(cfg.device) == "xla" else resolve_device(cfg.device).type
+
+
 def settle_precision_here(cfg) -> Setting:
     """Writes the policy `--precision auto` means on the device this process trains on (cfg.device)
     into the configuration; returns it as a Setting (why: None where the configuration named it).
@@ -63,6 +71,16 @@ def choose_compile(given: bool | None) -> Setting:
     if given is not None:
         return Setting("compile", given, None)
     return Setting("compile", False, "auto: eager unless measured to repay its compile")
+
+
+def choose_cuda_graphs(given: bool | None, steps_per_execution: int, device_kind: str,
+                       supported: bool) -> Setting | None:
+    """A question for the probe, or None where there is none: on a GPU, with `--cuda-graphs` not
+    named and one step per execution (several are captured by their own rule), under a strategy
+    that can capture its step. Until measured, off: a graph repays only a launch-bound step."""
+    if given is not None or steps_per_execution > 1 or device_kind != "cuda" or not supported:
+        return None
+    return Setting("cuda_graphs", False, "auto: off unless measured faster")
 
 
 def describe_settings(settings: list[Setting]) -> str:

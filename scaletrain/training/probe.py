@@ -59,6 +59,24 @@ COMPILE_FLOOR_S = 20.0
 COMPILE_MARGIN = 2.0
 
 
+@dataclass(frozen=True)
+class Switch:
+    """A setting the probe turns on only where its arm beats the eager step in the precision chosen
+    and repays its one-time cost (compiling, capturing) COMPILE_MARGIN times over the run: its arm's
+    key (an arm is `<precision> <key>`), how the start line names the arm and the cost, and the run's
+    setting it decides."""
+    key: str
+    arm: str
+    cost: str
+    setting: str
+
+
+COMPILE = Switch(COMPILED, "compiled", "compile", "compile")
+# Whole-step CUDA graphs (training/cuda_graphs.py) on a GPU: a launch-bound step's hundreds of
+# kernel launches replayed as one; the capture is its cost.
+GRAPHS = Switch("graphs", "CUDA graph", "capture", "cuda_graphs")
+
+
 def precision_candidates(facts: DeviceFacts, reference: str) -> list[str]:
     """The precisions besides `reference` (the rule's) that can pay on this device: bf16-mixed where
     it computes bfloat16 natively (AVX512-BF16 or AMX on a CPU; compute capability 8.0 on CUDA),
@@ -102,11 +120,13 @@ class Probed:
     compile: Decision | None
     seconds: float = 0.0
     step_s: float | None = None     # the reference's warm step, as measured (None: no step taken)
+    graphs: Decision | None = None  # CUDA graphs (None where not a question: named, or not a GPU)
 
     def decided(self) -> dict[str, tuple[object, str, dict | None]]:
         """Each question's (value, why, figures) for the run's settings."""
         return {name: (d.value, f"auto: {d.why}", d.figures or None)
-                for name, d in (("precision", self.precision), ("compile", self.compile)) if d is not None}
+                for name, d in (("precision", self.precision), ("compile", self.compile),
+                                (GRAPHS.setting, self.graphs)) if d is not None}
 
     def cache_entry(self) -> dict:
         """What the cache keeps of it: each question it measured (a compile that did not fit this
@@ -114,8 +134,9 @@ class Probed:
         out: dict = {}
         if self.precision is not None and self.precision.measured:
             out.update(policy=self.precision.value, why=self.precision.why, figures=self.precision.figures)
-        if self.compile is not None and self.compile.measured:
-            out["compile"] = self.compile.figures
+        for name, decision in (("compile", self.compile), (GRAPHS.setting, self.graphs)):
+            if decision is not None and decision.measured:
+                out[name] = decision.figures
         if out or self.step_s:    # (a step time alone tells the next run whether a compile can fit)
             out["step_s"] = self.step_s
         return out
@@ -138,7 +159,8 @@ def too_short(run_steps: int, arms: int, share: float) -> str | None:
 
 class Arm:
     """One candidate's copy of the run: its trainer, its batches (the run's, in the run's order) and
-    its step. `window(k)` trains k steps and returns (seconds, mean loss)."""
+    its step. `window(k)` trains k steps and returns (seconds, mean loss). A trainer that runs in a
+    CUDA graph captures its step on the first batch, the capture's own steps undone."""
 
     def __init__(self, trainer, dataset):
         self.trainer = trainer
@@ -154,8 +176,16 @@ class Arm:
         self.step = trainer.build_step(trainer.schedule(self.steps_per_epoch, epochs))
         self.trainer.model.train()
         self._batches = iter(self.loader)
+        self._pending = None
+        if trainer.use_graphs:
+            from scaletrain.training.cuda_graphs import capture_undone
+            self._pending = self._next()
+            self.step = capture_undone(trainer, self.step, *self._pending)
 
     def _next(self):
+        if self._pending is not None:    # the batch the capture read, trained first
+            batch, self._pending = self._pending, None
+            return batch
         try:
             return next(self._batches)
         except StopIteration:
@@ -235,11 +265,12 @@ def decide(reference: str, found: dict[str, Confirmation], losses: dict[str, lis
 
 
 def decide_compile(policy: str, conf: Confirmation, departure: float | None, compile_s: float, step_s: float,
-                   run_steps: int) -> tuple[bool, str, dict]:
-    """Compile on or off from its rounds against the eager step in `policy`: it must win (rounds.py),
-    keep its loss, and repay its compile: the steps it saves over the run's `run_steps` must come to
-    COMPILE_MARGIN times the compile's measured seconds. (The measured compile is a cold one; the run's
-    own reads inductor's cache that the probe filled, so the rule errs towards eager.)"""
+                   run_steps: int, switch: Switch = COMPILE) -> tuple[bool, str, dict]:
+    """A switch (compile, or CUDA graphs) on or off from its rounds against the eager step in
+    `policy`: it must win (rounds.py), keep its loss, and repay its one-time cost: the steps it
+    saves over the run's `run_steps` must come to COMPILE_MARGIN times the cost's measured seconds
+    (`compile_s`). (The measured compile is a cold one; the run's own reads inductor's cache that
+    the probe filled, so the rule errs towards eager.)"""
     tol = tolerance(policy, policy)
     saved = run_steps * step_s * (1 - 1 / conf.median) if conf.ratios and conf.median > 0 else 0.0
     figures = {"ratios": conf.ratios, "noise": {"ratios": list(conf.noise.ratios) if conf.noise else [],
@@ -249,7 +280,7 @@ def decide_compile(policy: str, conf: Confirmation, departure: float | None, com
                "rounds": len(conf.ratios), "policy": policy}
     if not conf.ratios:
         return False, "probed, off: no round measured", figures
-    head = f"compiled {conf.median:.2f}x eager ({conf.low:.2f}-{conf.high:.2f})"
+    head = f"{switch.arm} {conf.median:.2f}x eager ({conf.low:.2f}-{conf.high:.2f})"
     if not within_tolerance(departure, tol):
         return False, (f"probed, off: {head}, refused: loss departs {departure:.1%} (tolerance {tol:.0%})"
                        if departure is not None else f"probed, off: {head}, refused: no loss to compare"), figures
@@ -259,36 +290,38 @@ def decide_compile(policy: str, conf: Confirmation, departure: float | None, com
         return False, (f"probed, off: {head}, inconclusive: beyond the noise (±{conf.band:.0%}) in "
                        f"{conf.rounds_beyond_noise} of {len(conf.ratios)} rounds, {conf.required_rounds} needed"), figures
     if saved < COMPILE_MARGIN * compile_s:
-        return False, (f"probed, off: {head}, but its {compile_s:.0f} s compile would save {saved:.0f} s over "
+        return False, (f"probed, off: {head}, but its {compile_s:.0f} s {switch.cost} would save {saved:.0f} s over "
                        f"{run_steps:,} steps ({COMPILE_MARGIN:g}x its cost needed)"), figures
-    repaid = f"its {compile_s:.0f} s compile repaid {saved / compile_s:.1f}x" if compile_s >= 0.5 else "compiled from the cache"
+    repaid = (f"its {compile_s:.0f} s {switch.cost} repaid {saved / compile_s:.1f}x" if compile_s >= 0.5
+              else "compiled from the cache" if switch is COMPILE else f"its {switch.cost} under a second")
     return True, (f"probed: {head}, loss within {departure:.2%}, {repaid} over {run_steps:,} steps, "
                   f"noise ±{conf.band:.0%}, {len(conf.ratios)} rounds"), figures
 
 
-def compile_from_figures(figures: dict, run_steps: int) -> tuple[bool, str, dict]:
-    """A kept compile decision's figures judged again for this run's length (a decision cached
+def compile_from_figures(figures: dict, run_steps: int, switch: Switch = COMPILE) -> tuple[bool, str, dict]:
+    """A kept switch decision's figures judged again for this run's length (a decision cached
     from a longer run may not repay on a shorter one)."""
     noise = Confirmation(AGAIN, [float(r) for r in figures["noise"]["ratios"]])
-    conf = Confirmation(COMPILED, [float(r) for r in figures["ratios"]], noise=noise)
+    conf = Confirmation(switch.key, [float(r) for r in figures["ratios"]], noise=noise)
     return decide_compile(str(figures["policy"]), conf, figures.get("loss_departure"), float(figures["compile_s"]),
-                          float(figures["step_s"]), run_steps)
+                          float(figures["step_s"]), run_steps, switch)
 
 
 def run_probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm], run_steps: int,
-              share: float, compile_asked: bool = False) -> Probed:
+              share: float, compile_asked: bool = False, graphs_asked: bool = False) -> Probed:
     """Measures `reference` (two copies) against the precision `candidates`, then (`compile_asked`)
-    the compiled step against the eager one in the precision chosen, each on its own arm, interleaved,
-    within the budget. `make_arm(key)` builds a copy of the run: `key` is a precision's name, with
-    " compiled" after it for the compiled copy."""
+    the compiled step against the eager one in the precision chosen, then (`graphs_asked`, where
+    compile stays off) the step captured in a CUDA graph, each on its own arm, interleaved, within
+    the budget. `make_arm(key)` builds a copy of the run: `key` is a precision's name, with a
+    switch's key after it (" compiled", " graphs") for that switch's copy."""
     started = time.perf_counter()
     arms: dict[str, Arm] = {}
     try:
-        return _probe(reference, candidates, make_arm, run_steps, share, compile_asked, arms)
+        return _probe(reference, candidates, make_arm, run_steps, share, compile_asked, arms, graphs_asked)
     except Exception as exc:    # noqa: BLE001 - the run's own step raises it again, with its context
         why = f"not probed: the step failed on a copy of the run ({_first_line(exc)})"
         return Probed(Decision(reference, why) if candidates else None, Decision(False, why) if compile_asked else None,
-                      time.perf_counter() - started)
+                      time.perf_counter() - started, graphs=Decision(False, why) if graphs_asked else None)
     finally:
         for arm in arms.values():
             arm.close()
@@ -304,7 +337,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm], run_steps: int, share: float,
-           compile_asked: bool, arms: dict[str, Arm]) -> Probed:
+           compile_asked: bool, arms: dict[str, Arm], graphs_asked: bool = False) -> Probed:
     """run_probe's measuring, into `arms` (which run_probe closes)."""
     started = time.perf_counter()
     # The reference's two copies first (the first build pays the process's one-time costs, which
@@ -315,7 +348,7 @@ def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm]
     built = time.perf_counter()
     step_s, _ = arms[reference].window(1)
     predicted = step_s * run_steps
-    if not candidates and share < 1 and budget_s(predicted, share) < COMPILE_FLOOR_S:
+    if not candidates and not graphs_asked and share < 1 and budget_s(predicted, share) < COMPILE_FLOOR_S:
         # Compile alone was asked, and one copy's step already says no compile fits: no second copy.
         return Probed(None, Decision(False, compile_unfit(budget_s(predicted, share), share, predicted)),
                       time.perf_counter() - started, step_s)
@@ -327,34 +360,48 @@ def _probe(reference: str, candidates: list[str], make_arm: Callable[[str], Arm]
     # step paid the process's one-time costs, imports and kernel selection, which the run's own
     # build would otherwise pay; `seconds` reports them all the same).
     budget = budget_s(predicted, share)
-    count = 2 + (len(candidates) or 1)     # the precisions' arms (or the compiled one: its own fit below)
+    count = 2 + (len(candidates) or 1)     # the precisions' arms (or a switch's: its own fit below)
     smallest = setup_s * (count - 2) + step_s * count * MIN_ROUNDS * MIN_WINDOW_STEPS
     spent = time.perf_counter() - built
+    # A switch's smallest rounds: two new eager copies where the precisions' rounds went first, its
+    # own copy, and three arms' rounds.
+    switch_rounds = setup_s * (3 if candidates else 1) + step_s * 3 * MIN_ROUNDS * MIN_WINDOW_STEPS
+    graphs_reserve = switch_rounds if graphs_asked else 0.0
     if share >= 1:     # measure whatever it costs (within the cap)
-        budget = max(budget, min(smallest + spent + (COMPILE_FLOOR_S if compile_asked else 0), PROBE_CAP_S))
+        budget = max(budget, min(smallest + spent + graphs_reserve + (COMPILE_FLOOR_S if compile_asked else 0),
+                                 PROBE_CAP_S))
     elif smallest > budget - spent:
         why = (f"not probed: this run is predicted to take {predicted:.1f} s, and a probe would take over "
                f"{share:.0%} of it ({smallest:.1f} s more)")
         return Probed(Decision(reference, why, {"predicted_s": predicted}) if candidates else None,
-                      Decision(False, why) if compile_asked else None, time.perf_counter() - started, step_s)
+                      Decision(False, why) if compile_asked else None, time.perf_counter() - started, step_s,
+                      Decision(False, why) if graphs_asked else None)
     deadline = built + budget
     # A compile is measured after the precisions, in their choice, where the budget holds one
-    # (COMPILE_FLOOR_S) and its own smallest rounds beside the precisions' smallest; the
-    # precisions' rounds then leave it that much. Otherwise they take the whole budget.
-    compile_reserve = COMPILE_FLOOR_S + step_s * 3 * MIN_ROUNDS * MIN_WINDOW_STEPS
-    compile_fits = share >= 1 or budget - spent - (smallest if candidates else 0.0) >= compile_reserve
+    # (COMPILE_FLOOR_S) and its own smallest rounds beside the precisions' smallest; CUDA graphs
+    # last, where compile stays off. The precisions' rounds leave them that much, and otherwise
+    # take the whole budget.
+    compile_reserve = COMPILE_FLOOR_S + switch_rounds
+    left = budget - spent - (smallest if candidates else 0.0) - graphs_reserve
+    compile_fits = share >= 1 or left >= compile_reserve
     precision = None
     if candidates:
         precision = _precision_stage(reference, candidates, make_arm, arms, step_s,
-                                     deadline - (compile_reserve if compile_asked and compile_fits else 0.0))
+                                     deadline - (compile_reserve if compile_asked and compile_fits else 0.0)
+                                     - graphs_reserve)
         precision.figures.update(predicted_s=predicted, step_s=step_s)
+    policy = precision.value if precision is not None else reference
     compiled = None
     if compile_asked and not compile_fits:
         compiled = Decision(False, compile_unfit(budget, share, predicted))
     elif compile_asked:
-        policy = precision.value if precision is not None else reference
-        compiled = _compile_stage(policy, reference, make_arm, arms, run_steps, step_s, setup_s, deadline)
-    return Probed(precision, compiled, time.perf_counter() - started, step_s)
+        compiled = _switch_stage(COMPILE, policy, reference, make_arm, arms, run_steps, step_s, setup_s, deadline)
+    graphs = None
+    if graphs_asked and compiled is not None and compiled.value:
+        graphs = Decision(False, "not probed: compiled (a compiled step's graphs are torch.compile's to capture)")
+    elif graphs_asked:
+        graphs = _switch_stage(GRAPHS, policy, reference, make_arm, arms, run_steps, step_s, setup_s, deadline)
+    return Probed(precision, compiled, time.perf_counter() - started, step_s, graphs)
 
 
 def compile_unfit(budget: float, share: float, predicted: float) -> str:
@@ -409,14 +456,15 @@ def _precision_stage(reference: str, candidates: list[str], make_arm: Callable[[
     return Decision(policy, why, figures)
 
 
-def _compile_stage(policy: str, reference: str, make_arm: Callable[[str], Arm], arms: dict[str, Arm],
-                   run_steps: int, step_s: float, setup_s: float, deadline: float) -> Decision:
-    """The compiled step against the eager one in `policy` (the precision chosen), with the eager
-    step's second copy as the noise; on only where decide_compile says it repays."""
+def _switch_stage(switch: Switch, policy: str, reference: str, make_arm: Callable[[str], Arm], arms: dict[str, Arm],
+                  run_steps: int, step_s: float, setup_s: float, deadline: float) -> Decision:
+    """The switch's step (compiled, or captured in a CUDA graph) against the eager one in `policy`
+    (the precision chosen), with the eager step's second copy as the noise; on only where
+    decide_compile says it repays."""
     eager, eager_again = reference, AGAIN
     if any(key not in (reference, AGAIN) for key in arms):
-        # The precisions' rounds trained their copies on: the loss check compares the same steps, so
-        # the eager step and its noise are measured on new copies too (the old ones' memory first).
+        # Earlier rounds trained their copies on: the loss check compares the same steps, so the
+        # eager step and its noise are measured on new copies too (the old ones' memory first).
         for key in list(arms):
             arms.pop(key).close()
         eager, eager_again = policy, f"{policy} again"
@@ -428,36 +476,41 @@ def _compile_stage(policy: str, reference: str, make_arm: Callable[[str], Arm], 
         arms[eager_again].window(WARMUP_STEPS)
     start = time.perf_counter()
     try:
-        arms[COMPILED] = make_arm(f"{policy} {COMPILED}")
-        arms[COMPILED].window(WARMUP_STEPS)    # the first steps compile (a second graph for the second)
-    except Exception as exc:   # noqa: BLE001 - compiling's failure, not the run's: it trains eager
-        arms.pop(COMPILED, None)
-        return Decision(False, f"probed, off: compiling failed: {_first_line(exc)}", {"failed": _first_line(exc)})
-    # What compiling cost beyond an eager copy's build and warm-up.
-    compile_s = max(time.perf_counter() - start - setup_s, 0.0)
+        arms[switch.key] = make_arm(f"{policy} {switch.key}")
+        arms[switch.key].window(WARMUP_STEPS)    # the first steps compile (a second graph for the second)
+    except Exception as exc:   # noqa: BLE001 - the switch's failure, not the run's: it trains eager
+        arms.pop(switch.key, None)
+        verb = "compiling" if switch is COMPILE else f"the {switch.arm}"
+        return Decision(False, f"probed, off: {verb} failed: {_first_line(exc)}", {"failed": _first_line(exc)})
+    # What compiling (capturing) cost beyond an eager copy's build and warm-up.
+    cost_s = max(time.perf_counter() - start - setup_s, 0.0)
     plan = plan_windows(step_s, 3, deadline - time.perf_counter())
     rounds, window = plan if plan is not None else (MIN_ROUNDS, MIN_WINDOW_STEPS)
     losses: dict[str, list[float]] = {}
     seconds: dict[str, list[float]] = {}
     failed: dict[str, str] = {}
-    measure = _window_measure({policy: arms[eager], AGAIN: arms[eager_again], COMPILED: arms[COMPILED]},
+    measure = _window_measure({policy: arms[eager], AGAIN: arms[eager_again], switch.key: arms[switch.key]},
                               window, losses, failed, seconds)
-    conf = confirm(policy, [COMPILED], rounds, measure, lambda v, b: v / b)[COMPILED]
-    if COMPILED in failed:
-        return Decision(False, f"probed, off: the compiled step failed: {failed[COMPILED]}", {"failed": failed[COMPILED]})
+    conf = confirm(policy, [switch.key], rounds, measure, lambda v, b: v / b)[switch.key]
+    if switch.key in failed:
+        return Decision(False, f"probed, off: the {switch.arm} step failed: {failed[switch.key]}",
+                        {"failed": failed[switch.key]})
     eager_step = statistics.median(seconds[policy]) if seconds.get(policy) else step_s
-    on, why, figures = decide_compile(policy, conf, loss_departure(losses.get(COMPILED, []), losses.get(policy, [])),
-                                      compile_s, eager_step, run_steps)
+    on, why, figures = decide_compile(policy, conf, loss_departure(losses.get(switch.key, []), losses.get(policy, [])),
+                                      cost_s, eager_step, run_steps, switch)
     figures["window_steps"] = window
     return Decision(on, why, figures)
 
 
 def probe_config(cfg, key: str, threads: int, per_replica_batch: int | None = None):
     """A copy of the run's configuration for one arm: `key`'s precision (and compile where it says
-    " compiled"), the run's thread count, nothing recorded, no checkpoints. `per_replica_batch`: a
-    run of several processes is measured as one of them, training its share of the batch alone."""
+    " compiled", CUDA graphs where " graphs"), the run's thread count, nothing recorded, no
+    checkpoints. `per_replica_batch`: a run of several processes is measured as one of them,
+    training its share of the batch alone."""
     policy, _, compiled = key.partition(" ")
     out = copy.deepcopy(cfg)
+    if compiled == GRAPHS.key:
+        out.cuda_graphs = True
     if per_replica_batch is not None:
         out.batch_size, out.per_replica_batch_size, out.accumulate_to_global = per_replica_batch, None, False
         out.distributed = type(cfg.distributed)()

@@ -13,8 +13,10 @@ import torch
 from scaletrain.inputs import tensors
 from scaletrain.training.defaults import Setting
 from scaletrain.training.probe import (
+    COMPILE,
     COMPILE_FLOOR_S,
     COMPILED,
+    GRAPHS,
     Arm,
     budget_s,
     compile_from_figures,
@@ -29,7 +31,7 @@ from scaletrain.training.probe_cache import cache_key, cached_entry, remember
 
 def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, device: torch.device,
                     say: Callable[[str], None] = print, replicas: int = 1) -> tuple[list[Setting], float]:
-    """`settings` with the ones `auto` chose by rule (precision, compile: `why` set) measured on
+    """`settings` with the ones `auto` chose by rule (precision, compile, CUDA graphs: `why` set) measured on
     the run's own step where that applies and pays (or read from the cache); writes the choices
     into `cfg`. Returns the settings and the seconds probing took. `replicas` > 1: the run's
     chief decides for a data-parallel run of that many processes, measuring one process's step
@@ -38,16 +40,16 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
     from scaletrain.precision.hardware import device_facts
     from scaletrain.training.build import set_thread_pools
     chosen = {s.name: s for s in settings if s.why is not None}
-    precision, compiling = chosen.get("precision"), chosen.get("compile")
-    if not cfg.probe or (precision is None and compiling is None):
+    precision, compiling, graphs = chosen.get("precision"), chosen.get("compile"), chosen.get(GRAPHS.setting)
+    if not cfg.probe or (precision is None and compiling is None and graphs is None):
         return settings, 0.0
     facts = device_facts(device)
     if facts.kind not in ("cpu", "cuda"):    # an XLA device compiles each shape: a few steps measure its compiler
         return settings, 0.0
     reference = cfg.precision.policy
     candidates = precision_candidates(facts, reference) if precision is not None else []
-    compile_asked = compiling is not None
-    if not candidates and not compile_asked:
+    compile_asked, graphs_asked = compiling is not None, graphs is not None
+    if not candidates and not compile_asked and not graphs_asked:
         return settings, 0.0
     division = divide_batch(cfg.batch_size, cfg.per_replica_batch_size, replicas, cfg.optim.grad_accum_steps,
                             cfg.accumulate_to_global)
@@ -61,40 +63,45 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
             cfg.precision.policy = out["precision"].value
         if "compile" in out:
             cfg.compile = bool(out["compile"].value)
+        if out.get(GRAPHS.setting) is not None and out[GRAPHS.setting].value:   # off: None says it (one step per execution)
+            cfg.cuda_graphs = True
         return list(out.values())
 
     try:
         run_steps = max(len(dataset.train) // max(division.global_batch, 1), 1) * cfg.epochs
     except TypeError:     # a stream of unknown length: nothing predicts the run, nothing bounds a probe
         return settled(_unprobed("not probed: the data's length is unknown", precision if candidates else None,
-                                 compiling)), 0.0
+                                 compiling, graphs)), 0.0
     threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
-    questions = [reference, *candidates, *([COMPILED] if compile_asked else [])]
+    questions = [reference, *candidates, *([COMPILED] if compile_asked else []), *([GRAPHS.key] if graphs_asked else [])]
     key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, questions)
     # First the cache: a run too short to repay a probe still takes what a longer run of the same
     # model here measured (or `--probe-share 1` did once). A question the kept entry left open (a
     # compile its run's budget could not hold) is asked now, in the kept precision.
     raw = cached_entry(key) if key else None
-    kept = _from_cache(raw, reference, candidates, compile_asked, run_steps)
+    kept = _from_cache(raw, reference, candidates, compile_asked, graphs_asked, run_steps)
     open_precision = bool(candidates) and "precision" not in kept
     open_compile = compile_asked and "compile" not in kept
-    if not open_precision and not open_compile:
+    open_graphs = graphs_asked and GRAPHS.setting not in kept
+    if not open_precision and not open_compile and not open_graphs:
         return settled(kept), 0.0
     reference = kept["precision"][0] if "precision" in kept else reference
     candidates = candidates if open_precision else []
-    unfit = _compile_unfit_by_cache(raw, run_steps, cfg.probe_share) if open_compile and not open_precision else None
+    unfit = (_compile_unfit_by_cache(raw, run_steps, cfg.probe_share)
+             if open_compile and not open_precision and not open_graphs else None)
     if unfit:    # a step time measured here before says a compile cannot fit: no copy built
         return settled({**kept, **_unprobed(unfit, None, compiling)}), 0.0
     short = too_short(run_steps, 2 + (len(candidates) or 1), cfg.probe_share)
     if short:    # decided from the step count: no step taken
         return settled({**kept, **_unprobed(short, precision if open_precision else None,
-                                            compiling if open_compile else None)}), 0.0
+                                            compiling if open_compile else None, graphs if open_graphs else None)}), 0.0
 
     make_arm = _arm_maker(cfg, dataset, task, threads, batch if replicas > 1 else None, device)
-    asked = ", ".join([*([reference, *candidates] if candidates else []), *(["compile"] if open_compile else [])])
+    asked = ", ".join([*([reference, *candidates] if candidates else []), *(["compile"] if open_compile else []),
+                       *(["CUDA graphs"] if open_graphs else [])])
     say(f"probing {asked} on copies of this run's step, at most {cfg.probe_share:.0%} of the run's time "
         "(--no-probe: the rules alone)")
-    probed = run_probe(reference, candidates, make_arm, run_steps, cfg.probe_share, open_compile)
+    probed = run_probe(reference, candidates, make_arm, run_steps, cfg.probe_share, open_compile, open_graphs)
     measured = probed.cache_entry()
     if key and measured:
         remember(key, {**(raw or {}), **measured}, run_id)
@@ -111,14 +118,17 @@ def _compile_unfit_by_cache(raw: dict | None, run_steps: int, share: float) -> s
     return compile_unfit(budget, share, predicted) if budget < COMPILE_FLOOR_S else None
 
 
-def _unprobed(reason: str, precision: Setting | None, compiling: Setting | None) -> dict:
-    """The rule's choices of the questions left open (None: not open), with why they stay so;
-    compile, beside a precision that says the reason in full, says its first words."""
+def _unprobed(reason: str, precision: Setting | None, compiling: Setting | None,
+              graphs: Setting | None = None) -> dict:
+    """The rule's choices of the questions left open (None: not open), with why they stay so; a
+    switch beside a question that says the reason in full says its first words."""
     out = {}
     if precision is not None:
         out["precision"] = (precision.value, f"{precision.why}; {reason}", None)
-    if compiling is not None:
-        out["compile"] = (compiling.value, f"{compiling.why}; {reason.split(' (')[0] if precision else reason}", None)
+    for switch in (compiling, graphs):
+        if switch is not None:
+            said = bool(out)
+            out[switch.name] = (switch.value, f"{switch.why}; {reason.split(' (')[0] if said else reason}", None)
     return out
 
 
@@ -140,11 +150,11 @@ def _arm_maker(cfg, dataset, task, threads: int, per_replica_batch: int | None, 
     return make_arm
 
 
-def _from_cache(kept: dict | None, reference: str, candidates: list[str], compile_asked: bool,
+def _from_cache(kept: dict | None, reference: str, candidates: list[str], compile_asked: bool, graphs_asked: bool,
                 run_steps: int) -> dict[str, tuple[object, str, dict | None]]:
     """The decisions a kept cache entry holds for the questions this run asks, as its settings
     (empty: a miss). The cache file is the user's: only a precision this run could have chosen is
-    taken from it, and a kept compile is judged again for this run's length."""
+    taken from it, and a kept switch (compile, CUDA graphs) is judged again for this run's length."""
     if kept is None:
         return {}
     out: dict[str, tuple[object, str, dict | None]] = {}
@@ -153,14 +163,16 @@ def _from_cache(kept: dict | None, reference: str, candidates: list[str], compil
         if kept.get("policy") not in (reference, *candidates):
             return {}
         out["precision"] = (kept["policy"], f"{where}: {kept['why']}", kept.get("figures"))
-    if compile_asked and kept.get("compile") is not None:
+    policy = out["precision"][0] if "precision" in out else reference
+    for switch, asked in ((COMPILE, compile_asked), (GRAPHS, graphs_asked)):
+        if not asked or kept.get(switch.setting) is None:
+            continue
         try:
-            on, why, figures = compile_from_figures(kept["compile"], run_steps)
+            on, why, figures = compile_from_figures(kept[switch.setting], run_steps, switch)
         except (KeyError, TypeError, ValueError):     # edited: measured again
-            return out
-        policy = out["precision"][0] if "precision" in out else reference
+            continue
         if figures["policy"] == policy:
-            out["compile"] = (on, f"{where}: {why}", figures)
+            out[switch.setting] = (on, f"{where}: {why}", figures)
     return out
 
 def _key(cfg, dataset, batch: int, device: str, threads: int, candidates: list[str]) -> str | None:
