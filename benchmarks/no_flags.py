@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.step_cost import Case, _dataset, _loss, _model, _normalised, _validate, cpu_name  # noqa: E402
+from benchmarks.step_cost import Case, _dataset, _loss, _model, _normalised, cpu_name  # noqa: E402
 
 CASES = {
     # The default recipe as `scaletrain train` runs it with no flags (recipes/mnist1d-cnn.toml).
@@ -48,18 +48,30 @@ CASES = {
     "small-gpt": Case("gpt", "char-corpus", 16, 2, 0.003, 0.01, {"dim": 256, "depth": 4},
                       {"seq_len": 64, "train_subset": 4800}),
     "convnet": Case("wrn-16-4", "digits", 64, 25, 0.003, 0.05),
+    # The GPU kit's (benchmarks/gpu/no_flags.py): WRN-16-10 on synthetic 28x28x1 images, 1,200
+    # steps of 512; and its rehearsal's toy size.
+    "wrn-16-10": Case("wrn-16-10", "synthetic", 512, 48, 0.001, 0.0005, {}, {"shape": [1, 28, 28], "num_samples": 512 * 25}),
+    "wrn-toy": Case("wrn-10-1", "synthetic", 32, 3, 0.001, 0.0005, {}, {"shape": [1, 12, 12], "num_samples": 32 * 5}),
 }
 
 
 # ------------------------------------------------------------------------------ the children
-def _val_accuracy(model, ds) -> float:
-    """The validation split's accuracy (per token for a language model), as scaletrain reports it."""
+def _device():
     import torch
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _val_accuracy(model, ds) -> float:
+    """The validation split's accuracy (per token for a language model), as scaletrain reports it:
+    a pass over it in batches of 256, on the model's device."""
+    import torch
+    device = next(model.parameters()).device
     val = ds.val if ds.val is not None else ds.test
     x, y = _normalised(ds, val), val.y
     model.eval()
     with torch.no_grad():
-        right = sum(int((model(x[i:i + 256]).argmax(-1) == y[i:i + 256]).sum()) for i in range(0, len(y), 256))
+        right = sum(int((model(x[i:i + 256].to(device)).argmax(-1).cpu() == y[i:i + 256]).sum())
+                    for i in range(0, len(y), 256))
     model.train()
     return right / y.numel()
 
@@ -68,19 +80,20 @@ def child_tutorial(case: Case) -> dict:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
     ds = _dataset(case)
-    model, loss_of = _model(case, ds), _loss(case)
+    device = _device()
+    model, loss_of = _model(case, ds).to(device), _loss(case)
     loader = DataLoader(TensorDataset(_normalised(ds, ds.train), ds.train.y), batch_size=case.batch, shuffle=True)
     opt = torch.optim.AdamW(model.parameters(), lr=case.lr, weight_decay=case.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=case.lr, total_steps=len(loader) * case.epochs)
     for _ in range(case.epochs):
         for xb, yb in loader:
-            loss = loss_of(model(xb), yb)
+            loss = loss_of(model(xb.to(device)), yb.to(device))
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
-        _validate(model, ds, loss_of)
-    return {"val_accuracy": _val_accuracy(model, ds)}
+        accuracy = _val_accuracy(model, ds)    # the tutorial's validation pass after each epoch
+    return {"val_accuracy": accuracy}
 
 
 def child_lightning(case: Case) -> dict:

@@ -68,7 +68,7 @@ class Case:
         for k, v in self.options.items():
             args += ["--model-option", f"{k}={json.dumps(v)}"]
         for k, v in self.data_options.items():
-            args += [f"--{k.replace('_', '-')}", str(v)]
+            args += [f"--{k.replace('_', '-')}", ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
         return args
 
 

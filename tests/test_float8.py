@@ -104,3 +104,20 @@ def test_fp8_is_a_candidate_of_the_probe_on_float8_tensor_cores_only():
     assert "fp8" not in precision_candidates(DeviceFacts("cuda", "NVIDIA A100", (8, 0)), "bf16-mixed")
     cpu = DeviceFacts("cpu", "a CPU", None, cpu_flags=frozenset(CPU_BF16_FLAGS))
     assert "fp8" not in precision_candidates(cpu, "fp32")
+
+
+def test_the_memory_planner_drops_the_bf16_weight_copy_of_each_layer_fp8_converts():
+    """bf16-mixed keeps a bf16 copy of each linear weight for the backward; torchao's Float8Linear
+    keeps the float32 weight itself. mlp 40 -> 2048 -> 2048 -> 10 converts only the 2048x2048 layer
+    (40 and 10 are not multiples of 16): fp8 plans its 2-byte copy away and its 1-byte float8 cast in."""
+    from scaletrain.memory.planner import PlanRequest, Planner
+
+    def activations(precision: str, options=None) -> int:
+        req = PlanRequest(model="mlp", model_options={"hidden": [2048, 2048]}, input_shape=(40,), num_classes=10,
+                          batch_size=8, precision=precision, precision_options=options)
+        return Planner(req).activation_bytes(8)
+    square = 2048 * 2048
+    assert activations("bf16-mixed") - activations("fp8", EMULATED) == 2 * square - square
+    # The layer kept in float32 converts nothing: planned as bf16-mixed.
+    kept = PrecisionConfig(policy="fp8", fp8_emulate=True, fp32_modules=["body"])
+    assert activations("fp8", kept) == activations("bf16-mixed")

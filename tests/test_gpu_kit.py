@@ -116,3 +116,19 @@ def test_bad_arguments_are_one_line_before_any_part_runs(tmp_path):
             kit_main([*out, *args])   # the runner's own main: argparse's exit, as the command ends
         assert ended.value.code == 2 and message in stderr.getvalue(), stderr.getvalue()
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.usefixtures("processes")
+@pytest.mark.timeout(600)
+def test_the_whole_run_table_is_its_own_call_and_rehearses_every_side(tmp_path):
+    done = kit(tmp_path, "--parts", "no_flags", timeout=550)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no_flags.json", "summary.md"]
+    found = results(tmp_path)["no_flags"]
+    assert found["status"] == "passed", (found.get("error"), found.get("output_tail", "")[-2000:])
+    rows = {row["case"]: row for row in found["rows"]}
+    assert list(rows) == ["no flags", "bf16-mixed named", "tutorial", "Lightning"]
+    assert all(row["status"] == "passed" and row["wall_s"] > 0 and 0 <= row["val_accuracy"] <= 1
+               for row in rows.values()), rows
+    assert rows["no flags"]["said"].startswith("settings: precision ") and rows["bf16-mixed named"]["precision"] == "bf16-mixed"
+    assert set(found["notes"]["no_flags_speed_over"]) == {"bf16-mixed named", "tutorial", "Lightning"}

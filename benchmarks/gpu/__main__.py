@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu.kit import PARTS, Part, error_line, read_results, result_path, write_summary
+from benchmarks.gpu.kit import EXTRA_PARTS, PARTS, Part, error_line, read_results, result_path, write_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = Path(__file__).resolve().parent / "wheels"
@@ -112,7 +112,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="folder for the result files (created; at most 8 files)")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma list, in any order (default: {','.join(PARTS)})")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma list, in any order (default: {','.join(PARTS)}; "
+                   f"named only: {','.join(EXTRA_PARTS)})")
     p.add_argument("--rehearse", action="store_true", help="toy sizes, whatever the device (CI's CPU rehearsal)")
     p.add_argument("--limit", action="append", default=[], metavar="PART=SECONDS", help="override a part's limit")
     p.add_argument("--fail", action="append", default=[], metavar="PART", help="make a part raise (tests the runner)")
@@ -127,9 +128,9 @@ def main(argv=None) -> int:
     except ValueError:
         p.error("--limit takes PART=SECONDS, e.g. --limit smoke=90")
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
-    unknown = [s for s in parts + list(overrides) + args.fail + args.hang if s not in PARTS]
+    unknown = [s for s in parts + list(overrides) + args.fail + args.hang if s not in PARTS + EXTRA_PARTS]
     if unknown:
-        p.error(f"unknown part {unknown[0]!r}; the parts are {', '.join(PARTS)}")
+        p.error(f"unknown part {unknown[0]!r}; the parts are {', '.join(PARTS + EXTRA_PARTS)}")
     if args.part_process:
         run_one(args.part_process, args.out, args.rehearse, overrides[args.part_process],
                 args.part_process in args.fail, args.part_process in args.hang)

@@ -77,7 +77,8 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
                           devices=args.devices, activation_checkpointing=cfg.memory.activation_checkpointing,
                           block_classes=tuple(cfg.memory.block_classes), optimizer=cfg.optim.optimizer,
                           momentum=cfg.optim.momentum, device_memory=memory, headroom=args.headroom,
-                          distributed=cfg.distributed, example=example, task_choice=cfg.task)
+                          distributed=cfg.distributed, example=example, task_choice=cfg.task,
+                          precision_options=cfg.precision)
         planner = Planner(req)
         plans += [planner.plan(s, args.devices, cfg.batch_size) for s in strategies]
         if not args.json:

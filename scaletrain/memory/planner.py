@@ -55,6 +55,7 @@ class PlanRequest:
     # batch takes their shapes and dtypes (token ids, several named inputs); None: the task's own.
     example: Any = None
     task_choice: str = "auto"            # the config's --task (a user's own, the model's own loss)
+    precision_options: Any = None        # the PrecisionConfig (fp8's recipe and --fp32-modules)
 
     def input_dtype(self, policy) -> torch.dtype:
         """The example batch's input dtype: the data's integers, else what the policy feeds the model."""
@@ -145,7 +146,8 @@ class Planner:
     def _trace(self, per_device_batch: int) -> int:
         trace = trace_step(self.traced, per_device_batch, self.policy.autocast_dtype, self.task,
                            lambda n: self.req.example_batch(self.task, n, self.policy))
-        return trace.activation_bytes
+        return self.policy.planned_activation_bytes(trace.activation_bytes, self.traced.model,
+                                                    self.req.precision_options)
 
     def plan(self, strategy: str, devices: int, batch_size: int) -> MemoryPlan:
         req = self.req

@@ -103,6 +103,19 @@ class Float8Policy(PrecisionPolicy):
             model, config=config,
             module_filter_fn=lambda module, name: skipped_reason(name, module, kept) is None)
 
+    def planned_activation_bytes(self, traced: int, model: nn.Module, options=None) -> int:
+        """The planner traces fp8 as bf16-mixed (its autocast), where each linear layer keeps a bf16
+        copy of its weight for the backward. torchao's Float8Linear keeps its input (bf16) and the
+        float32 weight itself (`save_for_backward(input_hp, weight_hp_t)`): a converted layer's copy
+        is not held. Its float8 casts (1 byte an element of the layer's input, weight and output
+        gradient) live only during that layer's matrix products, and the largest weight's is added
+        as that transient; its input's, which grows with the batch, is left out."""
+        kept = _kept_names(model, tuple(options.fp32_modules) if options is not None else ())
+        converted = [m.weight.numel() for name, m in model.named_modules()
+                     if isinstance(m, nn.Linear) and skipped_reason(name, m, kept) is None]
+        copy_bytes = self.autocast_dtype.itemsize * sum(converted)
+        return max(traced - copy_bytes, 0) + max(converted, default=0)
+
     def notes(self, model: nn.Module, options=None) -> list[str]:
         Float8Linear = _torchao_float8().float8_linear.Float8Linear
         converted = sum(1 for m in model.modules() if isinstance(m, Float8Linear))

@@ -75,6 +75,12 @@ class PrecisionPolicy:
         """What the run's start says about this policy on this model (after convert_module)."""
         return []
 
+    def planned_activation_bytes(self, traced: int, model: nn.Module, options=None) -> int:
+        """The activation bytes one step holds under this policy, from `traced`: what the memory
+        planner traced on `model` (a fake, unconverted build) under this policy's autocast. The
+        trace is the step; a policy that changes what a layer keeps for its backward says how."""
+        return traced
+
     def convert_module(self, model: nn.Module, fp32_modules: list[str] | tuple[str, ...] = (),
                        options=None) -> nn.Module:
         """Casts parameters to the storage dtype and pins the opted-out modules to float32.
