@@ -110,7 +110,7 @@ def test_the_memory_planner_drops_the_bf16_weight_copy_of_each_layer_fp8_convert
     """bf16-mixed keeps a bf16 copy of each linear weight for the backward; torchao's Float8Linear
     keeps the float32 weight itself. mlp 40 -> 2048 -> 2048 -> 10 converts only the 2048x2048 layer
     (40 and 10 are not multiples of 16): fp8 plans its 2-byte copy away and its 1-byte float8 cast in."""
-    from scaletrain.memory.planner import PlanRequest, Planner
+    from scaletrain.memory.planner import Planner, PlanRequest
 
     def activations(precision: str, options=None) -> int:
         req = PlanRequest(model="mlp", model_options={"hidden": [2048, 2048]}, input_shape=(40,), num_classes=10,
