@@ -54,6 +54,7 @@ from scaletrain.lifecycle.plan import (
 from scaletrain.lifecycle.rescue import checkpoint_bytes, keeps_checkpoint, rescue
 from scaletrain.lifecycle.resume import resume_config
 from scaletrain.lifecycle.stops import StopGuard, StopWatch, finishing, raise_if_owed
+from scaletrain.models.structure import forget_structures
 from scaletrain.optim.schedules import replica_lr_scale
 from scaletrain.options import flatten_mapping, from_mapping, to_mapping
 from scaletrain.summary import RunSummary, build_summary, device_label, device_name, print_summary
@@ -95,6 +96,7 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     """The configuration a run trains with, checked once. `flags`: what the command line named
     (the CLI's), for a resume to continue the run with its saved configuration, changing only what
     may change mid-run (resume.py); the Python API's configuration is taken whole."""
+    forget_structures()     # this run's builders build its model's structure (models/structure.py)
     folders = apply_job_folders(cfg, job_folders())
     saved = None
     if flags is not None:

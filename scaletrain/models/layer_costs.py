@@ -69,8 +69,9 @@ def meta_layer_costs(build: Callable[[], nn.Module], input_shape, outputs: int, 
     device in float32 (checkpointed blocks as the trainer checkpoints them) for a micro-batch of
     `task`'s example data: the one recipe the training and the memory planner share, so both cut alike."""
     from scaletrain.models.activation_checkpointing import apply_activation_checkpointing
-    with torch.device("meta"):
-        model = build()
+    from scaletrain.models.structure import device_of, structure_of
+    model = structure_of(build)    # (a builder the meta device cannot build: built and measured on the CPU)
+    with device_of(model):
         example, _ = task.example_batch(micro_batch, tuple(input_shape), outputs, torch.float32)
     if activation_checkpointing:
         apply_activation_checkpointing(model, block_classes)

@@ -20,6 +20,7 @@ from scaletrain.data import Dataset, load_dataset
 from scaletrain.distributed import Strategy, resolve_device
 from scaletrain.errors import ConfigError
 from scaletrain.inputs import call_model, map_inputs
+from scaletrain.models.structure import device_of, forget_structures
 from scaletrain.tasks import Task, build_task
 from scaletrain.training.allocator import keep_freed_memory
 from scaletrain.training.denormals import flush_denormals
@@ -84,7 +85,7 @@ def _check_model_on_meta(cfg: TrainConfig, dataset: Dataset, task: Task, outputs
     if problem:
         raise ConfigError(problem)
     try:
-        output = call_model(model, map_inputs(lambda t: t.to("meta"), dataset.example[0]))
+        output = call_model(model, map_inputs(lambda t: t.to(device_of(model)), dataset.example[0]))
     except Exception:
         return    # the real step names the layer that fails, with torch's own message (user_code/failures.py)
     width = output.shape[-1] if isinstance(output, torch.Tensor) and output.ndim >= 2 else None
@@ -103,8 +104,9 @@ def build_training(cfg: TrainConfig, *, strategy: Strategy | None = None, datase
     """The trainer (and data) `cfg` describes. Without `strategy` the trainer sets one up and
     tears it down on `close()`; a given one stays its caller's to tear down. `checked`: the caller
     validated `cfg` and changed nothing since (a run's settle_config), so it is not checked again."""
-    if not checked:
+    if not checked:          # the Python API's door: a run of its own
         cfg.validate()
+        forget_structures()
     threads = set_thread_pools(cfg)
     dataset = dataset if dataset is not None else load_dataset(cfg.data, seed=cfg.seed)
     given = task

@@ -23,15 +23,20 @@ from scaletrain.distributed.layout import Layout
 from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.errors import ConfigError
 from scaletrain.models.blocks import find_blocks
+from scaletrain.models.structure import structure_of
 from scaletrain.training.device_rules import device_problem
 
 
 def meta_model(cfg: TrainConfig, sample: tuple | None = None) -> torch.nn.Module:
-    """The model `cfg` trains, built on the meta device: its structure without its memory.
+    """The model `cfg` trains, built on the meta device: its structure without its memory (a
+    builder that computes with tensor values is built for real: models/structure.py).
     `sample`: (input shape, output size) where the caller has them (else read from the data set)."""
+    from scaletrain.user_code.lightning import names_lightning_module
     input_shape, outputs = sample if sample is not None else sample_shape(cfg.data)[:2]
-    with torch.device("meta"):
-        return model_to_train(cfg.model.name, input_shape, outputs, **cfg.model.options)
+    # A LightningModule is built from its own arguments: the shapes do not name its structure.
+    shapes = None if names_lightning_module(cfg.model.name) else (tuple(input_shape), outputs)
+    key = (cfg.model.name, shapes, repr(sorted(cfg.model.options.items())))
+    return structure_of(lambda: model_to_train(cfg.model.name, input_shape, outputs, **cfg.model.options), key)
 
 
 def settle_model_optimizer(cfg: TrainConfig) -> bool:
@@ -49,8 +54,7 @@ def settle_model_optimizer(cfg: TrainConfig) -> bool:
             raise ConfigError(f"--lr-schedule module reads a LightningModule's own scheduler; {cfg.model.name} is "
                               "not one: choose constant, step, cosine or onecycle")
         return False
-    with torch.device("meta"):   # a LightningModule is built from its own arguments: no shapes needed
-        model = model_to_train(cfg.model.name, (1,), 1, **cfg.model.options)
+    model = meta_model(cfg, ((1,), 1))    # a LightningModule is built from its own arguments: no shapes needed
     cfg.optim = model.optim_settings(cfg.optim, cfg.epochs)
     return True
 

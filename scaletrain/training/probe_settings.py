@@ -176,16 +176,15 @@ def _from_cache(kept: dict | None, reference: str, candidates: list[str], compil
     return out
 
 def _key(cfg, dataset, batch: int, device: str, threads: int, candidates: list[str]) -> str | None:
-    """The cache key of this run's model, built on the meta device (its structure, no memory);
-    None where the model cannot be built there (a user's model that computes while it is built):
-    such a run is probed each time, never cached under a wrong key."""
-    from scaletrain.adapters import model_to_train
+    """The cache key of this run's model, built on the meta device (its structure, no memory; a
+    builder that computes with tensor values for real: models/structure.py); None where the
+    builder fails (the run's own build then says why)."""
     from scaletrain.tasks import build_task
+    from scaletrain.training.preflight import meta_model
     try:
         example = tensors(dataset.examples.x)[0][:1]
         outputs = build_task(cfg.task, dataset.task).output_size(dataset)
-        with torch.device("meta"):
-            model = model_to_train(cfg.model.name, dataset.input_shape, outputs, **cfg.model.options)
-    except Exception:   # noqa: BLE001 - the user's builder, on a device it was not written for
+        model = meta_model(cfg, (dataset.input_shape, outputs))
+    except Exception:   # noqa: BLE001 - the user's builder failing: the run's own build says why
         return None
     return cache_key(model, example, batch, device, threads, candidates)
