@@ -121,3 +121,29 @@ def test_the_memory_planner_drops_the_bf16_weight_copy_of_each_layer_fp8_convert
     # The layer kept in float32 converts nothing: planned as bf16-mixed.
     kept = PrecisionConfig(policy="fp8", fp8_emulate=True, fp32_modules=["body"])
     assert activations("fp8", kept) == activations("bf16-mixed")
+
+
+@pytest.mark.usefixtures("processes")
+def test_fp8_with_checkpointing_and_fsdps_float8_gather_resumes_exactly(tmp_path):
+    from tests.processes import run
+    fp8 = ["--precision", "fp8", "--fp8-emulate"]
+
+    def train(folder: str, *extra: str, epochs: int = 1):
+        done = run(["train", *GPT, "--epochs", str(epochs), *fp8, *extra, "--run-dir", folder], tmp_path)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done
+    # Activation checkpointing recomputes each block's forward, its float8 scales too: the same weights.
+    train("plain")
+    train("ckpt", "--activation-checkpointing")
+    a, b = _weights(tmp_path / "plain"), _weights(tmp_path / "ckpt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # FSDP over two processes gathers the sharded weights in float8 (tensorwise), and a resume of
+    # 2 epochs on to 3 gives the 3-epoch run's weights bitwise.
+    whole = train("fsdp", "--strategy", "fsdp", "--nproc", "2", epochs=3)
+    assert "their sharded weights gathered in float8" in whole.stdout
+    train("part", "--strategy", "fsdp", "--nproc", "2", epochs=2)
+    resumed = run(["train", *GPT, "--epochs", "3", *fp8, "--strategy", "fsdp", "--nproc", "2", "--run-dir", "part",
+                   "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    w3, wr = _weights(tmp_path / "fsdp"), _weights(tmp_path / "part")
+    assert w3.keys() == wr.keys() and all(torch.equal(w3[k], wr[k]) for k in w3)

@@ -89,15 +89,21 @@ class Float8Policy(PrecisionPolicy):
                     "use --precision bf16-mixed, or --fp8-emulate to check correctness (not faster)")
         return None
 
-    def convert_module(self, model: nn.Module, fp32_modules=(), options=None) -> nn.Module:
+    def convert_module(self, model: nn.Module, fp32_modules=(), options=None, gathered: bool = False) -> nn.Module:
+        """torchao's conversion. Under a strategy that gathers the sharded weights for each forward
+        (fsdp, zero2, hsdp), the tensorwise recipe gathers them in float8 (torchao's
+        `enable_fsdp_float8_all_gather`: a quarter of float32's bytes, the cast done once before the
+        gather instead of after it on every rank); torchao offers it for tensorwise scaling only."""
+        import dataclasses
         model = PrecisionPolicy.convert_module(self, model, fp32_modules)
         ao = _torchao_float8()
         Float8LinearConfig, convert_to_float8_training = ao.Float8LinearConfig, ao.convert_to_float8_training
         recipe = options.fp8_recipe if options is not None else "tensorwise"
         config = Float8LinearConfig.from_recipe_name(recipe)
         if options is not None and options.fp8_emulate:
-            import dataclasses
             config = dataclasses.replace(config, emulate=True)
+        if gathered and recipe == "tensorwise":
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
         kept = _kept_names(model, tuple(fp32_modules))
         return convert_to_float8_training(
             model, config=config,
@@ -124,7 +130,9 @@ class Float8Policy(PrecisionPolicy):
                    for name, m in model.named_modules()
                    if isinstance(m, nn.Linear) and not isinstance(m, Float8Linear)}
         recipe = options.fp8_recipe if options is not None else "tensorwise"
-        out = [f"fp8 ({recipe}): {converted} linear layer(s) in float8, the rest in bf16 autocast"
+        gathered = any(m.config.enable_fsdp_float8_all_gather for m in model.modules() if isinstance(m, Float8Linear))
+        out = [f"fp8 ({recipe}): {converted} linear layer(s) in float8"
+               + (", their sharded weights gathered in float8" if gathered else "") + ", the rest in bf16 autocast"
                + (f"; kept out: {', '.join(f'{n} ({why})' for n, why in skipped.items())}" if skipped else "")]
         if options is not None and options.fp8_emulate:
             out.append("fp8 emulated (--fp8-emulate): float8's rounding computed in higher precision, for tests and "

@@ -82,9 +82,11 @@ class PrecisionPolicy:
         return traced
 
     def convert_module(self, model: nn.Module, fp32_modules: list[str] | tuple[str, ...] = (),
-                       options=None) -> nn.Module:
+                       options=None, gathered: bool = False) -> nn.Module:
         """Casts parameters to the storage dtype and pins the opted-out modules to float32.
-        `options`: the PrecisionConfig, for a policy with its own (fp8's recipe)."""
+        `options`: the PrecisionConfig, for a policy with its own (fp8's recipe); `gathered`: the
+        strategy shards the parameters and gathers them for each forward (ZeRO-2/3, FSDP), which
+        a policy may gather in its own format (fp8's float8 all-gather)."""
         if self.param_dtype != torch.float32:
             model.to(self.param_dtype)
         if fp32_modules:

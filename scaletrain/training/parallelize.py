@@ -42,7 +42,8 @@ def parallelize(model: nn.Module, cfg, strategy: Strategy, policy: PrecisionPoli
         micro = strategy.costed_micro_batch(per_replica_batch or cfg.batch_size)
         if micro:
             strategy.balance_by(layer_costs_of(cfg, micro))
-    model = policy.convert_module(model, cfg.precision.fp32_modules, options=cfg.precision).to(strategy.device)
+    model = policy.convert_module(model, cfg.precision.fp32_modules, options=cfg.precision,
+                                  gathered=strategy.zero_stage >= 2).to(strategy.device)
     if channels_last:   # 4-D weights only; a convolution given NHWC weights computes in NHWC
         model = model.to(memory_format=torch.channels_last)
     blocks = (apply_activation_checkpointing(model, cfg.memory.block_classes)

@@ -32,7 +32,7 @@ def _optimizer_tensors(trainer) -> dict[str, torch.Tensor]:
     for p, state in trainer.optimizer.state.items():
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                out[f"{names[id(p)]}/{key}"] = value
+                out[f"{names[id(p)]}/{key}"] = plain(value)
     out["lr"] = trainer.optimizer.param_groups[0]["lr"]
     return out
 
@@ -94,11 +94,36 @@ def _host_json(trainer) -> str:
     })
 
 
+def plain(tensor):
+    """The plain tensor a parameter holds, sharing its memory: a wrapper subclass of one inner
+    tensor of its own shape and dtype (torchao's float8 weight, which casts itself as FSDP gathers
+    it) is its inner tensor, under a DTensor too. Saved and loaded in place as plain tensors, a
+    checkpoint holds what a run of another precision can read, and DCP fills the weights rather
+    than a wrapper it cannot write into (a resumed fsdp fp8 run read NaN)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    local = getattr(tensor, "_local_tensor", None)
+    if local is not None:     # a DTensor: its shard, unwrapped, under the same mesh and placements
+        inner = plain(local)
+        if inner is local:
+            return tensor
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(inner, tensor.device_mesh, tensor.placements, run_check=False,
+                                  shape=tensor.shape, stride=tensor.stride())
+    if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter or not is_traceable_wrapper_subclass(tensor):
+        return tensor
+    names, _ = tensor.__tensor_flatten__()
+    inner = [getattr(tensor, name) for name in names]
+    same = [t for t in inner if t.shape == tensor.shape and t.dtype == tensor.dtype]
+    return same[0] if len(same) == 1 else tensor
+
+
 def trainer_state(trainer) -> dict:
     rank = trainer.strategy.rank
     counters = trainer.counters.tensors()
     return {
-        "model": trainer.model.state_dict(),
+        "model": {name: plain(t) for name, t in trainer.model.state_dict().items()},
         "optimizer": _optimizer_tensors(trainer),
         "counters": {k: v for k, v in counters.items() if k in RUN_COUNTERS},
         "scaler": trainer.scaler.state_tensors() if trainer.scaler is not None else {},
