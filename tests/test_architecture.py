@@ -73,6 +73,38 @@ def test_imports_run_downward_only():
     assert upward == []
 
 
+def module_imports() -> dict[str, set[str]]:
+    """{module: the package modules it imports}, module by module (a function's import too)."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        edges[name] = {m for m in found if m in modules and m != name}
+    return edges
+
+
+def test_no_import_circle_anywhere_in_the_package():
+    edges, circles, done = module_imports(), [], set()
+
+    def walk(module: str, path: list[str]) -> None:
+        for target in sorted(edges[module]):
+            if target in path:
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in done:
+                walk(target, path + [target])
+        done.add(module)
+    for module in sorted(edges):
+        if module not in done:
+            walk(module, [module])
+    assert circles == []
+
+
 def test_every_package_folder_is_a_package():
     folders = [p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))]
     assert [str(p.relative_to(ROOT)) for p in folders if not (p / "__init__.py").exists()] == []

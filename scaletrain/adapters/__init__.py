@@ -13,11 +13,6 @@ from typing import Any
 
 from scaletrain.user_code.lightning import is_lightning_module
 
-# The OptimConfig fields a LightningModule's configure_optimizers sets: a flag naming one of them
-# is refused for such a model (cli/train.py), never overridden in silence.
-OWN_OPTIMIZER_FIELDS = ("optimizer", "lr", "weight_decay", "decay_all", "momentum", "nesterov", "betas",
-                        "lr_schedule", "warmup_epochs", "step_milestones", "step_gamma")
-
 
 def adapted(model: Any) -> Any:
     """`model` as scaletrain trains it: a LightningModule wrapped in its adapter, anything else as it is."""

@@ -38,12 +38,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from scaletrain.adapters import OWN_OPTIMIZER_FIELDS
 from scaletrain.config import OptimConfig
 from scaletrain.console import quiet_fake_tensors
 from scaletrain.errors import ConfigError
 from scaletrain.inputs import Inputs, batch_rows
 from scaletrain.tasks.base import Task
+from scaletrain.user_code.lightning import OWN_OPTIMIZER_FIELDS
 
 # Hooks whose behaviour scaletrain provides: overriding them changes nothing we would do.
 HONOURED = {"setup", "training_step", "validation_step", "test_step", "predict_step", "configure_optimizers",

@@ -169,7 +169,7 @@ def _refuse_optimizer_flags_a_model_sets(cfg: TrainConfig, args: argparse.Namesp
     and the run's first lines say so: whole configurations, such as autotune's candidates and
     best.toml, hold every key). The user's module is imported only where such a flag is given
     with a package.module:Name model."""
-    from scaletrain.adapters import OWN_OPTIMIZER_FIELDS
+    from scaletrain.user_code.lightning import OWN_OPTIMIZER_FIELDS
     given = {k.split(".", 1)[1] for k in vars(args) if k.startswith("optim.")}
     named = [f for f in OWN_OPTIMIZER_FIELDS if f in given]
     if named and names_lightning_module(cfg.model.name):
@@ -198,7 +198,7 @@ def _drop_a_recipe_target_the_task_lacks(cfg: TrainConfig, args: argparse.Namesp
             return
         cfg.target_metric = "auto"
         return
-    from scaletrain.data.source import data_source
+    from scaletrain.data.registry import data_source
     from scaletrain.tasks import TASKS
     source = data_source(cfg.data.name)
     if source.users_own:

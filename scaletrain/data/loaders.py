@@ -13,7 +13,6 @@ import contextlib
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -24,9 +23,6 @@ from scaletrain.data.sharding import rank_positions
 from scaletrain.data.user import SeededSamples, StreamBatches, StreamSplit, TorchSplit, collate_pairs
 from scaletrain.errors import DataError, Terminated, UserError
 from scaletrain.inputs import Inputs, map_inputs, tensors
-
-if TYPE_CHECKING:
-    from scaletrain.config import DataConfig
 
 
 @dataclass(slots=True)
@@ -381,29 +377,3 @@ def original_message(exc: BaseException) -> str:
     prefix = f"{type(exc).__module__}.{type(exc).__qualname__}: "
     lines = [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
     return lines[-1] if lines else text
-
-
-def choose_placement(requested: str, split_bytes: int, device: torch.device) -> str:
-    """'auto' keeps the data on the device when it takes under half of the free device memory."""
-    if requested != "auto":
-        return requested
-    if device.type != "cuda":
-        return "device"
-    free, _ = torch.cuda.mem_get_info(device)
-    return "device" if split_bytes < free // 2 else "stream"
-
-
-def loader_class(split, data: DataConfig, device: torch.device) -> tuple[type, dict]:
-    """Which loader reads `split`, and the options of its kind: a user's torch Dataset streams
-    through its own collate and workers in our order; shards stream from disk, never whole in
-    memory; arrays sit on the device where `data.placement` puts them there (choose_placement)."""
-    if isinstance(split, TorchSplit):
-        workers = split.num_workers if split.num_workers is not None else data.num_workers
-        return StreamingLoader, {"num_workers": workers}
-    if not isinstance(split, ArraySplit):   # a ShardedSplit
-        from scaletrain.data.shards import ShardLoader  # webdataset is an optional extra
-        return ShardLoader, dict(num_workers=data.num_workers, prefetch=data.prefetch,
-                                 shuffle_buffer=data.shuffle_buffer)
-    if choose_placement(data.placement, split.x.nbytes + split.y.nbytes, device) == "device":
-        return DeviceLoader, {}
-    return StreamingLoader, {"num_workers": data.num_workers}

@@ -5,8 +5,14 @@
 from __future__ import annotations
 
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
-from scaletrain.data.source import data_source, home_expanded
+from scaletrain.data.source import DATA_SOURCES, DataSource, home_expanded
+from scaletrain.data.user_source import user_source
 from scaletrain.tasks import targets_of
+
+
+def data_source(name: str) -> DataSource:
+    """The registered data set `name`, or a user's own `package.module:function` (data/user.py)."""
+    return user_source(name) if ":" in name else DATA_SOURCES.get(name)
 
 
 def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:

@@ -51,11 +51,3 @@ def register_dataset(name: str, *, sample: Sample | Callable[[Any], Sample] | No
         DATA_SOURCES.add(name, DataSource(name, load, sample, splits_itself, users_own))
         return load
     return add
-
-
-def data_source(name: str) -> DataSource:
-    """The registered data set `name`, or a user's own `package.module:function` (data/user.py)."""
-    if ":" in name:
-        from scaletrain.data.user_source import user_source
-        return user_source(name)
-    return DATA_SOURCES.get(name)

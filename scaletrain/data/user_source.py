@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scaletrain.data.dataset import Dataset
+from scaletrain.data.source import DataSource
 from scaletrain.data.user import as_dataset, as_split
 from scaletrain.errors import DataError, first_line
 from scaletrain.user_code.importing import import_function
@@ -17,7 +18,6 @@ def user_source(name: str):
     """`--data package.module:function`: the function, called with `--data-option`s, returns the
     splits: a dict with `train` (and optionally `val`, `test`), or the training split alone; or a
     Lightning LightningDataModule class (or a function returning one), whose data loaders give them."""
-    from scaletrain.data.source import DataSource
     return DataSource(name, lambda cfg, seed: load_user_data(name, cfg), sample=None, splits_itself=True,
                       users_own=True)
 

@@ -9,6 +9,11 @@ from typing import Any
 from scaletrain.errors import DataError
 from scaletrain.user_code.importing import import_function
 
+# The OptimConfig fields a LightningModule's configure_optimizers sets: a flag naming one of them
+# is refused for such a model (cli/train.py), never overridden in silence.
+OWN_OPTIMIZER_FIELDS = ("optimizer", "lr", "weight_decay", "decay_all", "momentum", "nesterov", "betas",
+                        "lr_schedule", "warmup_epochs", "step_milestones", "step_gamma")
+
 
 def _is_lightning(obj: Any, class_name: str) -> bool:
     cls = obj if isinstance(obj, type) else type(obj)
