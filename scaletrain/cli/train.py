@@ -235,10 +235,11 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     if problem:
         raise ConfigError(problem)
     if cfg.distributed.strategy != "auto" and names_lightning_module(cfg.model.name):
-        from scaletrain.distributed.capabilities import Serving
-        if issubclass(strategy_class(cfg.distributed, cfg.distributed.nproc), Serving):
-            raise ConfigError(f"--strategy {cfg.distributed.strategy}: its servers build the optimizer from the "
-                              f"config, not from {cfg.model.name}'s configure_optimizers; use ddp, zero1 or fsdp")
+        from scaletrain.distributed.capabilities import own_optimizer_problem
+        problem = own_optimizer_problem(strategy_class(cfg.distributed, cfg.distributed.nproc),
+                                        cfg.distributed.strategy, cfg.model.name)
+        if problem:
+            raise ConfigError(problem)
     # A cloud job's folders applied and a resume's saved configuration adopted, here as in every
     # worker: the launcher refuses in one line what its workers would.
     request = settle_config(cfg, dist_env(), flags=given_overrides(args))

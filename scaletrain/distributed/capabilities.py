@@ -25,6 +25,16 @@ class Serving(Protocol):
         """The whole life of a process that serves rather than trains (`Layout.serves`)."""
 
 
+def own_optimizer_problem(strategy: type, strategy_name: str, model_name: str) -> str | None:
+    """Why a model that brings its own optimizer (a LightningModule's configure_optimizers) cannot
+    train under `strategy`, or None: parameter servers build the optimizer from the config. The
+    command line asks before any worker starts, the Trainer when it is given the model."""
+    if issubclass(strategy, Serving):
+        return (f"--strategy {strategy_name}: its servers build the optimizer from the config, not from "
+                f"{model_name}'s configure_optimizers; use ddp, zero1 or fsdp")
+    return None
+
+
 @runtime_checkable
 class EpochControl(Protocol):
     """A strategy whose epochs have their own beginning and end (a parameter server's sync warm-up,

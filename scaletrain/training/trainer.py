@@ -30,7 +30,7 @@ from scaletrain.data import Dataset, Normalizer, as_features, loader_class, work
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
 from scaletrain.distributed.batching import BatchDivision
-from scaletrain.distributed.capabilities import Serving, epoch_control
+from scaletrain.distributed.capabilities import epoch_control, own_optimizer_problem
 from scaletrain.distributed.shapes import agreed_shape
 from scaletrain.errors import ConfigError, NonFiniteLossError, add_context
 from scaletrain.inputs import Inputs, first_rows, map_inputs
@@ -81,10 +81,9 @@ class Trainer:
         self.owns_strategy = strategy is None
         if strategy is None:
             strategy = build_strategy(cfg.distributed)
-        if own_optim is not None and isinstance(strategy, Serving):
-            raise ConfigError(f"--strategy {strategy.name}: its servers build the optimizer from the config, not from "
-                              "the model's own (configure_optimizers); use ddp, zero1 or fsdp")
-        problem = device_problem(cfg, type(strategy), strategy.env.world_size)
+        brought_by = type(getattr(model, "module", model)).__name__    # (the config may not name it: the API)
+        problem = ((own_optimizer_problem(type(strategy), strategy.name, brought_by) if own_optim is not None
+                    else None) or device_problem(cfg, type(strategy), strategy.env.world_size))
         if problem:
             raise ConfigError(problem)
         if self.owns_strategy:
