@@ -68,14 +68,16 @@ def _lightning_losses(module_class, train, val, epochs: int) -> tuple[list[float
     return record.losses, {k: float(v) for k, v in trainer.callback_metrics.items()}, record.lrs
 
 
-@pytest.mark.parametrize("module_name", ["LitClassifier", "LitAdam", "onecycle", "OnPlateau"],
-                         ids=["steplr", "adamw", "onecycle", "plateau"])
+@pytest.mark.parametrize("module_name", ["LitClassifier", "LitAdam", "onecycle", "OnPlateau", "CycledMomentum",
+                                         "CycledAdam"],
+                         ids=["steplr", "adamw", "onecycle", "plateau", "onecycle-momentum", "onecycle-betas"])
 def test_losses_equal_lightnings_own_trainer(tmp_path, module_name):
     """The same module, seed and data (one batch an epoch: the mean loss does not depend on the
     order), four epochs: every step's loss and the validation metrics equal Lightning's Trainer's.
     SGD with momentum and a StepLR halving the LR after epoch 2; AdamW decaying every parameter;
     SGD under a OneCycleLR stepped every step (lr_schedule 'module'); SGD under a ReduceLROnPlateau
-    on val_loss, which halves the LR within the four epochs."""
+    on val_loss, which halves the LR within the four epochs; SGD's momentum and AdamW's first beta
+    cycled by a OneCycleLR as users write it (cycle_momentum=True, its default)."""
     from torch.utils.data import TensorDataset
     module_class = (functools.partial(lit_classifier.Scheduled, "onecycle", "step", 1) if module_name == "onecycle"
                     else getattr(lit_classifier, module_name))
@@ -155,7 +157,6 @@ def test_the_schedulers_lightning_users_write_set_every_steps_lr_as_lightnings_t
     ("Manual", "uses manual optimisation"),
     ("TwoOptimizers", "returns 2 optimizers; scaletrain trains with one"),
     ("EpochHook", "overrides on_train_epoch_end: scaletrain does not call these Lightning hooks"),
-    ("CycledMomentum", "returns a OneCycleLR that cycles the momentum too; .* pass cycle_momentum=False"),
     ("PlateauOnNothing", "ReduceLROnPlateau monitors 'val_f1', which validation_step does not log \\(it logs val_acc, "
                          "val_loss\\)")])
 def test_what_is_not_honoured_is_refused_in_one_line(tmp_path, module, words):

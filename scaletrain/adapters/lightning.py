@@ -42,6 +42,7 @@ from scaletrain.config import OptimConfig
 from scaletrain.console import quiet_fake_tensors
 from scaletrain.errors import ConfigError
 from scaletrain.inputs import Inputs, batch_rows
+from scaletrain.optim.schedules import OwnSchedule
 from scaletrain.tasks.base import Task
 from scaletrain.user_code.lightning import OWN_OPTIMIZER_FIELDS
 
@@ -175,9 +176,9 @@ class LightningAdapter(nn.Module):
         return [PlateauSchedule(config["scheduler"], optimizer, config["monitor"], config["frequency"],
                                 config.get("strict", True), name)]
 
-    def scheduled_lrs(self, steps_per_epoch: int, epochs: int) -> torch.Tensor:
-        """Every optimizer step's LR under the module's own scheduler (lr_schedule 'module'),
-        stepped as Lightning's loop steps it: see `simulate_schedule`."""
+    def own_schedule(self, steps_per_epoch: int, epochs: int) -> OwnSchedule:
+        """Every optimizer step's LR (and momentum, where it cycles) under the module's own
+        scheduler (lr_schedule 'module'), stepped as Lightning's loop steps it: `simulate_schedule`."""
         return simulate_schedule(self.module, steps_per_epoch, epochs)
 
     def describe_optimizer(self, optim: OptimConfig) -> str:
@@ -313,8 +314,9 @@ def read_optimizers(module: nn.Module, epochs: int) -> dict[str, Any]:
     return fields
 
 
-def simulate_schedule(module: nn.Module, steps_per_epoch: int, epochs: int) -> torch.Tensor:
-    """Every optimizer step's LR (float64, `steps_per_epoch * epochs` of them) under the scheduler
+def simulate_schedule(module: nn.Module, steps_per_epoch: int, epochs: int) -> OwnSchedule:
+    """Every optimizer step's LR (float64, `steps_per_epoch * epochs` of them), and its momentum
+    where the scheduler cycles that too (OneCycleLR's and CyclicLR's default), under the scheduler
     `module.configure_optimizers()` returns, stepped as Lightning's fit loop steps it: interval
     "step", after each batch whose index in its epoch (from 1) is a multiple of `frequency`;
     interval "epoch", after each epoch whose number (from 1) is one. The scheduler is run on a
@@ -326,8 +328,9 @@ def simulate_schedule(module: nn.Module, steps_per_epoch: int, epochs: int) -> t
         raise ConfigError(f"{name} returns no scheduler; lr_schedule 'module' reads the one it returns")
     sched, frequency = config["scheduler"], config["frequency"]
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):   # PlateauSchedule changes it as it goes
-        return torch.full((steps_per_epoch * epochs,), float(optimizer.param_groups[0]["lr"]), dtype=torch.float64)
-    lrs, fixed = [], _fixed_settings(optimizer)
+        return OwnSchedule(torch.full((steps_per_epoch * epochs,), float(optimizer.param_groups[0]["lr"]),
+                                      dtype=torch.float64))
+    lrs, momenta, fixed = [], [], _fixed_settings(optimizer)
     with warnings.catch_warnings():
         # torch warns that the scheduler steps before its optimizer ever did: this one never will.
         warnings.simplefilter("ignore", UserWarning)
@@ -335,6 +338,7 @@ def simulate_schedule(module: nn.Module, steps_per_epoch: int, epochs: int) -> t
             for epoch in range(epochs):
                 for batch in range(steps_per_epoch):
                     lrs.append(optimizer.param_groups[0]["lr"])
+                    momenta.append(_momentum(optimizer.param_groups[0]))
                     if config["interval"] == "step" and (batch + 1) % frequency == 0:
                         sched.step()
                 if config["interval"] == "epoch" and (epoch + 1) % frequency == 0:
@@ -346,10 +350,17 @@ def simulate_schedule(module: nn.Module, steps_per_epoch: int, epochs: int) -> t
                               f"{steps_per_epoch * epochs} optimizer steps ({epochs} epochs of {steps_per_epoch}); "
                               "size it with total_steps=self.trainer.estimated_stepping_batches, or train fewer "
                               "epochs") from None
-    if _fixed_settings(optimizer) != fixed:   # a scheduler of momentum or betas too (see _schedule_fields)
-        raise ConfigError(f"{name}: its {type(sched).__name__} changes more than the LR as it steps; scaletrain "
-                          "schedules the LR only")
-    return torch.tensor(lrs, dtype=torch.float64)
+    if _fixed_settings(optimizer) != fixed:   # a scheduler of Adam's second beta, say
+        raise ConfigError(f"{name}: its {type(sched).__name__} changes more than the LR and the momentum as it "
+                          "steps; scaletrain schedules those two only")
+    cycled = len(set(momenta)) > 1
+    return OwnSchedule(torch.tensor(lrs, dtype=torch.float64),
+                       torch.tensor(momenta, dtype=torch.float64) if cycled else None)
+
+
+def _momentum(group: dict) -> float:
+    """The momentum a scheduler cycles: Adam's first beta, or SGD's momentum."""
+    return float(group["betas"][0]) if "betas" in group else float(group.get("momentum", 0.0))
 
 
 class PlateauSchedule:
@@ -398,7 +409,10 @@ class PlateauSchedule:
 
 
 def _fixed_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
-    return [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")} for group in optimizer.param_groups]
+    """What a scheduler may not change: every group setting but the LR and the momentum (Adam's
+    first beta; its second stays)."""
+    return [{k: (tuple(v)[1] if k == "betas" else v) for k, v in group.items()
+             if k not in ("params", "lr", "initial_lr", "momentum")} for group in optimizer.param_groups]
 
 
 def _unpack(result: Any, name: str) -> tuple[torch.optim.Optimizer, Any]:
@@ -494,9 +508,6 @@ def _schedule_fields(config: dict | None, epochs: int, name: str) -> dict[str, A
         return {"lr_schedule": "constant", "warmup_epochs": 0.0}
     sched = config["scheduler"]
     kind = type(sched).__name__
-    if getattr(sched, "cycle_momentum", False):
-        raise ConfigError(f"{name} returns a {kind} that cycles the momentum too; scaletrain schedules the LR only: "
-                          f"pass cycle_momentum=False to {kind}")
     if config["interval"] != "epoch" or config["frequency"] != 1 or kind not in ("StepLR", "MultiStepLR"):
         return {"lr_schedule": "module", "warmup_epochs": 0.0}
     if kind == "StepLR":

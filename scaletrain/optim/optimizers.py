@@ -92,6 +92,16 @@ def set_lr(optimizer: torch.optim.Optimizer, value: torch.Tensor) -> None:
             g["lr"].copy_(value)
 
 
+def set_momentum(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """Each group's momentum (Adam's first beta, SGD's momentum) as a host number: the optimizers
+    read it on the host at each step (a captured graph would replay the one it saw)."""
+    for g in optimizer.param_groups:
+        if "betas" in g:
+            g["betas"] = (value, g["betas"][1])
+        elif "momentum" in g:
+            g["momentum"] = value
+
+
 def fill_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
     """Writes a host-known LR into each group's tensor in place: one kernel with the value as its
     argument (no host sync; not for a captured graph, which would replay the value it saw)."""

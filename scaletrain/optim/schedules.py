@@ -33,6 +33,9 @@ class LRSchedule:
     # kind == "module": the LR of every optimizer step, as the model's own scheduler sets them
     # (a LightningModule's configure_optimizers, stepped as Lightning steps it: adapters/lightning.py)
     values: torch.Tensor | None = field(default=None, compare=False)
+    # ...and where that scheduler cycles it too (OneCycleLR's and CyclicLR's cycle_momentum), every
+    # step's momentum: SGD's, or Adam's first beta.
+    momenta: torch.Tensor | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
@@ -86,6 +89,15 @@ class LRSchedule:
         lrs = self(steps).to(torch.float32)
         return torch.cat([lrs.new_zeros(offset), lrs]) if offset else lrs
 
+    def momentum_table(self, offset: int = 0) -> list[float] | None:
+        """Every optimizer step's momentum (plus one spare), indexed as `table` is, on the host: the
+        step sets it as a Python number (None: the schedule leaves the momentum alone)."""
+        if self.momenta is None:
+            return None
+        values = [float(m) for m in self.momenta[:self.total_steps + 1]]
+        values += values[-1:] * (self.total_steps + 1 - len(values))
+        return values[:1] * offset + values
+
     def value_at(self, step: int) -> float:
         return float(self(torch.tensor(step)))
 
@@ -106,15 +118,23 @@ def replica_lr_scale(rule: str, replicas: int) -> float:
 MAX_SCHEDULE_STEPS = 100_000_000
 
 
+@dataclass(frozen=True)
+class OwnSchedule:
+    """A model's own schedule, every optimizer step's values (a LightningModule's scheduler,
+    simulated: adapters/lightning.py): the LR, and the momentum where the scheduler cycles it."""
+    lrs: torch.Tensor
+    momenta: torch.Tensor | None = None
+
+
 def build_schedule(cfg, steps_per_epoch: int, epochs: int, replicas: int = 1,
-                   own_lrs: Callable[[int, int], torch.Tensor] | None = None) -> LRSchedule:
-    """Turns the epoch-denominated OptimConfig into a step-denominated schedule. `own_lrs`: the
-    model's own schedule (`scheduled_lrs(steps_per_epoch, epochs)`, every step's LR), read under
-    lr_schedule 'module'."""
+                   own_schedule: Callable[[int, int], OwnSchedule] | None = None) -> LRSchedule:
+    """Turns the epoch-denominated OptimConfig into a step-denominated schedule. `own_schedule`:
+    the model's own (`own_schedule(steps_per_epoch, epochs)`), read under lr_schedule 'module'."""
     if steps_per_epoch * epochs > MAX_SCHEDULE_STEPS:
         raise ConfigError(f"--epochs {epochs} x {steps_per_epoch} steps per epoch is {steps_per_epoch * epochs:,} "
                           f"optimizer steps; the learning-rate schedule holds at most {MAX_SCHEDULE_STEPS:,} "
                           "(one value per step on the device): lower --epochs")
+    own = own_schedule(steps_per_epoch, epochs) if own_schedule is not None and cfg.lr_schedule == "module" else None
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     if cfg.lr_schedule == "onecycle" and warmup == 0:
         warmup = round(0.3 * steps_per_epoch * epochs)  # torch OneCycleLR's pct_start
@@ -128,6 +148,6 @@ def build_schedule(cfg, steps_per_epoch: int, epochs: int, replicas: int = 1,
         min_lr_ratio=cfg.min_lr_ratio,
         replica_scale=replica_lr_scale(cfg.lr_scaling, replicas),
         scale_warmup_steps=round(cfg.lr_scaling_warmup_epochs * steps_per_epoch),
-        values=(own_lrs(steps_per_epoch, epochs) if own_lrs is not None else None)
-        if cfg.lr_schedule == "module" else None,
+        values=own.lrs if own is not None else None,
+        momenta=own.momenta if own is not None else None,
     )

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from scaletrain.distributed.strategies.base import Strategy
+from scaletrain.errors import ConfigError
 from scaletrain.inputs import Inputs
-from scaletrain.optim import LRSchedule, fill_lr, set_lr, squared_norm
+from scaletrain.optim import LRSchedule, fill_lr, set_lr, set_momentum, squared_norm
 from scaletrain.precision import DynamicLossScaler, PrecisionPolicy
 from scaletrain.tasks import Task, checked_loss
 from scaletrain.training.counters import DeviceCounters
@@ -52,6 +53,14 @@ class TrainStep:
             set_lr(optimizer, steady[0])
         elif counters.host_indexed:
             self.lr_on_host = self.lr_table.cpu().numpy()
+        # A schedule that cycles the momentum too (OneCycleLR's default) sets it as a Python number
+        # each step, from the host's step count: the optimizers read it there.
+        self.momenta = schedule.momentum_table(offset=first_step)
+        if self.momenta is not None and not counters.host_indexed:
+            raise ConfigError("the model's scheduler cycles the momentum (OneCycleLR's and CyclicLR's cycle_momentum), "
+                              "which each step sets from the step count on the host: not under fp16-mixed, CUDA "
+                              "graphs or an XLA device, which count on the device; pass cycle_momentum=False, or "
+                              "train in another precision (--no-cuda-graphs)")
 
     def scale_lr_from(self, applied: int, ratio: float) -> None:
         """Every LR from optimizer step `applied` on, times `ratio`: a model's own schedule
@@ -127,6 +136,8 @@ class TrainStep:
         c = self.counters
         if not clipped:
             self.clip_()
+        if self.momenta is not None:
+            set_momentum(self.optimizer, self.momenta[c.applied_index()])
         if self.lr_on_host is not None:
             fill_lr(self.optimizer, float(self.lr_on_host[c.applied_index()]))
         elif not self.constant_lr:

@@ -76,7 +76,7 @@ class Trainer:
         if own_optim is not None:
             cfg.optim = own_optim(cfg.optim, cfg.epochs)
         # ...and its own LR schedule where it brings one (lr_schedule 'module'): every step's LR.
-        self.own_lrs = getattr(model, "scheduled_lrs", None)
+        self.own_schedule = getattr(model, "own_schedule", None)
         # Whoever sets a strategy up tears it down: given one, the caller; else this trainer.
         self.owns_strategy = strategy is None
         if strategy is None:
@@ -308,7 +308,7 @@ class Trainer:
         """The LR schedule of `epochs` epochs of `steps_per_epoch` optimizer steps: the config's,
         or the model's own (lr_schedule 'module'), scaled for the replicas."""
         return build_schedule(self.config.optim, steps_per_epoch, epochs, replicas=self.layout.replicas,
-                              own_lrs=self.own_lrs)
+                              own_schedule=self.own_schedule)
 
     # ----------------------------------------------------------------- train
     def fit(self, data, val=None, test=None) -> list[dict]:

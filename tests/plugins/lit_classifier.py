@@ -113,9 +113,20 @@ class Scheduled(LitClassifier):
 
 
 class CycledMomentum(LitClassifier):
+    """SGD under a OneCycleLR as users write it: it cycles the momentum too (cycle_momentum=True)."""
+
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
-        return [optimizer], [{"scheduler": torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.2, total_steps=100),
+        return [optimizer], [{"scheduler": torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.2, total_steps=8),
+                              "interval": "step"}]
+
+
+class CycledAdam(LitClassifier):
+    """AdamW under a OneCycleLR as users write it: it cycles Adam's first beta."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.01)
+        return [optimizer], [{"scheduler": torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.05, total_steps=8),
                               "interval": "step"}]
 
 
