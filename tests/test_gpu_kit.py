@@ -120,10 +120,16 @@ def test_bad_arguments_are_one_line_before_any_part_runs(tmp_path):
 
 @pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(600)
-def test_the_whole_run_table_is_its_own_call_and_rehearses_every_side(tmp_path):
-    done = kit(tmp_path, "--parts", "no_flags", timeout=550)
+def test_the_extra_parts_are_a_call_of_their_own_and_rehearse_every_side(tmp_path):
+    done = kit(tmp_path, "--parts", "no_flags,fp8", timeout=550)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["no_flags.json", "summary.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp8.json", "no_flags.json", "summary.md"]
+    fp8 = results(tmp_path)["fp8"]
+    assert fp8["status"] == "passed", (fp8.get("error"), fp8.get("output_tail", "")[-2000:])
+    assert [(r["case"], r["status"]) for r in fp8["rows"]] == [
+        ("toy GPT: bf16-mixed", "passed"), ("toy GPT: fp8 tensorwise", "passed"), ("toy GPT: fp8 rowwise", "passed")]
+    assert all(r["tokens_per_sec"] > 0 for r in fp8["rows"]) and fp8["rows"][1]["emulated"] is True
+    assert set(fp8["notes"]["fp8_speed_over_bf16"]["toy GPT"]) == {"fp8 tensorwise", "fp8 rowwise"}
     found = results(tmp_path)["no_flags"]
     assert found["status"] == "passed", (found.get("error"), found.get("output_tail", "")[-2000:])
     rows = {row["case"]: row for row in found["rows"]}

@@ -21,7 +21,7 @@ import torch
 PARTS = ("environment", "smoke", "precision", "peers", "memory_lab", "autotune", "compiled")
 # Run only when named (`--parts no_flags`), as a call of their own: a call brings back 8 files, and
 # the default parts and summary.md are 8.
-EXTRA_PARTS = ("no_flags",)
+EXTRA_PARTS = ("no_flags", "fp8")
 
 
 def result_path(out: Path, name: str) -> Path:

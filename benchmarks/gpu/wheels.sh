@@ -21,6 +21,8 @@ wheels=(
   "colorlog==6.12.0"
   "Mako==1.4.3"
   "SQLAlchemy==2.1.9"
+  # --precision fp8 (part fp8): torchao's float8 training, which needs torch >= 2.11 from 0.17 on
+  "torchao==0.17.0"
 )
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
