@@ -91,7 +91,7 @@ class Float8Policy(PrecisionPolicy):
 
     def convert_module(self, model: nn.Module, fp32_modules=(), options=None, gathered: bool = False) -> nn.Module:
         """torchao's conversion. Under a strategy that gathers the sharded weights for each forward
-        (fsdp, zero2, hsdp), the tensorwise recipe gathers them in float8 (torchao's
+        (ZeRO-3 and ZeRO-2 sharding), the tensorwise recipe gathers them in float8 (torchao's
         `enable_fsdp_float8_all_gather`: a quarter of float32's bytes, the cast done once before the
         gather instead of after it on every rank); torchao offers it for tensorwise scaling only."""
         import dataclasses

@@ -63,8 +63,20 @@ def _on_every_openmp_thread(on: bool) -> bool:
     torch uses here, in every libgomp loaded (each reuses its pool's threads for later teams);
     False without one."""
     libraries = _libgomps() if "OpenMP" in torch.__config__.parallel_info() else []
-    region = _REGION(lambda _data: torch.set_flush_denormal(on))
+    raised: list[BaseException] = []
+
+    def set_mode(_data) -> None:
+        # The calling thread is one of the team, and a stop signal's Python handler may run there:
+        # raised inside a ctypes callback it would be printed as a traceback and swallowed, so it is
+        # kept and raised once the region is over.
+        try:
+            torch.set_flush_denormal(on)
+        except BaseException as exc:   # noqa: BLE001 - raised again below, on the caller's stack
+            raised.append(exc)
+    region = _REGION(set_mode)
     team = max(torch.get_num_threads(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     for gomp in libraries:
         gomp.GOMP_parallel(region, None, ctypes.c_uint(team), ctypes.c_uint(0))
+    if raised:
+        raise raised[0]
     return bool(libraries)
