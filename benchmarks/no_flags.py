@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.step_cost import Case, _dataset, _loss, _model, _normalised, cpu_name  # noqa: E402
+from benchmarks.step_cost import Case, _dataset, _loss, _model, _normalised, cpu_name, lightning_module  # noqa: E402
 
 CASES = {
     # The default recipe as `scaletrain train` runs it with no flags (recipes/mnist1d-cnn.toml).
@@ -106,14 +106,7 @@ def child_lightning(case: Case) -> dict:
     train = DataLoader(TensorDataset(_normalised(ds, ds.train), ds.train.y), batch_size=case.batch, shuffle=True)
     valid = DataLoader(TensorDataset(_normalised(ds, val), val.y), batch_size=256)
 
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-
-        def training_step(self, batch, i):
-            return loss_of(self.net(batch[0]), batch[1])
-
+    class Module(lightning_module(net, loss_of)):
         def validation_step(self, batch, i):
             self.log("val_loss", loss_of(self.net(batch[0]), batch[1]))
 

@@ -206,6 +206,21 @@ def child_tutorial(case: Case, threads: int | None, turns: Turns, extra: list[st
         turns.end(seconds)
 
 
+def lightning_module(net, loss_of) -> type:
+    """A LightningModule class around `net` whose training step is `loss_of` on its batch; each
+    side adds its own optimizer and hooks."""
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, i):
+            return loss_of(self.net(batch[0]), batch[1])
+    return Module
+
+
 def child_lightning(case: Case, threads: int | None, turns: Turns, extra: list[str]) -> None:
     import logging
     import warnings
@@ -233,14 +248,7 @@ def child_lightning(case: Case, threads: int | None, turns: Turns, extra: list[s
         def __len__(self):
             return steps
 
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-
-        def training_step(self, batch, i):
-            return loss_of(self.net(batch[0]), batch[1])
-
+    class Module(lightning_module(net, loss_of)):
         def configure_optimizers(self):
             self.opt, self.lr, self.lrs = _equal_optimizer(case, self.parameters(), steps)
             return self.opt

@@ -24,12 +24,12 @@ STEPS, EPOCHS = 20, 3
 
 
 def measure(part: Part, options: dict, seq: int, batch: int, policy: str, recipe: str | None) -> dict:
-    from scaletrain.callbacks import Throughput
+    import torch
+
+    from benchmarks.gpu.precision import timed_fit
     from scaletrain.config import DataConfig, ModelConfig, OptimConfig, PrecisionConfig, TrainConfig
     from scaletrain.data import load_dataset
     from scaletrain.models import build_model
-    from scaletrain.training import Trainer
-    import torch
 
     data_cfg = DataConfig(name="char-corpus", seq_len=seq, train_subset=batch * STEPS, placement="device")
     dataset = load_dataset(data_cfg, seed=0)
@@ -40,16 +40,9 @@ def measure(part: Part, options: dict, seq: int, batch: int, policy: str, recipe
                       optim=OptimConfig(optimizer="adamw", lr=3e-4), precision=precision, compile=not part.rehearse,
                       progress=False, log_every=10**9, save_model=False, eval_each_epoch=False)
     cfg.tracking.record = False
-    meter = Throughput(verbose=False)
-    trainer = Trainer(model, cfg, [meter])
-    try:
-        trainer.fit(dataset)
-    finally:
-        trainer.close()
-    timed = meter.per_epoch[1:]
-    return {"tokens_per_sec": meter.steady_state() * seq, "min": min(timed) * seq, "max": max(timed) * seq,
-            "warmup_s": round(trainer.warmup_s, 2), "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
-            "emulated": not part.cuda}
+    rate, timed, warmup_s = timed_fit(model, cfg, dataset)
+    return {"tokens_per_sec": rate * seq, "min": min(timed) * seq, "max": max(timed) * seq, "warmup_s": warmup_s,
+            "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1), "emulated": not part.cuda}
 
 
 def run(part: Part) -> None:

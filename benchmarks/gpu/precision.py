@@ -49,11 +49,9 @@ def measured_peak(part: Part) -> float | None:
 
 
 def measure(part: Part, s: dict, precision: str, compiled: bool, graphs: bool) -> dict:
-    from scaletrain.callbacks import Throughput
     from scaletrain.config import DataConfig, ModelConfig, OptimConfig, PrecisionConfig, TrainConfig
     from scaletrain.data import load_dataset
     from scaletrain.models import build_model
-    from scaletrain.training import Trainer
 
     data_cfg = DataConfig(name="synthetic", shape=s["shape"], num_samples=s["batch"] * s["steps"], num_classes=10,
                           placement="device")
@@ -65,15 +63,23 @@ def measure(part: Part, s: dict, precision: str, compiled: bool, graphs: bool) -
                       compile=compiled, progress=False, log_every=10**9, save_model=False, eval_each_epoch=False,
                       steps_per_execution=FUSED_STEPS if graphs else 1, cuda_graphs=graphs)
     cfg.tracking.record = False
+    rate, timed, warmup_s = timed_fit(model, cfg, dataset)
+    return {"images_per_sec": rate, "min": min(timed), "max": max(timed), "warmup_s": warmup_s,
+            "timed_steps": s["steps"] * len(timed)}
+
+
+def timed_fit(model, cfg, dataset) -> tuple[float, list[float], float]:
+    """Trains `model` under `cfg` on `dataset`: (steady-state samples/s, each timed epoch's
+    samples/s: the epochs after the first, the warm-up's seconds)."""
+    from scaletrain.callbacks import Throughput
+    from scaletrain.training import Trainer
     meter = Throughput(verbose=False)
     trainer = Trainer(model, cfg, [meter])
     try:
         trainer.fit(dataset)
     finally:
         trainer.close()
-    timed = meter.per_epoch[1:]
-    return {"images_per_sec": meter.steady_state(), "min": min(timed), "max": max(timed),
-            "warmup_s": round(trainer.warmup_s, 2), "timed_steps": s["steps"] * len(timed)}
+    return meter.steady_state(), meter.per_epoch[1:], round(trainer.warmup_s, 2)
 
 
 def table(part: Part, order) -> None:
