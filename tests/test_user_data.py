@@ -544,3 +544,29 @@ def test_a_hugging_face_dataset_trains_as_dict_batches_map_style_and_streamed(tm
     with Trainer(hf.BagOfChars(vocab), _config(tmp_path, epochs=4)) as trainer:
         history = trainer.fit(DataLoader(train.to_iterable_dataset(), batch_size=32, num_workers=2), val=val)
         assert history[-1]["val_accuracy"] >= 0.9
+
+
+@pytest.mark.usefixtures("processes")
+@pytest.mark.timeout(300)
+def test_every_command_reads_a_dataloaders_batch_as_the_batch_that_trains(tmp_path, monkeypatch):
+    """A DataLoader of 16 under the default --batch-size 128: the run records 16 (what trains and
+    what a resume continues), plan-memory plans 16 a device, autotune's trials and best.toml hold
+    16, and find-batch-size (which builds its own batches) says what to build the DataLoader with."""
+    import json
+    import tomllib
+
+    from tests.processes import PLUGINS, run, run_here
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    data = ["--data", "batch_kinds:loaders_of_16", "--model", "batch_kinds:model", "--no-progress"]
+    trained = run(["train", *data, "--epochs", "1", "--run-dir", tmp_path / "r"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert "global batch 16 = 1 replica(s) x 16; 16 per process: the training DataLoader's batch_size" in trained.stdout
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["batch_size"] == 16
+    planned = run_here(["plan-memory", *data, "--devices", "2", "--strategy", "ddp", "--json"], tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    assert [(p["batch_size"], p["per_device_batch_size"]) for p in json.loads(planned.stdout)] == [(32, 16)]
+    found = run(["find-batch-size", *data, "--memory-limit", "1GB", "--max-batch-size", "16"], tmp_path)
+    assert "the training DataLoader's batch_size is 16: build it with batch_size=" in found.stdout, found.stderr[-2000:]
+    tuned = run(["autotune", *data, "--trials", "1", "--confirm-rounds", "0", "--steps", "2", "--out", "at"], tmp_path)
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    assert tomllib.loads((tmp_path / "at" / "best.toml").read_text())["batch_size"] == 16

@@ -48,6 +48,7 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
     cfg.batch_size = max(cfg.batch_size // world, 1) * world  # any valid plan: the search sets the batch
     with build_training(cfg) as built:
         chief = built.strategy.is_chief
+        given = built.dataset.loader_batch
         result = find_batch_size(built.trainer, built.dataset, start=args.first_batch_size,
                                  max_batch=args.max_batch_size, steps=args.trial_steps, margin=args.margin,
                                  memory_limit=limit, global_batch=args.global_batch,
@@ -56,7 +57,7 @@ def run_find_batch_size(args: argparse.Namespace, argv: list[str]) -> int:
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
         else:
-            _print(result, cfg)
+            _print(result, cfg, given)
     return 0
 
 
@@ -70,7 +71,7 @@ def _show_trial(trial) -> None:
     print(f"find-batch-size: batch {trial.batch_size} per device: {text}", file=sys.stderr, flush=True)
 
 
-def _print(result, cfg) -> None:
+def _print(result, cfg, given: int | None) -> None:
     console = make_console(width=None if sys.stdout.isatty() else 140)
     table = Table(title=f"{cfg.model.name}, {cfg.precision.policy}, {result.devices} device(s)"
                         + (f", budget {format_bytes(result.memory_limit)}" if result.memory_limit else ""))
@@ -88,4 +89,7 @@ def _print(result, cfg) -> None:
                  f"x {result.grad_accum_steps} accumulation steps")
     if result.limited_by:
         line += f"; the search stopped at {result.limited_by}, which still fit (a larger batch may too)"
+    if given is not None:    # the search built its own batches; the user's DataLoader batches the run
+        line += (f"; the training DataLoader's batch_size is {given}: build it with "
+                 f"batch_size={result.recommended_batch_size} to train at this size")
     console.print(line, soft_wrap=True)

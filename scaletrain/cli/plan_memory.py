@@ -13,6 +13,7 @@ from rich.table import Table
 
 from scaletrain.cli.flags import add_number
 from scaletrain.console import make_console
+from scaletrain.distributed.batching import adopt_loader_batch
 from scaletrain.errors import ConfigError
 from scaletrain.memory.units import format_bytes, parse_bytes
 
@@ -69,7 +70,8 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     for name in precisions:
         get_policy(name)
     memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory is not None else None
-    shape, classes, task, example = sample_and_example(cfg.data)
+    shape, classes, task, example, given = sample_and_example(cfg.data)
+    adopt_loader_batch(cfg, given, args.devices)    # the batch that trains is the one planned
     plans = []
     for precision in precisions:
         req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,
@@ -88,6 +90,9 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
         print(json.dumps([p.to_dict() for p in plans], indent=2))
         return 0
     _print_table(plans, cfg, args.devices, memory)
+    if given is not None:
+        print(f"note: global batch {cfg.batch_size} = {args.devices} device(s) x {given}, the training DataLoader's "
+              "batch_size (it batches the data, not --batch-size)")
     if auto_note:        # after the plan: a refusal stays the one line it is
         print(f"note: {auto_note}")
     return 0
@@ -149,7 +154,8 @@ def _plan_stages(cfg, args: argparse.Namespace) -> int:
     settle_precision_here(cfg)
     d = cfg.distributed.pipeline
     devices = args.devices if args.devices > 1 else d.stages
-    shape, classes, task, example = sample_and_example(cfg.data)
+    shape, classes, task, example, given = sample_and_example(cfg.data)
+    adopt_loader_batch(cfg, given, devices // d.stages)
     req = PlanRequest(model=cfg.model.name, model_options=dict(cfg.model.options), input_shape=shape,
                       num_classes=classes, task=task, batch_size=cfg.batch_size, precision=cfg.precision.policy,
                       devices=devices, activation_checkpointing=cfg.memory.activation_checkpointing,

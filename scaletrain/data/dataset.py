@@ -59,6 +59,12 @@ class Dataset:
     # asked for, and no figure is reported as a test figure.
     test_held_out: bool = True
 
+    @property
+    def loader_batch(self) -> int | None:
+        """The per-process batch the user's training DataLoader fixes, or None where the trainer
+        batches the data (distributed/batching.py: `loader_batch`)."""
+        return getattr(self.train, "batch_size", None)
+
     def split_names(self) -> dict[str, ArraySplit]:
         """The splits by the names the user knows them by: train, val (given or held out), test
         (where one was)."""

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from scaletrain.data.dataset import ArraySplit, Dataset, hold_out_validation, make_dataset
 from scaletrain.data.source import DATA_SOURCES, DataSource, home_expanded
 from scaletrain.data.user_source import user_source
@@ -21,16 +23,26 @@ def sample_shape(cfg) -> tuple[tuple[int, ...], int, str]:
     return sample_and_example(cfg)[:3]
 
 
-def sample_and_example(cfg) -> tuple[tuple[int, ...], int, str, tuple | None]:
-    """`sample_shape` and `data_example` from one reading of the data set."""
+class DataSample(NamedTuple):
+    """What a command that plans (rather than trains) reads off the data set."""
+    shape: tuple[int, ...]      # one sample's input shape
+    outputs: int                # the model's output size
+    task: str                   # the data's task
+    example: tuple | None       # its first samples (inputs, targets), or None where the set states its sample
+    loader_batch: int | None = None   # the per-process batch a user's training DataLoader fixes
+
+
+def sample_and_example(cfg) -> DataSample:
+    """`sample_shape` and `data_example` (and a user's DataLoader's batch) from one reading of the
+    data set."""
     cfg = home_expanded(cfg)
     known = data_source(cfg.name).known_sample(cfg)
     if known is not None:
-        return (*known, None)
+        return DataSample(*known, None)
     ds = load_dataset(cfg)
     y = ds.examples.y
     outputs = ds.num_classes if targets_of(ds.task).class_outputs else (1 if y.ndim == 1 else y.shape[1])
-    return ds.input_shape, outputs, ds.task, ds.example
+    return DataSample(ds.input_shape, outputs, ds.task, ds.example, ds.loader_batch)
 
 
 def data_example(cfg) -> tuple | None:

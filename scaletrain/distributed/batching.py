@@ -8,6 +8,7 @@ step always sees the mean gradient of `global_batch` samples, whatever the split
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from scaletrain.errors import ConfigError
@@ -77,3 +78,30 @@ def divide_batch(global_batch: int, per_replica_batch: int | None, replicas: int
             + (" (add --accumulate-to-global to keep this global batch with gradient accumulation)"
                if replicas > 1 else ""))
     return BatchDivision(global_batch, global_batch // replicas, accum_steps, replicas)
+
+
+LOADER_BATCH = "the training DataLoader's batch_size"
+
+
+def loader_batch(given: int, per_replica_batch: int | None, replicas: int, accum_steps: int = 1) -> BatchDivision:
+    """The batch plan where the user's training DataLoader batches the data itself: its
+    batch_size is each process's batch (each process reads its own batches of that size), whatever
+    the configuration's global batch says; refused where the configuration names another
+    per-process batch."""
+    if per_replica_batch is not None and per_replica_batch != given:
+        raise ConfigError(f"the training DataLoader's batch_size is {given} but per_replica_batch_size is "
+                          f"{per_replica_batch}; leave per_replica_batch_size unset to take the DataLoader's, "
+                          "or pass the Dataset and let the trainer batch it")
+    return dataclasses.replace(divide_batch(given * replicas, given, replicas, accum_steps), source=LOADER_BATCH)
+
+
+def adopt_loader_batch(cfg, given: int | None, replicas: int) -> bool:
+    """Writes a training DataLoader's batch into a command's configuration (`given`: its
+    batch_size, None where the trainer batches the data), so that what the command plans, searches,
+    records and resumes is the batch that trains. Returns whether it changed the configuration."""
+    if given is None:
+        return False
+    batch = loader_batch(given, cfg.per_replica_batch_size, replicas, cfg.optim.grad_accum_steps)
+    changed = cfg.batch_size != batch.global_batch
+    cfg.batch_size = batch.global_batch
+    return changed

@@ -37,6 +37,7 @@ from scaletrain.callbacks import (
 from scaletrain.checkpoint.space import Reserved
 from scaletrain.config import TrainConfig
 from scaletrain.data import load_dataset
+from scaletrain.distributed.batching import adopt_loader_batch
 from scaletrain.distributed.strategies.registry import strategy_class
 from scaletrain.errors import ConfigError, UserError, WriteFailed
 from scaletrain.lifecycle.folder import RunFolder
@@ -164,6 +165,7 @@ def start_run(request: RunRequest, env, strategy, console: Console, extra_callba
     raise_if_owed()       # a stop swallowed while the command started: no run is begun
     plan, cfg = agree_on_plan(request.config, env, strategy, request.undecided())
     dataset = load_dataset(cfg.data, seed=cfg.seed)
+    adopt_loader_batch(cfg, dataset.loader_batch, strategy.layout.replicas)   # the batch the record names
     task = task_for(cfg, dataset)
     metric = task.check_metric(cfg.target_metric) if cfg.target is not None else None
     settings, probe_s = _probe(request.settings, cfg, dataset, task, plan, strategy, console)

@@ -65,7 +65,7 @@ def run_task(cfg: TrainConfig, sample: tuple | None = None):
     the data's. `sample`: (input shape, output size, data task, example or None) where the caller
     has them (`example`: the data's first samples; else the data task's example batch)."""
     from scaletrain.tasks import TASKS, build_task
-    shape, outputs, data_task, example = sample if sample is not None else sample_and_example(cfg.data)
+    shape, outputs, data_task, example = (sample if sample is not None else sample_and_example(cfg.data))[:4]
     model = meta_model(cfg, (shape, outputs))
     if example is None and cfg.task == "auto":   # what the model's own task reads its metrics off
         example = TASKS.get(data_task)().example_batch(2, shape, outputs, torch.float32)

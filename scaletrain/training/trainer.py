@@ -13,7 +13,6 @@ the end of a `with` block), so the Python API never leaks a process group.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import time
 from itertools import islice
@@ -29,7 +28,7 @@ from scaletrain.config import TrainConfig, identity_digest
 from scaletrain.data import Dataset, Normalizer, as_features, loader_class, workers_end_on_stop
 from scaletrain.data.user import TorchSplit
 from scaletrain.distributed import Strategy, build_strategy, divide_batch, resolve_device
-from scaletrain.distributed.batching import BatchDivision
+from scaletrain.distributed.batching import loader_batch
 from scaletrain.distributed.capabilities import epoch_control, own_optimizer_problem
 from scaletrain.distributed.shapes import agreed_shape
 from scaletrain.errors import ConfigError, NonFiniteLossError, add_context
@@ -189,24 +188,12 @@ class Trainer:
         """The settings that follow from the data (a DataLoader's batch size; cudnn.benchmark:
         whether every batch has one shape), chosen and applied; a run does it before its start
         line, `fit` again (the same)."""
-        given = getattr(dataset.train, "batch_size", None)   # a DataLoader's: the data as given
-        if given is not None and given != self.batch.per_replica:
-            self.batch = self._batch_of_loader(given)
+        if dataset.loader_batch is not None:
+            self.batch = loader_batch(dataset.loader_batch, self.config.per_replica_batch_size, self.layout.replicas,
+                                      self.config.optim.grad_accum_steps)
         self.settle_setting(choose_cudnn_benchmark(self.config.cudnn_benchmark, self.device,
                                                    fixed_batch_shapes(dataset.train)))
         torch.backends.cudnn.benchmark = self.setting("cudnn.benchmark")
-
-    def _batch_of_loader(self, given: int) -> BatchDivision:
-        """The batch plan with a training DataLoader's batch_size as the per-process batch (each
-        process reads its own batches of that size); refused where the configuration named
-        another per-process batch."""
-        cfg = self.config
-        if cfg.per_replica_batch_size is not None:
-            raise ConfigError(f"the training DataLoader's batch_size is {given} but per_replica_batch_size is "
-                              f"{cfg.per_replica_batch_size}; leave per_replica_batch_size unset to take the "
-                              "DataLoader's, or pass the Dataset and let the trainer batch it")
-        batch = divide_batch(given * self.layout.replicas, given, self.layout.replicas, cfg.optim.grad_accum_steps)
-        return dataclasses.replace(batch, source="the training DataLoader's batch_size")
 
     # ------------------------------------------------------------- lifecycle
     def close(self, clean: bool = True) -> None:

@@ -72,3 +72,9 @@ class Net(nn.Module):
 
 def model(input_shape, num_classes):
     return Net(num_classes)
+
+
+def loaders_of_16():
+    """Tuples through the user's own DataLoaders of 16: the batch every command must read."""
+    return {"train": DataLoader(Pairs(slice(0, TRAIN)), batch_size=16, shuffle=True),
+            "val": DataLoader(Pairs(slice(TRAIN, None)), batch_size=16)}

@@ -13,6 +13,7 @@ rule out, with the strategy's own reason.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import os
 from dataclasses import dataclass
@@ -70,17 +71,22 @@ def model_facts(cfg: TrainConfig, input_shape, outputs: int) -> ModelFacts:
                       convolutions_2d=any(isinstance(m, nn.Conv2d) for m in model.modules()))
 
 
-def _precisions(device: torch.device) -> tuple[str, ...]:
+def _precisions(device: torch.device, options) -> tuple[str, ...]:
     """Every registered policy worth a trial on `device`: never one that is float32 with less TF32
     than PyTorch's default (fp32-strict: slower by construction; it stays the baseline where it is
     given). Off CUDA, TF32 does not exist, so tf32 is fp32 there, and fp16 autocast has no fast
-    kernels: neither is worth a trial."""
+    kernels: neither is worth a trial. Nor is one the device cannot run for real (fp8 off float8
+    tensor cores: emulated, it is only slower). `options`: the configuration's PrecisionConfig."""
     default = POLICIES["fp32"]
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    for_real = dataclasses.replace(options, fp8_emulate=False)
     out = []
     for name, p in POLICIES.items():
         if not p.computes_in_16_bit and not p.tf32_convolutions:     # IEEE float32 everywhere
             continue
         if device.type != "cuda" and (p.loss_scaling or (not p.computes_in_16_bit and p != default)):
+            continue
+        if p.problem(for_real, device.type, capability) is not None:
             continue
         out.append(name)
     return tuple(out)
@@ -100,7 +106,7 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
     """The knobs worth turning for `cfg` on `device`, each with two or more values."""
     cuda = device.type == "cuda"
     knobs = [
-        Knob("precision.policy", _with_baseline_first(cfg, "precision.policy", _precisions(device)), numerics=True,
+        Knob("precision.policy", _with_baseline_first(cfg, "precision.policy", _precisions(device, cfg.precision)), numerics=True,
              first=True),
         Knob("compile", _with_baseline_first(cfg, "compile", (False, True))),
     ]

@@ -32,6 +32,7 @@ from rich.table import Table
 from scaletrain.config import TrainConfig, write_toml
 from scaletrain.data import sample_shape
 from scaletrain.data.dataset import ArraySplit
+from scaletrain.distributed.batching import adopt_loader_batch
 from scaletrain.distributed.strategies import resolve_device
 from scaletrain.errors import UserError
 from scaletrain.experiments.autotune.confirming import confirm_finalists
@@ -95,6 +96,8 @@ class AutoTuner:
         from scaletrain.data import load_dataset
         dataset = self.dataset = load_dataset(base.data, seed=base.seed)
         train, self.example = dataset.train, dataset.example
+        # A user's DataLoader batches the data itself: its batch is every candidate's and best.toml's.
+        adopt_loader_batch(base, dataset.loader_batch, max(base.distributed.nproc, 1))
         self.train_samples = len(train)
         # Read on the host (streamed shards, a user's own samples, or asked for): its workers matter.
         streamed = base.data.placement == "stream" or not isinstance(train, ArraySplit)
@@ -105,7 +108,10 @@ class AutoTuner:
         base.channels_last = choose_channels_last(base.channels_last, self.device, facts.convolutions_2d).value
         base.compile = choose_compile(base.compile).value
         knobs = system_knobs(base, self.device, facts, streamed)
-        if settings.objective is TIME_TO_TARGET:    # what changes the steps needed, not only their speed
+        if settings.objective is TIME_TO_TARGET and dataset.loader_batch is not None:
+            console.print(f"note: the batch size is not searched: the training DataLoader fixes it "
+                          f"({dataset.loader_batch} per process); pass its Dataset to search it", soft_wrap=True)
+        elif settings.objective is TIME_TO_TARGET:    # what changes the steps needed, not only their speed
             sizes = [b for b in (base.batch_size // 2, base.batch_size * 2) if 8 <= b <= self.train_samples // 4]
             knobs.insert(0, Knob("batch_size", (base.batch_size, *sizes)))
         unknown = set(settings.only) - {k.label for k in knobs}
