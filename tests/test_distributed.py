@@ -176,10 +176,11 @@ def test_killed_run_resumed_equals_uninterrupted_run_bitwise(tmp_path, saving):
     kill_slowed_run_after_checkpoint(_run_with_checkpoints(tmp_path, "cut", [saving]), tmp_path, tmp_path / "cut",
                                      step=21, delay_s=0.02)
     assert not (tmp_path / "cut" / "model.pt").exists()
-    # A resume continues with the run's own model (the slow one: the same weights and arithmetic).
-    resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto", "--nproc", "2"], tmp_path)
+    # A bare resume continues with the run's own model (the slow one: the same weights and
+    # arithmetic) on the processes it recorded (the launcher takes --nproc out of its workers').
+    resumed = run(["train", "--run-dir", str(tmp_path / "cut"), "--resume", "auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "ddp x 2" in resumed.stdout
     keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "optimizer_steps")
     assert [[m[k] for k in keys] for m in metrics(tmp_path / "full")] == \
            [[m[k] for k in keys] for m in metrics(tmp_path / "cut")]

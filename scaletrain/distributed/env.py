@@ -24,6 +24,9 @@ class DistEnv:
     restart_count: int = 0
     run_id: str | None = None      # torchrun's rendezvous id: the same across restarts
     under_elastic: bool = False    # started by torchrun's elastic agent
+    # Started by our launcher (`--nproc`), whose flags its workers' arguments no longer hold: the
+    # run's `--max-restarts` (torchrun tells its workers); None otherwise.
+    launched_restarts: int | None = None
 
     @property
     def is_chief(self) -> bool:
@@ -99,6 +102,8 @@ def dist_env(environ=None) -> DistEnv:
         restart_count=env_int("TORCHELASTIC_RESTART_COUNT", 0, environ=environ),
         run_id=environ.get("TORCHELASTIC_RUN_ID"),
         under_elastic="TORCHELASTIC_RUN_ID" in environ,
+        launched_restarts=(env_int("TORCHELASTIC_MAX_RESTARTS", 0, environ=environ)
+                           if LAUNCHER_PID_ENV in environ and "TORCHELASTIC_RUN_ID" in environ else None),
     )
 
 

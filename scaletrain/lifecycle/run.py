@@ -107,6 +107,10 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
             cfg = resume_config(saved, flags, str(source))
             cfg.run_dir = str(source.path)
             folders = apply_job_folders(cfg, job_folders())
+    if env.launched_restarts is not None:
+        # A worker of `--nproc N`: the launcher took its flags out of the workers' arguments, and
+        # the run records what started it (a bare --resume then starts the same N).
+        cfg.distributed.nproc, cfg.distributed.max_restarts = env.local_world_size, env.launched_restarts
     try:
         cfg.validate()
     except ConfigError as exc:
