@@ -40,6 +40,16 @@ def test_a_candidate_is_chosen_only_beyond_the_noise_in_three_rounds_with_its_lo
     # Slower in every round: said so, not a tie.
     policy, why, _ = decided({"fp32": [100] * 3, AGAIN: [100] * 3, "bf16-mixed": [70] * 3})
     assert policy == "fp32" and why.endswith("bf16-mixed 0.70x fp32 (0.70-0.70), slower in every round")
+    # Rounds stop once none left could change a verdict: a win in 3, a loss when the rounds left
+    # cannot make 3 wins; a tie with a chance goes on to the planned 5.
+    def measured(speeds, rounds=5):
+        found = confirm("fp32", ["bf16-mixed"], rounds, lambda key, r: Measured(speeds[key][r]), lambda v, b: v / b,
+                        until_settled=True)
+        return len(found["bf16-mixed"].ratios)
+    assert measured({"fp32": [100] * 5, AGAIN: [100] * 5, "bf16-mixed": [140] * 5}) == 3
+    assert measured({"fp32": [100] * 5, AGAIN: [100] * 5, "bf16-mixed": [70] * 5}) == 3
+    assert measured({"fp32": [100] * 5, AGAIN: [100] * 5, "bf16-mixed": [140, 90, 95, 90, 140]}) == 4
+    assert measured({"fp32": [100] * 5, AGAIN: [100] * 5, "bf16-mixed": [140, 95, 95, 140, 140]}) == 5
     # Two rounds cannot make three: inconclusive however fast.
     policy, why, _ = decided({"fp32": [100] * 2, AGAIN: [100] * 2, "bf16-mixed": [200] * 2}, rounds=2)
     assert policy == "fp32" and "2 of 2 rounds, 3 needed" in why
@@ -188,12 +198,14 @@ def test_the_probe_on_stubbed_timings_chooses_and_a_candidate_that_fails_is_neve
                                share).precision
     chosen = probed()
     assert chosen.value == "bf16-mixed" and chosen.why.startswith("probed: 1.50x fp32 (1.50-1.50)")
-    assert chosen.figures["rounds"] == probe.MAX_ROUNDS and chosen.figures["candidates"]["bf16-mixed"]["ratios"]
+    # 5 rounds planned; after 3 beyond the noise no round left could change the verdict: it stops.
+    assert (chosen.figures["rounds"], chosen.figures["rounds_planned"]) == (probe.MIN_ROUNDS, probe.MAX_ROUNDS)
+    assert len(chosen.figures["candidates"]["bf16-mixed"]["ratios"]) == probe.MIN_ROUNDS
     # bf16 has no kernel for this model: said, and the run keeps fp32.
     broken = probed({"bf16-mixed": 1})
     assert broken.value == "fp32" and "bf16-mixed failed: RuntimeError: \"addmm\" not implemented" in broken.why
-    # It won the first rounds, then failed: not chosen on those.
-    late = probed({"bf16-mixed": 6})
+    # It won the first rounds, then failed (its 4th window: the 3rd round): not chosen on those.
+    late = probed({"bf16-mixed": 4})
     assert late.value == "fp32" and "bf16-mixed failed" in late.why
     # The reference itself fails: not probed, the run's own step will say why.
     assert probed({"fp32": 1}).why.startswith("not probed: the step failed on a copy of the run (RuntimeError")

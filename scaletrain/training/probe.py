@@ -446,13 +446,14 @@ def _precision_stage(reference: str, candidates: list[str], make_arm: Callable[[
     rounds, window = plan if plan is not None else (MIN_ROUNDS, MIN_WINDOW_STEPS)
     losses: dict[str, list[float]] = {}
     measure = _window_measure({k: arms[k] for k in keys}, window, losses, failed)
-    found = confirm(reference, running, rounds, measure, lambda v, b: v / b) if running else {}
+    found = confirm(reference, running, rounds, measure, lambda v, b: v / b, until_settled=True) if running else {}
     # A candidate that failed in a later round is not chosen on the rounds before it.
     policy, why, figures = decide(reference, {k: v for k, v in found.items() if k not in failed}, losses)
     if failed:
         why += "; " + "; ".join(f"{name} failed: {line}" for name, line in failed.items())
         figures["failed"] = failed
-    figures.update(rounds=rounds, window_steps=window)
+    measured = max((len(c.ratios) for c in found.values()), default=0)
+    figures.update(rounds=measured or rounds, rounds_planned=rounds, window_steps=window)
     return Decision(policy, why, figures)
 
 
@@ -491,14 +492,14 @@ def _switch_stage(switch: Switch, policy: str, reference: str, make_arm: Callabl
     failed: dict[str, str] = {}
     measure = _window_measure({policy: arms[eager], AGAIN: arms[eager_again], switch.key: arms[switch.key]},
                               window, losses, failed, seconds)
-    conf = confirm(policy, [switch.key], rounds, measure, lambda v, b: v / b)[switch.key]
+    conf = confirm(policy, [switch.key], rounds, measure, lambda v, b: v / b, until_settled=True)[switch.key]
     if switch.key in failed:
         return Decision(False, f"probed, off: the {switch.arm} step failed: {failed[switch.key]}",
                         {"failed": failed[switch.key]})
     eager_step = statistics.median(seconds[policy]) if seconds.get(policy) else step_s
     on, why, figures = decide_compile(policy, conf, loss_departure(losses.get(switch.key, []), losses.get(policy, [])),
                                       cost_s, eager_step, run_steps, switch)
-    figures["window_steps"] = window
+    figures.update(window_steps=window, rounds_planned=rounds)
     return Decision(on, why, figures)
 
 

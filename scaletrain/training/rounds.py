@@ -145,14 +145,24 @@ def interleave(keys: list[str], rounds: int) -> list[list[str]]:
     return [keys[r % len(keys):] + keys[:r % len(keys)] for r in range(rounds)]
 
 
+def settled(found: dict[str, Confirmation], rounds_left: int) -> bool:
+    """Whether the rounds left could change no verdict: every contestant already wins (3 rounds
+    beyond the noise measured in the same rounds), or could not reach MIN_ROUNDS_BEYOND_NOISE
+    even if it beat the noise in every round left (a tie or a loss: the reference stays)."""
+    return all(c.wins or c.rounds_beyond_noise + rounds_left < MIN_ROUNDS_BEYOND_NOISE for c in found.values())
+
+
 def confirm(given: str, finalists: list[str], rounds: int, measure: Callable[[str, int], Measured | None],
             advantage: Callable[[float, float], float], deadline: float | None = None,
-            test_tolerance: float | None = None, noise: bool = True) -> dict[str, Confirmation]:
+            test_tolerance: float | None = None, noise: bool = True, until_settled: bool = False,
+            ) -> dict[str, Confirmation]:
     """Runs `given` and `finalists` `rounds` times, interleaved, and with `noise` the given
     configuration a second time (`measure(AGAIN, round)`); `measure(key, round)` returns the run's
     figures (None: it failed, the round is dropped for the pair). `advantage(value, given_value)` is
-    how many times better `value` is. Stops between runs at `deadline`. Returns each finalist's
-    confirmation (its `noise`: the given configuration against itself, None without `noise`)."""
+    how many times better `value` is. Stops between runs at `deadline`, and with `until_settled`
+    after the round that leaves every verdict `settled` (the run's probe: the rounds it need not
+    measure are its user's time). Returns each finalist's confirmation (its `noise`: the given
+    configuration against itself, None without `noise`)."""
     floor = Confirmation(AGAIN) if noise else None
     found = {key: Confirmation(key, test_tolerance=test_tolerance, noise=floor) for key in finalists}
     against = {**found, **({AGAIN: floor} if floor is not None else {})}
@@ -170,4 +180,6 @@ def confirm(given: str, finalists: list[str], rounds: int, measure: Callable[[st
             against[key].ratios.append(advantage(mine.value, base.value))
             if mine.test is not None and base.test is not None:
                 against[key].test_deltas.append(mine.test - base.test)
+        if until_settled and settled(found, rounds - number - 1):
+            return found
     return found
