@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up ./.venv first (scripts/setup.sh).
-.PHONY: train test doc-test setup check test-xla
+.PHONY: train test doc-test setup check test-xla test-xla-ci
 
 setup:
 	bash scripts/setup.sh all
@@ -44,8 +44,14 @@ doc-test:
 	bash scripts/timed.sh "make doc-test" .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder doctests
 
 # XLA devices (TPUs) through torch_xla, run for real on XLA on a CPU (PJRT_DEVICE=CPU): its tests in
-# .venv-xla (torch 2.9.0 + torch_xla 2.9.0, scripts/setup-xla.sh). Not part of `make test`/CI yet:
-# see docs/testing.md ("XLA") for what it takes and the split proposed.
+# .venv-xla (torch 2.9.0 + torch_xla 2.9.0, scripts/setup-xla.sh). `make test-xla` runs them all;
+# CI (.ci/run) runs `make test-xla-ci` after `make test`: one device, the refusals, SPMD over four
+# and a resume, the subset that fits CI's time on the slower CPU (docs/testing.md, "XLA").
+XLA_CI = -k "mlp or cannot_run or spmd or resumed"
 test-xla:
 	bash scripts/setup.sh xla
 	bash scripts/timed.sh "make test-xla" .venv-xla/bin/python -m pytest -q -p no:cacheprovider tests/xla
+
+test-xla-ci:
+	bash scripts/setup.sh xla
+	bash scripts/timed.sh "make test-xla-ci" .venv-xla/bin/python -m pytest -q -p no:cacheprovider $(XLA_CI) tests/xla
