@@ -5,6 +5,7 @@ torchrun, killed and resumed."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -552,10 +553,9 @@ def test_every_command_reads_a_dataloaders_batch_as_the_batch_that_trains(tmp_pa
     """A DataLoader of 16 under the default --batch-size 128: the run records 16 (what trains and
     what a resume continues), plan-memory plans 16 a device, autotune's trials and best.toml hold
     16, and find-batch-size (which builds its own batches) says what to build the DataLoader with."""
-    import json
     import tomllib
 
-    from tests.processes import PLUGINS, run, run_here
+    from tests.processes import run_here
     monkeypatch.syspath_prepend(str(PLUGINS))
     data = ["--data", "batch_kinds:loaders_of_16", "--model", "batch_kinds:model", "--no-progress"]
     trained = run(["train", *data, "--epochs", "1", "--run-dir", tmp_path / "r"], tmp_path)
