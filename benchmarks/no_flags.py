@@ -21,6 +21,7 @@ A round's ratio is no flags' wall time over the other side's (below 1: no flags 
 
     python benchmarks/no_flags.py --case default-recipe --rounds 3
     python benchmarks/no_flags.py --case wide-mlp --rounds 3
+    python benchmarks/no_flags.py --case convnet --rounds 5 --sides "fp32 named,bf16-mixed named"
 """
 
 from __future__ import annotations
@@ -166,9 +167,9 @@ def spread(values: list[float], fmt: str = ".3f") -> str:
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
-def compare(case_name: str, rounds: int) -> None:
+def compare(case_name: str, rounds: int, only: list[str] | None = None) -> None:
     import torch
-    arms = sides()
+    arms = {name: side for name, side in sides().items() if not only or name in only}
     names = list(arms)
     found: dict[str, list[dict]] = {n: [] for n in names}
     loads = []
@@ -188,8 +189,10 @@ def compare(case_name: str, rounds: int) -> None:
         ran = sorted({x.get("precision", "fp32 (its own)") for x in found[n]})
         print(f"{n:17s} wall {spread([x['wall_s'] for x in found[n]], '.2f')} s; ran {', '.join(ran)}; val accuracy "
               f"{spread([x['val_accuracy'] for x in found[n]])}")
-    best = min(("fp32 named", "bf16-mixed named"), key=lambda n: statistics.median(x["wall_s"] for x in found[n]))
+    best = min((n for n in ("fp32 named", "bf16-mixed named") if n in found), key=lambda n: statistics.median(x["wall_s"] for x in found[n]))
     for n in names[1:]:
+        if n not in found or not found[n]:
+            continue
         ratios = [b["wall_s"] / a["wall_s"] for a, b in zip(found[names[0]], found[n])]
         print(f"no flags speed / {n:17s} {spread(ratios)}{'  (best named)' if n == best else ''}")
     print("no flags said: " + " | ".join(x["said"] for x in found[names[0]]))
@@ -199,12 +202,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", choices=sorted(CASES), default="default-recipe")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sides", help="a comma list of the sides to run (default: all; 'no flags' always first)")
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(CHILDREN[args.child](CASES[args.case])))
         return
-    compare(args.case, args.rounds)
+    only = ["no flags", *[n.strip() for n in args.sides.split(",")]] if args.sides else None
+    if only and set(only) - set(sides()):
+        p.error(f"--sides: choose from {', '.join(sides())}")
+    compare(args.case, args.rounds, only)
 
 
 if __name__ == "__main__":
