@@ -251,6 +251,15 @@ def to_mapping(obj: Any) -> dict:
     return out
 
 
+def merge_mappings(base: dict, overrides: dict) -> dict:
+    """`overrides` on top of `base`, tables merged key by key (model options too)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merge_mappings(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else value
+    return out
+
+
 def flatten_mapping(mapping: dict, prefix: str = "") -> dict:
     """A config mapping as {dotted key: value}; model options stay one value (a dict)."""
     out = {}

@@ -51,11 +51,6 @@ def run_multi(args: argparse.Namespace, argv: list[str]) -> int:
     return 0 if all(r.status == "finished" for r in records) else 1
 
 
-# What the combined predictions are, by the data's task.
-COMBINED = {"classification": "averaged probabilities", "language-model": "averaged token distributions",
-            "regression": "averaged outputs"}
-
-
 def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.table import Table
 
@@ -103,7 +98,7 @@ def run_ensemble(args: argparse.Namespace, argv: list[str]) -> int:
         table.add_column(f"test {name}", justify="right")
     for m in result.members:
         table.add_row(f"{m.run_id} ({m.model})", *(f"{m.metrics[n]:.4f}" for n in names))
-    table.add_row(Text(COMBINED.get(result.task, "averaged predictions"), style="bold"),
+    table.add_row(Text(result.combined, style="bold"),
                   *(Text(f"{result.ensemble[n]:.4f}", style="bold") for n in names))
     wide_console().print(table)
     return 0

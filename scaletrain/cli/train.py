@@ -23,8 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
 from scaletrain.cli.flags import add_trust_code
 from scaletrain.config import FLAG_ALIASES, FLAG_NAMES, TrainConfig, load_toml
 from scaletrain.errors import ConfigError
-from scaletrain.lifecycle.resume import merge_mappings
-from scaletrain.options import field_docs, from_mapping
+from scaletrain.options import field_docs, from_mapping, merge_mappings
 from scaletrain.user_code.lightning import names_lightning_module
 
 DEFAULT_RECIPE = "mnist1d-cnn"

@@ -48,6 +48,7 @@ class EnsembleResult:
     ensemble: dict[str, float]  # the combined predictions' metrics
     processes: int              # how many processes predicted the members
     chief: bool = True          # this process holds the result (the others of a job hold none)
+    combined: str = "averaged predictions"   # what the mean of the members' predictions is (the task's)
 
 
 def check_members(records: list[RunRecord], data_dir: str | None = None) -> str:
@@ -158,7 +159,7 @@ def _combine(records: list[RunRecord], predictions: list[torch.Tensor], scoring:
         total += p.double()
     mean = (total / len(predictions)).float()
     return EnsembleResult(scoring.name, scoring.default_target or next(iter(scoring.metrics)), members,
-                          _score(scoring, mean, targets), processes)
+                          _score(scoring, mean, targets), processes, combined=scoring.combined)
 
 
 def _score(task, predictions: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:

@@ -14,8 +14,7 @@ import torch
 from scaletrain.config import TrainConfig
 from scaletrain.errors import UserError
 from scaletrain.inference.saved import saved_model_path, saved_run_config
-from scaletrain.lifecycle.resume import merge_mappings
-from scaletrain.options import from_mapping, to_mapping
+from scaletrain.options import from_mapping, merge_mappings, to_mapping
 from scaletrain.tracking.store import RunRecord
 from scaletrain.training import build_training
 

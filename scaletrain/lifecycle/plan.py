@@ -25,11 +25,11 @@ from pathlib import Path
 
 from scaletrain.checkpoint import Checkpointer, CheckpointStore
 from scaletrain.config import TrainConfig
-from scaletrain.errors import ConfigError, UserError, WriteFailed
+from scaletrain.errors import UserError, WriteFailed
 from scaletrain.lifecycle.folder import RunFolder, enclosing_run
 from scaletrain.lifecycle.lock import FolderLock
 from scaletrain.lifecycle.paths import check_writable_dir, check_writable_file
-from scaletrain.lifecycle.resume import describe_differences, locked_differences
+from scaletrain.lifecycle.resume import check_same_run, locked_differences
 from scaletrain.options import from_mapping, to_mapping
 from scaletrain.tracking.store import RunStore, new_run_id
 
@@ -100,11 +100,7 @@ def _check_only_a_runs(folder: RunFolder) -> None:
 def _check_resumable(cfg: TrainConfig, folder: RunFolder) -> None:
     saved = folder.config()
     if saved is not None:
-        diffs = locked_differences(from_mapping(TrainConfig, saved), cfg)
-        if diffs:
-            raise ConfigError(f"cannot resume {folder} with a different configuration ({describe_differences(diffs)}); "
-                              "these keys are fixed for a run: drop those flags to continue it, or start a new run "
-                              "(another --run-dir, or --overwrite)")
+        check_same_run(from_mapping(TrainConfig, saved), cfg, folder)
     if folder.status == "finished" and not checkpoint_store(cfg, folder).complete():
         raise UserError(f"run {folder.run_id} in {folder} finished and kept no checkpoint to continue from; "
                         "pass --overwrite to start afresh there, or another --run-dir")

@@ -12,7 +12,7 @@ import math
 
 from scaletrain.config import TrainConfig, resumable_keys
 from scaletrain.errors import ConfigError
-from scaletrain.options import flatten_mapping, from_mapping, to_mapping
+from scaletrain.options import flatten_mapping, from_mapping, merge_mappings, to_mapping
 
 # Which keys may change is declared on each field (`resumable=True` in config.py): how long it
 # trains and when it stops, how it runs (numerically equivalent), what it writes and shows.
@@ -35,13 +35,13 @@ def describe_differences(diffs: dict[str, tuple]) -> str:
     return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in diffs.items())
 
 
-def merge_mappings(base: dict, overrides: dict) -> dict:
-    """`overrides` on top of `base`, tables merged key by key (model options too)."""
-    out = dict(base)
-    for key, value in overrides.items():
-        out[key] = merge_mappings(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
-            else value
-    return out
+def check_same_run(saved: TrainConfig, given: TrainConfig, folder) -> None:
+    """Raises the one resume error: `given` changes a key fixed for the run saved in `folder`."""
+    diffs = locked_differences(saved, given)
+    if diffs:
+        raise ConfigError(f"cannot resume {folder} with a different configuration ({describe_differences(diffs)}); "
+                          "these keys are fixed for a run: drop those flags to continue it, or start a new run "
+                          "(another --run-dir, or --overwrite)")
 
 
 def resume_config(saved: dict, overrides: dict, folder: str) -> TrainConfig:
@@ -52,9 +52,5 @@ def resume_config(saved: dict, overrides: dict, folder: str) -> TrainConfig:
         # `--precision auto` spelled out means what it resolved to when the run started (saved).
         overrides = merge_mappings(overrides, {"precision": {"policy": saved_cfg.precision.policy}})
     merged = from_mapping(TrainConfig, merge_mappings(saved, overrides))
-    diffs = locked_differences(saved_cfg, merged)
-    if diffs:
-        raise ConfigError(f"cannot resume {folder} with a different configuration ({describe_differences(diffs)}); "
-                          "these keys are fixed for a run: drop those flags to continue it, or start a new run "
-                          "(another --run-dir, or --overwrite)")
+    check_same_run(saved_cfg, merged, folder)
     return merged

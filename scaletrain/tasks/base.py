@@ -38,6 +38,8 @@ class Task(ABC):
     # averaged over every target element (samples; tokens for a language model); "": none beside
     # the loss.
     train_metric: str = ""
+    # What a mean of several models' predictions of this task is (an ensemble's table row).
+    combined: str = "averaged predictions"
     # Length of the vector `eval_sums` returns.
     n_sums: int = 0
     # What the task asks of its data's targets. data/ asks these (by the task's name: `targets_of`),

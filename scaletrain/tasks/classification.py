@@ -13,6 +13,7 @@ class Classification(Task):
     metrics = {"loss": False, "accuracy": True}
     default_target = "accuracy"
     train_metric = "accuracy"
+    combined = "averaged probabilities"
     n_sums = 3   # loss, correct, count
     integer_labels = True
 

@@ -16,6 +16,7 @@ class LanguageModel(Task):
     metrics = {"loss": False, "perplexity": False, "accuracy": True}
     default_target = "perplexity"
     train_metric = "accuracy"
+    combined = "averaged token distributions"
     n_sums = 3   # token loss, correct tokens, tokens
     vocabulary = True            # the class count is the vocabulary
     normalised_inputs = False    # token ids are indices into the embedding

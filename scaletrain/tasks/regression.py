@@ -18,6 +18,7 @@ class Regression(Task):
     metrics = {"loss": False, "mae": False, "r2": True}
     default_target = "r2"
     train_metric = "mae"
+    combined = "averaged outputs"
     n_sums = 5   # squared error, absolute error, sum y, sum y^2, count
     class_outputs = False   # one output per real-valued target
 
