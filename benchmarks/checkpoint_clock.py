@@ -56,7 +56,7 @@ def main() -> None:
     import torch
     env = environment(torch.device("cpu"))
     plain, ckpt = spread(results["plain"]), spread(results["checkpointed"])
-    ratios = spread([c / p for c, p in zip(results["checkpointed"], results["plain"])])
+    ratios = spread([c / p for c, p in zip(results["checkpointed"], results["plain"], strict=True)])
     print(f"{env}")
     print(f"{args.model} on {args.data}, batch 128, {args.epochs} epochs, --checkpoint-every {args.every}, {args.repeats} repeats")
     print(f"images/sec without checkpoints: {plain['median']:,.0f} ({plain['min']:,.0f}-{plain['max']:,.0f})")

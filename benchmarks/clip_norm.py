@@ -69,7 +69,7 @@ def main() -> None:
     for _ in range(args.repeats):
         times["scaletrain"].append(timed(a, args.steps, device))
         times["torch"].append(timed(b, args.steps, device))
-    ratios = [s / t for s, t in zip(times["scaletrain"], times["torch"])]
+    ratios = [s / t for s, t in zip(times["scaletrain"], times["torch"], strict=True)]
     print(json.dumps({"model": args.model, "tensors": len(grads), "parameters": sum(g.numel() for g in grads),
                       "us_per_clip": {k: spread([v * 1e6 for v in vs]) for k, vs in times.items()},
                       "ratio_scaletrain_over_torch": spread(ratios), **environment(device)}, indent=1))

@@ -74,8 +74,8 @@ def main() -> None:
     for name, rows in results.items():   # paired with the first variant's run of the same seed and threads
         if name == first:
             continue
-        speed = sorted(r["images_per_sec"] / b["images_per_sec"] for r, b in zip(rows, results[first]))
-        train = sorted(b["train_s"] / r["train_s"] for r, b in zip(rows, results[first]))
+        speed = sorted(r["images_per_sec"] / b["images_per_sec"] for r, b in zip(rows, results[first], strict=True))
+        train = sorted(b["train_s"] / r["train_s"] for r, b in zip(rows, results[first], strict=True))
         print(f"{name} against {first}, paired by seed: steady-state images/sec {statistics.median(speed):.2f}x "
               f"({speed[0]:.2f}-{speed[-1]:.2f}); training time {statistics.median(train):.2f}x "
               f"({train[0]:.2f}-{train[-1]:.2f}), first epoch included")

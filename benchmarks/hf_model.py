@@ -106,7 +106,7 @@ def main() -> None:
           f"sequences of {args.length}, batch {args.batch_size}, fp32, on {env['device']}, torch {env['torch']}, "
           f"{env['date']}, {args.repeats} interleaved rounds")
     print_epochs(times)
-    ratios = [a / b for a, b in zip(times["scaletrain"], times["hand loop"])]
+    ratios = [a / b for a, b in zip(times["scaletrain"], times["hand loop"], strict=True)]
     r = spread(ratios)
     print(f"scaletrain / hand loop: median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}); "
           f"{statistics.median(ratios) - 1:+.1%}")

@@ -43,7 +43,7 @@ from scaletrain.training import Trainer  # noqa: E402
 
 def time_to_target(epoch_times: list[float], accuracies: list[float], target: float) -> float | None:
     total = 0.0
-    for seconds, acc in zip(epoch_times, accuracies):
+    for seconds, acc in zip(epoch_times, accuracies, strict=True):
         total += seconds
         if acc >= target:
             return total
@@ -128,7 +128,7 @@ def main() -> None:
           f"{lightning.__version__}, {env['date']}, {args.repeats} interleaved rounds")
     print("median epoch training time (s):")
     print_epochs(epochs)
-    ratios = [a / b for a, b in zip(epochs["scaletrain"], epochs["lightning"])]
+    ratios = [a / b for a, b in zip(epochs["scaletrain"], epochs["lightning"], strict=True)]
     r = spread(ratios)
     print(f"epoch time scaletrain / lightning: median {r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f})")
     for name, values in to_target.items():

@@ -72,7 +72,7 @@ def _serve(binary: str, names: list[str], namespaces: list[str], addresses: list
     """Creates the devices, moves each into its namespace, says "ready", then becomes the C loop,
     which inherits the devices and reads this process's standard input for the end."""
     fds = []
-    for name, ns, address in zip(names, namespaces, addresses):
+    for name, ns, address in zip(names, namespaces, addresses, strict=True):
         fds.append(_open_tun(name))
         os.set_inheritable(fds[-1], True)
         _sh("ip", "link", "set", name, "netns", ns)
@@ -81,7 +81,7 @@ def _serve(binary: str, names: list[str], namespaces: list[str], addresses: list
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
     print("ready", flush=True)
     os.execv(binary, [binary, repr(rate_mbit * 1e6 / 8), repr(latency_ms / 1e3),
-                      *(f"{address}={fd}" for address, fd in zip(addresses, fds))])
+                      *(f"{address}={fd}" for address, fd in zip(addresses, fds, strict=True))])
 
 
 @contextmanager
@@ -100,7 +100,7 @@ def switched_hosts(n: int, rate_mbit: float, latency_ms: float):
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if switch.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the link switch did not start (exit {switch.wait()})")
-        yield [(ns, name, None, address) for ns, name, address in zip(namespaces, names, addresses)]
+        yield [(ns, name, None, address) for ns, name, address in zip(namespaces, names, addresses, strict=True)]
     finally:
         if switch is not None:
             switch.stdin.close()

@@ -193,7 +193,7 @@ def compare(case_name: str, rounds: int, only: list[str] | None = None) -> None:
     for n in names[1:]:
         if n not in found or not found[n]:
             continue
-        ratios = [b["wall_s"] / a["wall_s"] for a, b in zip(found[names[0]], found[n])]
+        ratios = [b["wall_s"] / a["wall_s"] for a, b in zip(found[names[0]], found[n], strict=True)]
         print(f"no flags speed / {n:17s} {spread(ratios)}{'  (best named)' if n == best else ''}")
     print("no flags said: " + " | ".join(x["said"] for x in found[names[0]]))
 

@@ -91,7 +91,7 @@ def main() -> None:
                                              policy, device))
     # The first trainer epoch includes its own warm-up effects; drop the first pair.
     ours, theirs = ours[1:], theirs[1:]
-    ratios = [a / b for a, b in zip(ours, theirs)]
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
     env = environment(device)
     print(f"# overhead: {args.model} {shape} batch {args.batch_size} {args.precision} on {env['device']}, "
           f"torch {env['torch']}, {env['date']}, {args.steps} steps/epoch, {len(ratios)} interleaved pairs")

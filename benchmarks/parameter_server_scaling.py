@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -35,7 +36,7 @@ BASE = ["--model", "mlp", "--model-option", "hidden=[512,512,512,512,512]", "--d
 
 def tensor_bytes() -> list[int]:
     out = []
-    for a, b in zip(LAYERS, LAYERS[1:]):
+    for a, b in pairwise(LAYERS):
         out += [4 * a * b, 4 * b]
     return out
 

@@ -106,7 +106,7 @@ class Result:
 
     def time_to(self, target: float) -> float | None:
         total = 0.0
-        for seconds, acc in zip(self.epoch_s, self.val_accuracy):
+        for seconds, acc in zip(self.epoch_s, self.val_accuracy, strict=True):
             total += seconds
             if acc >= target:
                 return total

@@ -81,7 +81,7 @@ def table(title: str, settings: Equal | None, args, device: torch.device) -> dic
               f"{spread([res.val_accuracy[-1] for res in results[s]], '.4f')}")
     ratios = {}
     for other in sides[1:]:
-        pairs = sorted(a / b for a, b in zip(epoch["scaletrain"], epoch[other]))
+        pairs = sorted(a / b for a, b in zip(epoch["scaletrain"], epoch[other], strict=True))
         ratios[other] = pairs
         print(f"scaletrain / {other}: epoch time {statistics.median(pairs):.3f} ({pairs[0]:.3f}-{pairs[-1]:.3f})")
     return {"title": title, "epoch_s": epoch, "ratios": ratios}

@@ -84,7 +84,7 @@ def main() -> None:
               f"{spread([x['probe_s'] for x in runs], '.2f')} s, test acc {spread([x['test_accuracy'] for x in runs])}, "
               f"ran {', '.join(chosen)}")
     for n in names[1:]:
-        ratios = [a["wall_s"] / b["wall_s"] for a, b in zip(found[names[0]], found[n])]
+        ratios = [a["wall_s"] / b["wall_s"] for a, b in zip(found[names[0]], found[n], strict=True)]
         print(f"no flags / {n:17s} {spread(ratios)}")
     print("no flags said: " + found[names[0]][-1]["why"])
 

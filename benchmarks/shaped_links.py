@@ -107,7 +107,7 @@ def _in_hosts(hosts, argv_of, env_of, timeout: float = 600) -> list[str]:
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv_of(rank)], stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO))
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    failed = [(rank, p.returncode, out) for rank, (p, out) in enumerate(zip(procs, outputs)) if p.returncode != 0]
+    failed = [(rank, p.returncode, out) for rank, (p, out) in enumerate(zip(procs, outputs, strict=True)) if p.returncode != 0]
     if failed:
         # Every failed host's end: the first by rank is often a peer of the one that failed first.
         raise RuntimeError("\n".join(f"host {rank} failed (exit {code}):\n{out[-1500:]}" for rank, code, out in failed))
@@ -176,7 +176,7 @@ def fit(probed: dict) -> tuple[float, float]:
     sizes = [int(size) for size in probed]
     times = [probed[size] for size in probed]
     mean_s, mean_t = statistics.fmean(sizes), statistics.fmean(times)
-    slope = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes, times)) / sum((s - mean_s) ** 2 for s in sizes)
+    slope = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes, times, strict=True)) / sum((s - mean_s) ** 2 for s in sizes)
     return mean_t - slope * mean_s, slope
 
 
@@ -217,7 +217,7 @@ def cpu_ticks() -> list[int]:
 
 def idle_share(before: list[int], after: list[int]) -> float:
     """How much of the cores' time between two cpu_ticks() readings was idle (or waiting on I/O)."""
-    spent = [b - a for a, b in zip(before, after)]
+    spent = [b - a for a, b in zip(before, after, strict=True)]
     return (spent[3] + spent[4]) / sum(spent)
 
 

@@ -52,7 +52,7 @@ def main() -> None:
             trainer.fit(dataset)
             steps_ms[name].append(args.batch_size / meter.per_epoch[-1] * 1e3)   # per_epoch: samples/s
     steps_ms = {name: times[1:] for name, times in steps_ms.items()}
-    ratios = [a / b for a, b in zip(steps_ms["with the floor"], steps_ms["without"])]
+    ratios = [a / b for a, b in zip(steps_ms["with the floor"], steps_ms["without"], strict=True)]
     env = environment(device)
     print(f"# speed floor: {args.model} {shape} batch {args.batch_size} on {env['device']}, torch {env['torch']}, "
           f"{env['date']}, {args.steps} steps/epoch, {len(ratios)} interleaved pairs")

@@ -404,7 +404,7 @@ def compare(args) -> None:
     for n in names:
         print(f"{n:15s} epoch {spread([e * 1e3 for e in epochs[n]], ',.1f')} ms")
     for n in names[1:]:
-        ratios = [a / b for a, b in zip(epochs[names[0]], epochs[n])]
+        ratios = [a / b for a, b in zip(epochs[names[0]], epochs[n], strict=True)]
         print(f"{names[0]} / {n:12s} {spread(ratios)}")
 
 

@@ -95,7 +95,7 @@ def main() -> None:
                       f"{spread([x['time_to_94'] for x in rs])} s  training {spread([x['train_s'] for x in rs])} s  "
                       f"threads {sorted({x['threads'] for x in rs})}")
             if "auto" in arms and "1" in arms:
-                ratios = sorted(a["images_per_sec"] / b["images_per_sec"] for a, b in zip(rows["auto"], rows["1"]))
+                ratios = sorted(a["images_per_sec"] / b["images_per_sec"] for a, b in zip(rows["auto"], rows["1"], strict=True))
                 print(f"auto / 1 thread, paired by round: {statistics.median(ratios):.2f} "
                       f"({ratios[0]:.2f}-{ratios[-1]:.2f})", flush=True)
 

@@ -172,9 +172,9 @@ def main() -> None:
           f"{args.num_workers} loader workers, on {env['device']}, torch {env['torch']}, {env['date']}, "
           f"{args.repeats} interleaved rounds")
     print_epochs(times)
-    over_hand = [g / h for g, h in zip(times["general path"], times["hand loop"])]
-    over_resident = [g / r for g, r in zip(times["general path"], times["device-resident"])]
-    stream_over_general = [s / g for s, g in zip(times["stream"], times["general path"])]
+    over_hand = [g / h for g, h in zip(times["general path"], times["hand loop"], strict=True)]
+    over_resident = [g / r for g, r in zip(times["general path"], times["device-resident"], strict=True)]
+    stream_over_general = [s / g for s, g in zip(times["stream"], times["general path"], strict=True)]
     for label, ratios in (("general path / hand loop", over_hand), ("general path / device-resident", over_resident),
                           ("stream / general path", stream_over_general)):
         r = spread(ratios)

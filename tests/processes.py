@@ -303,7 +303,7 @@ def outputs_of(tasks: list[subprocess.Popen], timeout: float) -> list[str]:
             task.kill()
         left = [task.communicate()[0] for task in tasks[len(outputs):]]
         printed = "\n\n".join(f"--- task {i} (exit {task.returncode}) ---\n{(out or '')[-3000:]}"
-                                for i, (task, out) in enumerate(zip(tasks, outputs + left)))
+                                for i, (task, out) in enumerate(zip(tasks, outputs + left, strict=True)))
         raise AssertionError(f"the tasks had not all ended after {timeout:g} s:\n{printed}") from None
     finally:
         for task in tasks:

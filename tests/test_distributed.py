@@ -160,7 +160,7 @@ def test_powersgd_is_the_plain_all_reduce_in_its_warm_up_then_departs_boundedly(
         assert result.returncode == 0, result.stderr[-2000:]
     plain, warming, rank1 = (metrics(tmp_path / name) for name in runs)
     # Within its warm-up the hook all-reduces whole buckets: the plain run's numbers.
-    for a, b in zip(plain, warming):
+    for a, b in zip(plain, warming, strict=True):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
     # Compressed to rank 1 from the third step, it changes the numbers and still learns.
     assert rank1[-1]["train_loss"] != pytest.approx(plain[-1]["train_loss"], rel=1e-3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from itertools import pairwise
 
 import pytest
 import torch
@@ -102,7 +103,7 @@ def test_lr_scaling_ramps_from_the_base_lr_to_k_times_it():
     lrs = [s.value_at(i) for i in range(12)]
     assert lrs[0] == pytest.approx(0.1 * (1 + 3 * 0.1))
     assert lrs[9] == pytest.approx(0.4) and lrs[11] == pytest.approx(0.4)
-    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10], strict=True))
 
 
 def test_sharding_gives_each_rank_its_slice_of_every_global_batch():
@@ -111,7 +112,7 @@ def test_sharding_gives_each_rank_its_slice_of_every_global_batch():
     assert r1 == [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
     ranges = [eval_range(359, r, 4) for r in range(4)]
     assert ranges[0][0] == 0 and ranges[-1][1] == 359
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(a[1] == b[0] for a, b in pairwise(ranges))
 
 
 def test_incomplete_checkpoints_are_ignored_and_old_ones_pruned(tmp_path):
@@ -146,7 +147,7 @@ def test_streamed_resume_with_dropout_is_bitwise(tmp_path, digits):
     full = fit(config("a"), digits, model=model(), ckpt=Checkpointer(store, every=25))
     resumed = fit(config("b"), digits, model=model(), ckpt=Checkpointer(store, resume=str(store.path_for(25))))
     assert [h["train_loss"] for h in full.history] == [h["train_loss"] for h in resumed.history]
-    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True))
 
 
 def test_single_process_resume_is_bitwise_and_bad_resume_paths_are_errors(tmp_path, digits):
@@ -160,7 +161,7 @@ def test_single_process_resume_is_bitwise_and_bad_resume_paths_are_errors(tmp_pa
     assert resumed.resumed_from == str(store.path_for(18))
     for a, b in zip(full.history, resumed.history, strict=True):
         assert (a["train_loss"], a["val_loss"], a["lr"]) == (b["train_loss"], b["val_loss"], b["lr"])
-    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True))
     with pytest.raises(ConfigError, match="not a complete checkpoint"):
         fit(small_config(tmp_path / "c"), digits, ckpt=Checkpointer(store, resume=str(tmp_path)))
     other = small_config(tmp_path / "d", batch_size=32)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from itertools import pairwise
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_doc_line_parses_and_its_config_passes_its_checks(command, tmp_path, mon
     for name, body in FILES.items():
         (tmp_path / name).write_text(body)
     monkeypatch.chdir(tmp_path)
-    for flag, path in zip(words, words[1:]):
+    for flag, path in pairwise(words):
         if flag == "--init-from":   # the saved weights an earlier doc line trains (doc-test runs that)
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / path).touch()

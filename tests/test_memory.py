@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from itertools import pairwise
 
 import pytest
 import torch
@@ -60,10 +61,10 @@ def test_checkpointed_blocks_give_the_same_gradients_and_batchnorm_statistics(co
         torch.manual_seed(1)  # the same dropout masks
         results.append(_step(torch.compile(model) if compiled else model, x, y))
     assert torch.equal(results[0], results[1])
-    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=0), name
     # Running statistics updated once, not again by the recomputation.
-    for (name, a), b in zip(plain.named_buffers(), checkpointed.buffers()):
+    for (name, a), b in zip(plain.named_buffers(), checkpointed.buffers(), strict=True):
         assert torch.equal(a, b), name
     assert int(checkpointed.get_submodule(blocks[0]).body[0][1].num_batches_tracked) == 1
     # Names, hence state dicts and checkpoints, are those of the plain model.
@@ -360,7 +361,7 @@ def test_finder_under_a_cpu_memory_budget_stops_where_the_measured_peak_crosses_
     assert not fits[best + 1].fits and fits[best + 1].peak_bytes > 600_000
     # Peaks grow with the batch.
     ok = sorted((t.batch_size, t.peak_bytes) for t in result.trials)
-    assert all(a[1] <= b[1] for a, b in zip(ok, ok[1:]))
+    assert all(a[1] <= b[1] for a, b in pairwise(ok))
 
 
 def test_holding_the_global_batch_with_accumulation():

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -165,7 +166,7 @@ def test_a_train_run_is_recorded_with_its_environment(recorded):
     epochs = store.epochs(first.id)
     assert len(epochs) == summary["epochs_run"]
     assert [e["val_accuracy"] for e in epochs][-1] == pytest.approx(summary["final_val_accuracy"])
-    assert all(a["elapsed_s"] < b["elapsed_s"] for a, b in zip(epochs, epochs[1:]))
+    assert all(a["elapsed_s"] < b["elapsed_s"] for a, b in pairwise(epochs))
     samples = store.samples(first.id)
     assert samples and all(s.rss_bytes > 10 * 2**20 and s.cpu_percent is not None for s in samples)
     assert second.group == "bf16" and second.summary["precision"] == "bf16-mixed"

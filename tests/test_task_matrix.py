@@ -83,7 +83,7 @@ def test_ensemble_combines_the_tasks_predictions_one_member_per_process(tmp_path
     ids = [r.id for r in records]
     serial = json.loads(_ok(run(["ensemble", *ids, "--json"], tmp_path)))
     assert serial["task"] == name and serial["metric"] == metric
-    for record, member in zip(records, serial["members"]):   # each member scores as its run did
+    for record, member in zip(records, serial["members"], strict=True):   # each member scores as its run did
         assert member["metrics"] == pytest.approx(record.summary["test_metrics"], rel=1e-5)
     combined = serial["ensemble"][metric]
     # Averaging helps on these two (r2 up; perplexity below the worse member's).

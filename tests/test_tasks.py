@@ -22,7 +22,7 @@ from tests.processes import run
 
 
 def _sums_in_parts(task, output, target, parts=3):
-    return sum(task.eval_sums(o, t) for o, t in zip(output.chunk(parts), target.chunk(parts))).tolist()
+    return sum(task.eval_sums(o, t) for o, t in zip(output.chunk(parts), target.chunk(parts), strict=True)).tolist()
 
 
 def test_regression_metrics_equal_their_formulas_when_summed_in_parts():

@@ -37,7 +37,7 @@ def test_stop_at_accuracy_stops_a_real_run(tmp_path, digits):
     accs = [h["val_accuracy"] for h in trainer.history]
     assert len(trainer.history) < 30
     assert accs[-1] >= 0.9 and accs[-2] >= 0.9
-    assert all(not (a >= 0.9 and b >= 0.9) for a, b in zip(accs[:-2], accs[1:-1]))
+    assert all(not (a >= 0.9 and b >= 0.9) for a, b in zip(accs[:-2], accs[1:-1], strict=True))
 
 
 def test_early_stopping_on_stalled_loss():

@@ -91,7 +91,7 @@ def test_torchrun_twice_without_rdzv_id_makes_two_runs(tmp_path):
     folders = sorted(p for p in (tmp_path / "scaletrain-runs").iterdir() if p.is_dir())
     assert len(folders) == 2
     ids = [(f / "run_id").read_text().strip() for f in folders]
-    assert ids[0] != ids[1] and all(f.name.endswith(i) for f, i in zip(folders, ids))
+    assert ids[0] != ids[1] and all(f.name.endswith(i) for f, i in zip(folders, ids, strict=True))
     with _store(tmp_path) as store:
         assert sorted(r.id for r in store.runs()) == sorted(ids)
 

@@ -106,7 +106,7 @@ def test_ensemble_scores_by_the_runs_own_task(tmp_path):
     assert serial.returncode == 0, serial.stderr[-2000:]
     result = json.loads(serial.stdout)
     assert result["task"] == "multilabel:MultiLabel" and result["metric"] == "f1"
-    for member, seed in zip(result["members"], (1, 2)):
+    for member, seed in zip(result["members"], (1, 2), strict=True):
         assert member["metrics"]["f1"] == pytest.approx(summary(tmp_path / f"r{seed}")["test_metrics"]["f1"], abs=1e-9)
     x, y = multilabel.arrays()["test"]
     mean = 0

@@ -80,7 +80,7 @@ def _child(request: dict, fds: tuple[int, int, int] | None = None) -> int:
     if fds is None:
         fds = (os.open(os.devnull, os.O_RDONLY),
                *(os.open(request[key], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for key in ("out", "err")))
-    for target, fd in zip(fds, (0, 1, 2)):
+    for target, fd in zip(fds, (0, 1, 2), strict=True):
         os.dup2(target, fd)
         os.close(target)
     sys.stdin = open(0, closefd=False)

@@ -22,7 +22,7 @@ LIMIT_S = 12.0
 def _smi(fields: str) -> dict:
     out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, timeout=10, check=True).stdout.strip().splitlines()[0]
-    return dict(zip(fields.split(","), (v.strip() for v in out.split(","))))
+    return dict(zip(fields.split(","), (v.strip() for v in out.split(",")), strict=True))
 
 
 def _commit() -> str:

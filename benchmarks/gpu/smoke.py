@@ -142,7 +142,7 @@ def cli_cases(part: Part) -> None:
             raise AssertionError(f"predictions of shape {p.shape}, finite={np.isfinite(p).all()}")
         return {"predictions": list(p.shape)}
 
-    for name, fn in zip(CLI_CASES, (train, resume, export, predict)):
+    for name, fn in zip(CLI_CASES, (train, resume, export, predict), strict=True):
         row = case(part, name, fn)
         if row["status"] != "passed" and name == CLI_CASES[0]:
             return   # nothing to resume, export or predict

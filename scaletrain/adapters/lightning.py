@@ -260,7 +260,7 @@ class LightningTask(Task):
     def eval_metrics(self, sums):
         k = len(self.logged)
         return {m: total / weight if weight else float("nan")
-                for m, total, weight in zip(self.logged, sums[:k], sums[k:])}
+                for m, total, weight in zip(self.logged, sums[:k], sums[k:], strict=True)}
 
     @classmethod
     def scores_predictions(cls) -> str:

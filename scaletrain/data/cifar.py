@@ -52,7 +52,7 @@ def load_cifar10(folder: str | None) -> Dataset:
         raise DataError(f"{root}: data folder not found; pass the 'cifar-10-batches-py' folder to --data-dir")
     splits = []
     for names in ([f"data_batch_{i}" for i in range(1, 6)], ["test_batch"]):
-        xs, ys = zip(*(_read_batch(root / n) for n in names))
+        xs, ys = zip(*(_read_batch(root / n) for n in names), strict=True)
         x, y = np.concatenate(xs), np.concatenate(ys)
         splits.append(ArraySplit(torch.from_numpy(x), as_labels(y, len(x), 10, str(root / names[0]))))
     return make_dataset("cifar10", splits[0], splits[1], num_classes=10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ class ArraySplit:
 
     def pieces(self, bounds: list[int]) -> Iterator[ArraySplit]:
         """Samples [bounds[i], bounds[i + 1]) after one another, as tensors (the shard writer's)."""
-        return (self.part(start, end) for start, end in zip(bounds, bounds[1:]))
+        return (self.part(start, end) for start, end in pairwise(bounds))
 
 
 @dataclass(slots=True)

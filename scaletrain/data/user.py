@@ -18,6 +18,7 @@ import itertools
 import random
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -228,7 +229,7 @@ class TorchSplit:
         """Samples [bounds[i], bounds[i + 1]) after one another, collated into tensors, one piece in
         memory at a time (the shard writer writes a set larger than memory this way)."""
         samples = itertools.islice(self.samples(), bounds[0], None)
-        for start, end in zip(bounds, bounds[1:]):
+        for start, end in pairwise(bounds):
             yield self._collated(samples, end - start)
 
     @property

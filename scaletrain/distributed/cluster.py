@@ -194,7 +194,7 @@ def slurm_step(environ=os.environ) -> ClusterSpec | None:
     port = environ.get("MASTER_PORT") or str(15000 + job_id % 20000)
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"MASTER_PORT {port!r} is not a port number (1-65535)")
-    addresses = tuple(f"{node}:{port}" for node, count in zip(nodes, per_node) for _ in range(count))
+    addresses = tuple(f"{node}:{port}" for node, count in zip(nodes, per_node, strict=True) for _ in range(count))
     return ClusterSpec(addresses=addresses, rank=rank, source=source, local_rank=local_rank,
                        local_world_size=per_node[node_of_rank[rank]])
 

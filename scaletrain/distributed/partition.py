@@ -12,6 +12,8 @@ dynamic programming; a model has tens of layers, so this costs nothing.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from torch import nn
 
 from scaletrain.errors import ConfigError
@@ -96,7 +98,7 @@ def stage_layers(model: nn.Module, parts: int, split_points: list[str] = (),
         if unknown:
             raise ConfigError(f"--split-points: no layer named {', '.join(unknown)}; the layers are: {', '.join(names)}")
         starts = [0, *(names.index(p) for p in split_points)]
-        if any(b <= a for a, b in zip(starts, starts[1:])):
+        if any(b <= a for a, b in pairwise(starts)):
             raise ConfigError(f"--split-points {', '.join(split_points)} must name layers in forward order, after "
                               f"the first layer ({names[0]}), each once")
     elif costs is not None:
@@ -106,7 +108,7 @@ def stage_layers(model: nn.Module, parts: int, split_points: list[str] = (),
     else:
         starts = balanced_starts([sum(p.numel() for p in layer.parameters()) for _, layer in layers], parts)
     ends = [*starts[1:], len(layers)]
-    return [layers[a:b] for a, b in zip(starts, ends)]
+    return [layers[a:b] for a, b in zip(starts, ends, strict=True)]
 
 
 def describe_stages(stages: list[list[Layer]], costs: list[LayerCost] | None = None) -> str:

@@ -150,10 +150,10 @@ def _combine(records: list[RunRecord], predictions: list[torch.Tensor], scoring:
     _check_scorable(scoring.name, scoring)
     split = dataset.test
     targets = split.y if hasattr(split, "y") else split.head(len(split)).y
-    for record, p in zip(records, predictions):
+    for record, p in zip(records, predictions, strict=True):
         _check_shape(record, p, tuple(predictions[0].shape), records[0].id)
     members = [MemberResult(r.id, r.config.get("model", {}).get("name", "?"), _score(scoring, p, targets))
-               for r, p in zip(records, predictions)]
+               for r, p in zip(records, predictions, strict=True)]
     total = predictions[0].double().clone()
     for p in predictions[1:]:
         total += p.double()
@@ -194,7 +194,7 @@ def _evaluate_in_job(records: list[RunRecord], device: str, data_dir: str | None
         # Each holds at least one member; a member shaped otherwise is refused by the process predicting it.
         shape = agreed_shape(mine[0].shape, group.all_reduce_max_, group.device)
         sent = torch.zeros((slots, *shape), dtype=torch.float32)
-        for i, (record, p) in enumerate(zip(records[env.rank::world], mine)):
+        for i, (record, p) in enumerate(zip(records[env.rank::world], mine, strict=True)):
             _check_shape(record, p, shape, "another")
             sent[i] = p
         sent = sent.to(here)

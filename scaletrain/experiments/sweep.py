@@ -191,8 +191,8 @@ class BatchSizeSweep:
             if measured:
                 x = [r["batch_size"] for r in measured]
                 median = [r[f"{key}_median"] for r in measured]
-                low = [m - r[f"{key}_min"] for m, r in zip(median, measured)]
-                high = [r[f"{key}_max"] - m for m, r in zip(median, measured)]
+                low = [m - r[f"{key}_min"] for m, r in zip(median, measured, strict=True)]
+                high = [r[f"{key}_max"] - m for m, r in zip(median, measured, strict=True)]
                 axes.errorbar(x, median, yerr=[low, high], marker="o", capsize=4,
                               label=f"median, bars min-max over {self.repeats} repeat(s)")
             for r in rows:

@@ -35,7 +35,7 @@ def _frozen_running_stats(norms: list[nn.modules.batchnorm._BatchNorm]):
         yield
     finally:
         with torch.no_grad():
-            for b, value in zip(buffers, saved):
+            for b, value in zip(buffers, saved, strict=True):
                 b.copy_(value)
 
 

@@ -117,7 +117,7 @@ class ResNet(FeaturesThenHead):
         layers: list[nn.Module] = [nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False),
                                    nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)]
         cin = widths[0]
-        for stage, (cout, count) in enumerate(zip(widths, blocks)):
+        for stage, (cout, count) in enumerate(zip(widths, blocks, strict=True)):
             for i in range(count):
                 layers.append(BasicBlock(cin, cout, stride=2 if stage and i == 0 else 1))
                 cin = cout

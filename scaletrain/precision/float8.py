@@ -56,7 +56,7 @@ def _torchao_float8():
         import torchao.float8
         import torchao.float8.float8_linear
     finally:
-        for logger, level in zip(quiet, levels):
+        for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
     return torchao.float8
 

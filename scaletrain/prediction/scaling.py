@@ -125,7 +125,7 @@ class ScalingInputs:
                 return RING_VOLUME[kind]
             from scaletrain.distributed.partition import partition_by_size
             owners = partition_by_size(list(self.tensor_bytes), devices)
-            loads = sorted((sum(b for b, o in zip(self.tensor_bytes, owners) if o == r) for r in range(devices)),
+            loads = sorted((sum(b for b, o in zip(self.tensor_bytes, owners, strict=True) if o == r) for r in range(devices)),
                            reverse=True)
             # Two owners' broadcasts to each other do not overlap: between 2 hosts the step paid
             # their sum (293.5 ms over the link switch, 296.7 over tbf; the largest alone

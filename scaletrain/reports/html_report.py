@@ -90,7 +90,7 @@ def _throughput(runs: list[RunData]) -> str:
     for run in runs:
         points = [(e["epoch"] + 1, e["images_per_sec"]) for e in run.epochs if e.get("images_per_sec")]
         if points:
-            axes.plot(*zip(*points), marker="o", markersize=3, color=run.colour, label=run.label)
+            axes.plot(*zip(*points, strict=True), marker="o", markersize=3, color=run.colour, label=run.label)
     style(axes, "Training throughput per epoch (epoch 1 includes warm-up)", "epoch", "images/sec")
     return to_svg(figure)
 
@@ -102,7 +102,7 @@ def _memory(runs: list[RunData]) -> str:
         rss = [(s.elapsed_s, s.rss_bytes / 2**20) for s in run.samples if s.rss_bytes is not None]
         points, what = (gpu, "GPU memory used") if gpu else (rss, "process RSS")
         if points:
-            axes.plot(*zip(*points), marker=".", color=run.colour, label=run.label)
+            axes.plot(*zip(*points, strict=True), marker=".", color=run.colour, label=run.label)
         peak = run.record.summary_value("peak_memory_bytes")
         if peak:
             axes.axhline(peak / 2**20, color=run.colour, linestyle=":", linewidth=1)
@@ -150,7 +150,7 @@ def _staleness(runs: list[RunData]) -> str | None:
     figure, axes = None, None
     for run in runs:
         counts = [e["ps_staleness_counts"] for e in run.epochs if isinstance(e.get("ps_staleness_counts"), list)]
-        total = [sum(column) for column in zip(*counts)]
+        total = [sum(column) for column in zip(*counts, strict=True)]
         if not sum(total):
             continue
         if figure is None:

@@ -92,7 +92,7 @@ class DeviceCounters:
 
     def _score_deferred(self) -> None:
         if self._deferred:
-            outputs, ys = zip(*self._deferred)
+            outputs, ys = zip(*self._deferred, strict=True)
             self._metrics.append(self._metric_of(torch.cat(outputs), torch.cat(ys)))
             self._deferred.clear()
 

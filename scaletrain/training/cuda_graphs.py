@@ -33,7 +33,7 @@ class CudaGraphStep:
             step(self.static_x, self.static_y)
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> None:
-        for static, new in zip(tensors(self.static_x), tensors(x)):
+        for static, new in zip(tensors(self.static_x), tensors(x), strict=True):
             static.copy_(new, non_blocking=True)
         self.static_y.copy_(y, non_blocking=True)
         self.graph.replay()

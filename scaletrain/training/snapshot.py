@@ -51,7 +51,7 @@ class TrainingSnapshot:
 
     @torch.no_grad()
     def restore(self) -> None:
-        for tensor, copy in zip(self.tensors, self.copies):
+        for tensor, copy in zip(self.tensors, self.copies, strict=True):
             tensor.copy_(copy)
         torch.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:

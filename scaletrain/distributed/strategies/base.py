@@ -134,7 +134,7 @@ class Strategy(ABC):
         if k == 1:
             self._micro_batch(step, x, y)
             return
-        for i, (xm, ym) in enumerate(zip(chunk_inputs(x, k), y.chunk(k))):
+        for i, (xm, ym) in enumerate(zip(chunk_inputs(x, k), y.chunk(k), strict=True)):
             with self.no_sync() if i < k - 1 else contextlib.nullcontext():
                 self._micro_batch(step, xm, ym)
 

@@ -45,7 +45,7 @@ class Zero1Strategy(DDPStrategy):
     def wrap(self, model: nn.Module, compile_fn, block_classes=(), policy=None):
         params = [p for p in model.parameters() if p.requires_grad]
         owners = partition_by_size([p.numel() for p in params], self.world_size)
-        self.owned_by = [[p for p, o in zip(params, owners) if o == r] for r in range(self.world_size)]
+        self.owned_by = [[p for p, o in zip(params, owners, strict=True) if o == r] for r in range(self.world_size)]
         return super().wrap(model, compile_fn)
 
     def make_optimizer(self, optim_config, model, device, capturable=False):
@@ -72,5 +72,5 @@ class Zero1Strategy(DDPStrategy):
                 pending.append((params, flat, dist.broadcast(flat, src=owner, async_op=True)))
         for params, flat, work in pending:
             work.wait()
-            for p, value in zip(params, _unflatten_dense_tensors(flat, params)):
+            for p, value in zip(params, _unflatten_dense_tensors(flat, params), strict=True):
                 p.copy_(value)

@@ -154,7 +154,7 @@ def first_candidates(knobs: list[Knob], kept: list[dict]) -> list[dict]:
 
 def candidates(knobs: list[Knob]) -> list[dict]:
     """Every combination of the knobs' values, the baseline (all first values) first."""
-    return [dict(zip((k.key for k in knobs), combo)) for combo in itertools.product(*(k.values for k in knobs))]
+    return [dict(zip((k.key for k in knobs), combo, strict=True)) for combo in itertools.product(*(k.values for k in knobs))]
 
 
 def apply(cfg: TrainConfig, values: dict) -> TrainConfig:

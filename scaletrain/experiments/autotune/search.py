@@ -373,7 +373,7 @@ def plot_speed_against_memory(rows: list[Row], best: Row | None, path: Path) -> 
         points = [(r.peak_memory_bytes / 2**20, r.images_per_sec) for r in rows
                   if r.outcome == outcome and r.images_per_sec and r.peak_memory_bytes]
         if points:
-            axes.scatter(*zip(*points), marker=marker, s=30, label=f"{outcome} ({len(points)})",
+            axes.scatter(*zip(*points, strict=True), marker=marker, s=30, label=f"{outcome} ({len(points)})",
                          facecolors="#1f77b4" if fill else "none", edgecolors="#1f77b4")
     if best is not None and best.peak_memory_bytes:
         axes.scatter([best.peak_memory_bytes / 2**20], [best.images_per_sec], marker="*", s=220, color="#d62728",

@@ -131,11 +131,11 @@ class Server:
         "model", optimizer state under "optimizer" as "<name>/<key>"; DCP reshards by name, so a
         resume may use another number of servers."""
         optimizer = {}
-        for name, p in zip(self.names, self.params):
+        for name, p in zip(self.names, self.params, strict=True):
             for key, value in self.optimizer.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     optimizer[f"{name}/{key}"] = value
-        return {"model": dict(zip(self.names, self.params)), "optimizer": optimizer}
+        return {"model": dict(zip(self.names, self.params, strict=True)), "optimizer": optimizer}
 
     @torch.no_grad()
     def _create_optimizer_state(self) -> None:

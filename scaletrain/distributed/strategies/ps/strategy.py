@@ -280,7 +280,7 @@ class ParameterServerStrategy(ProcessGroupStrategy):
 
     @torch.no_grad()
     def _copy_parameters(self, replies: list[torch.Tensor]) -> None:
-        for reply, shard in zip(replies, self.shards):
+        for reply, shard in zip(replies, self.shards, strict=True):
             offset = HEADER
             for i in shard:
                 p = self.params[i]
