@@ -58,7 +58,8 @@ def main() -> None:
     plain, ckpt = spread(results["plain"]), spread(results["checkpointed"])
     ratios = spread([c / p for c, p in zip(results["checkpointed"], results["plain"], strict=True)])
     print(f"{env}")
-    print(f"{args.model} on {args.data}, batch 128, {args.epochs} epochs, --checkpoint-every {args.every}, {args.repeats} repeats")
+    print(f"{args.model} on {args.data}, batch 128, {args.epochs} epochs, --checkpoint-every {args.every}, "
+          f"{args.repeats} repeats")
     print(f"images/sec without checkpoints: {plain['median']:,.0f} ({plain['min']:,.0f}-{plain['max']:,.0f})")
     print(f"images/sec with checkpoints:    {ckpt['median']:,.0f} ({ckpt['min']:,.0f}-{ckpt['max']:,.0f})")
     print(f"ratio (checkpointed / plain):   {ratios['median']:.3f} ({ratios['min']:.3f}-{ratios['max']:.3f})")

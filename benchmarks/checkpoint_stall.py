@@ -105,10 +105,10 @@ def main() -> None:
           f"--checkpoint-every {args.every}, {args.repeats} repeats each, interleaved")
     for side in sides:
         st, ips = spread(stalls[side]), spread(speed[side])
-        print(f"{side:>5}: stall per mid-run save {st['median'] * 1e3:,.0f} ms (min {st['min'] * 1e3:,.0f}, "
-              f"max {st['max'] * 1e3:,.0f}, n={st['n']}); end-of-run wait {spread(end_waits[side])['median'] * 1e3:,.0f} ms; "
-              f"images/sec {ips['median']:,.1f} ({ips['min']:,.1f}-{ips['max']:,.1f}); "
-              f"run wall {spread(walls[side])['median']:.1f} s; saves per run {saved[side]}")
+        print(f"{side:>5}: stall per mid-run save {st['median'] * 1e3:,.0f} ms (min {st['min'] * 1e3:,.0f}, max "
+              f"{st['max'] * 1e3:,.0f}, n={st['n']}); end-of-run wait {spread(end_waits[side])['median'] * 1e3:,.0f} "
+              f"ms; images/sec {ips['median']:,.1f} ({ips['min']:,.1f}-{ips['max']:,.1f}); run wall "
+              f"{spread(walls[side])['median']:.1f} s; saves per run {saved[side]}")
     ratio = spread(stalls["sync"])["median"] / spread(stalls["async"])["median"]
     print(f"stall ratio (sync / async, medians): {ratio:.1f}x")
 

@@ -82,9 +82,9 @@ def main() -> None:
     for name, rows in results.items():
         tests = [r["test"] for r in rows]
         times = [r["time_to_94"] for r in rows if r["time_to_94"] is not None]
-        print(f"{name}: test accuracy median {statistics.median(tests):.3f} (min {min(tests):.3f}, max {max(tests):.3f}); "
-              f"runs under 94 % test: {sum(t < 0.94 for t in tests)} of {len(tests)}; epochs median "
-              f"{statistics.median(r['epochs'] for r in rows)}; training time median "
+        print(f"{name}: test accuracy median {statistics.median(tests):.3f} (min {min(tests):.3f}, max "
+              f"{max(tests):.3f}); runs under 94 % test: {sum(t < 0.94 for t in tests)} of {len(tests)}; epochs "
+              f"median {statistics.median(r['epochs'] for r in rows)}; training time median "
               f"{statistics.median(r['train_s'] for r in rows):.2f} s; wall median "
               f"{statistics.median(r['wall_s'] for r in rows):.2f} s; time to 94 % validation median "
               f"{statistics.median(times):.2f} s ({len(times)} of {len(rows)} reached)")

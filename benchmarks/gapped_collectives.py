@@ -99,8 +99,10 @@ def main() -> None:
                         help="tbf-shaped veths on a bridge, or benchmarks/link_switch.py (no added latency)")
     parser.add_argument("--burst", type=numbers(1500), default=None,
                         help="tbf bursts to compare, bytes (comma-separated; default: shaped_links.py's)")
-    parser.add_argument("--gap-ms", type=numbers(0, float), default=[0.0, 5.0], help="idle time before each all-reduce, ms (comma-separated)")
-    parser.add_argument("--size", type=number(4), default=2**19, help="bytes per all-reduce (gpt-tiny at batch 16: 512 KiB)")
+    parser.add_argument("--gap-ms", type=numbers(0, float), default=[0.0, 5.0], help="idle time before each "
+                                                                                     "all-reduce, ms (comma-separated)")
+    parser.add_argument("--size", type=number(4), default=2**19, help="bytes per all-reduce (gpt-tiny at batch 16: "
+                                                                      "512 KiB)")
     parser.add_argument("--count", type=number(1), default=16, help="all-reduces in a row (gpt-tiny's step: 16)")
     parser.add_argument("--repeats", type=number(1), default=10)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")

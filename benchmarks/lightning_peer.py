@@ -119,8 +119,8 @@ def main() -> None:
             if i > 0:   # the first round: warm-up (imports, allocator, thread pools)
                 epochs[name].append(statistics.median(times))
                 to_target[name].append(time_to_target(times, accuracies, args.target))
-                print(f"  round {i} (seed {args.seed}) {name}: epochs {', '.join(f'{t:.3f}' for t in times)} s; val acc "
-                      f"{', '.join(f'{a:.3f}' for a in accuracies)}", flush=True)
+                print(f"  round {i} (seed {args.seed}) {name}: epochs {', '.join(f'{t:.3f}' for t in times)} s; val "
+                      f"acc {', '.join(f'{a:.3f}' for a in accuracies)}", flush=True)
     env = environment(torch.device("cpu"))
     import lightning
     print(f"# lightning peer: MLP 16-{args.hidden}-4, {args.samples} samples, batch {args.batch_size}, SGD momentum "

@@ -99,9 +99,9 @@ def main() -> None:
         # One device: no DDP buckets, no cuBLAS workspace on a CPU.
         planned = plan.total_bytes - (plan.workspace_bytes if args.device == "cpu" else 0)
         s = spread(timings[(precision, ac)])
-        print(f"| {precision} | {'yes' if ac else 'no'} | {batch} | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})"
-              f" | {peaks[(precision, ac)] / 2**20:,.1f} MiB | {planned / 2**20:,.1f} MiB | "
-              f"{planned / peaks[(precision, ac)]:.3f} |")
+        print(f"| {precision} | {'yes' if ac else 'no'} | {batch} | {s['median']:,.0f} "
+              f"({s['min']:,.0f}-{s['max']:,.0f}) | {peaks[(precision, ac)] / 2**20:,.1f} MiB | "
+              f"{planned / 2**20:,.1f} MiB | {planned / peaks[(precision, ac)]:.3f} |")
 
 
 if __name__ == "__main__":

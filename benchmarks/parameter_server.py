@@ -84,9 +84,9 @@ def main() -> None:
         last = runs[-1]
         guess = predicted(name, results, args.delay_s * 1e3)
         shown = "-" if guess is None else f"{guess:.2f} ({guess / step['median'] - 1:+.0%})"
-        print(f"| {name} | {step['median']:.2f} ({step['min']:.2f}-{step['max']:.2f}) | {shown} | {wall['median']:.1f} | "
-              f"{last['dropped']} / {last['pushes']} | {last['staleness_mean']:.2f} / {last['staleness_max']} | "
-              f"{last['val_accuracy']:.3f} |")
+        print(f"| {name} | {step['median']:.2f} ({step['min']:.2f}-{step['max']:.2f}) | {shown} | "
+              f"{wall['median']:.1f} | {last['dropped']} / {last['pushes']} | {last['staleness_mean']:.2f} / "
+              f"{last['staleness_max']} | {last['val_accuracy']:.3f} |")
 
 
 def predicted(name: str, results: dict[str, list[dict]], delay_ms: float) -> float | None:

@@ -81,8 +81,8 @@ def main() -> None:
         runs = found[n]
         chosen = sorted({x['precision'] for x in runs})
         print(f"{n:17s} wall {spread([x['wall_s'] for x in runs], '.2f')} s, probe "
-              f"{spread([x['probe_s'] for x in runs], '.2f')} s, test acc {spread([x['test_accuracy'] for x in runs])}, "
-              f"ran {', '.join(chosen)}")
+              f"{spread([x['probe_s'] for x in runs], '.2f')} s, test acc "
+              f"{spread([x['test_accuracy'] for x in runs])}, ran {', '.join(chosen)}")
     for n in names[1:]:
         ratios = [a["wall_s"] / b["wall_s"] for a, b in zip(found[names[0]], found[n], strict=True)]
         print(f"no flags / {n:17s} {spread(ratios)}")

@@ -74,7 +74,8 @@ def main() -> None:
     env = environment(torch.device(args.device))
     print(f"{env}; {args.model} on {args.data}, batch {args.batch_size}, {args.epochs} epochs, "
           f"sampling every {args.sample_interval_s} s, {args.repeats} interleaved pairs")
-    print(f"training s/epoch: recorded {statistics.median(on_train):.4f}, not recorded {statistics.median(off_train):.4f}")
+    print(f"training s/epoch: recorded {statistics.median(on_train):.4f}, not recorded "
+          f"{statistics.median(off_train):.4f}")
     print(f"ratio training time (recorded / not): {spread(ratios_train)}")
     print(f"ratio fit wall time (recorded / not): {spread(ratios_wall)}")
 

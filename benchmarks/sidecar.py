@@ -70,7 +70,8 @@ def main() -> None:
         for r in range(args.repeats):
             for label in (list(results) if r % 2 == 0 else list(reversed(results))):
                 results[label].append(one(Path(tmp), f"{label[:4]}{r}", label.startswith("sidecar"), steps_per_epoch))
-    print("| evaluation | training wall s | images/sec (training) | in-loop eval s | checkpoints evaluated by the sidecar |")
+    print("| evaluation | training wall s | images/sec (training) | in-loop eval s | checkpoints evaluated by the "
+          "sidecar |")
     print("|---|---|---|---|---|")
     for label, runs in results.items():
         wall, ips = spread([r["wall_s"] for r in runs]), spread([r["images_per_sec"] for r in runs])

@@ -109,8 +109,8 @@ def time_to_target(runs: int) -> None:
                 summary = json.loads(out.read_text())
                 got[name].append((summary["time_to_target_s"], summary["epochs_run"]))
     env = environment(torch.device("cpu"))
-    print(f"# time to 94 %: the default recipe, {runs} alternating runs each, on {env['device']}, torch {env['torch']}, "
-          f"{env['date']}")
+    print(f"# time to 94 %: the default recipe, {runs} alternating runs each, on {env['device']}, torch "
+          f"{env['torch']}, {env['date']}")
     for name, values in got.items():
         times = [t for t, _ in values if t is not None]
         s = spread(times) if times else None
@@ -126,7 +126,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--time-to-target", type=int, metavar="RUNS",
-                   help="instead: time to 94 %% through the CLI, the default recipe against its data as a user's Dataset")
+                   help="instead: time to 94 %% through the CLI, the default recipe against its data as a user's "
+                        "Dataset")
     args = p.parse_args()
     if args.time_to_target:
         time_to_target(args.time_to_target)

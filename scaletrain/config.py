@@ -77,16 +77,19 @@ class DataConfig:
     shift: int = _f(4, "largest random shift in pixels for the 'shift' augmentation", ge=0)
     num_samples: int | None = _f(None, "size of generated data sets (mnist1d, synthetic, friedman1)", ge=2)
     seq_len: int = _f(64, "characters per sample of the char-corpus data set (the model's context)", ge=1)
-    train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000; for shards, the "
+    train_subset: int | None = _f(None, "use only the first N training samples (the seed's lab uses 10000; for "
+                                        "shards, the "
                                   "fewest leading shards holding N)", ge=1)
     val_fraction: float = _f(0.1, "fraction of the training split held out for validation (per-epoch evaluation, "
                              "stopping, tuning) when the data set has no validation split; the test split is "
                              "evaluated once, at the end", gt=0, lt=1)
     shape: list[int] = _f([3, 32, 32], "sample shape for the synthetic data set", ge=1)
     num_classes: int = _f(10, "number of classes for the synthetic data set", ge=2)
-    val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1, resumable=True)
+    val_batch_size: int | None = _f(None, "evaluation batch size (default: the training batch size)", ge=1,
+                                    resumable=True)
     num_workers: int = _f(0, "DataLoader worker processes for the streaming path and for shards", ge=0, resumable=True)
-    prefetch: int = _f(2, "shards: batches each worker reads ahead, and batches copied ahead to the device", ge=1, resumable=True)
+    prefetch: int = _f(2, "shards: batches each worker reads ahead, and batches copied ahead to the device", ge=1,
+                       resumable=True)
     fetch_timeout_s: float = _f(120.0, "shards at a URL: how long a lost connection is retried (from the byte it "
                                        "stopped at) before the run stops", gt=0, resumable=True)
     shard_cache_mb: float = _f(2048.0, "shards at a URL: MiB of verified shards kept in the local cache (the least "
@@ -118,7 +121,8 @@ class OptimConfig:
                            ge=1)
     lr_scaling: str = _f("none", "scale the LR with the number of replicas: none, linear or sqrt",
                      choices=("none", "linear", "sqrt"))
-    lr_scaling_warmup_epochs: float = _f(1.0, "ramp from the base LR to the scaled LR over this many epochs (Goyal et al.)",
+    lr_scaling_warmup_epochs: float = _f(1.0, "ramp from the base LR to the scaled LR over this many epochs (Goyal "
+                                              "et al.)",
                                          ge=0)
 
 
@@ -133,8 +137,8 @@ class PrecisionConfig:
     fp32_modules: list[str] = _f([], "module names or class names kept in float32")
     fp8_recipe: str = _f("tensorwise", "--precision fp8: torchao's scaling recipe, tensorwise (one scale a tensor) or "
                                        "rowwise (a scale a row)", choices=("tensorwise", "rowwise"))
-    fp8_emulate: bool = _f(False, "--precision fp8 on a device without float8 tensor cores (a CPU, a GPU older "
-                                  "than compute capability 8.9): emulated, for tests and correctness checks, not faster")
+    fp8_emulate: bool = _f(False, "--precision fp8 on a device without float8 tensor cores (a CPU, a GPU older than "
+                                  "compute capability 8.9): emulated, for tests and correctness checks, not faster")
     init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale", gt=0)
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 
@@ -153,22 +157,24 @@ class DistributedConfig:
                            resumable=True)
     backend: str = _f("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo",
                   choices=("auto", "nccl", "gloo"), resumable=True)
-    grad_compression: str = _f("none", "how gradients cross the links: none (plain all-reduce), bf16 or fp16 (16 bits on "
-                                       "the wire: half the bytes), or powersgd (a low-rank approximation, DDP only: "
-                                       "see --powersgd-rank; `scaletrain scaling` prices each)",
+    grad_compression: str = _f("none", "how gradients cross the links: none (plain all-reduce), bf16 or fp16 (16 "
+                                       "bits on the wire: half the bytes), or powersgd (a low-rank approximation, "
+                                       "DDP only: see --powersgd-rank; `scaletrain scaling` prices each)",
                                choices=("none", "bf16", "fp16", "powersgd"), training_only=True)
     powersgd_rank: int = _f(1, "with --grad-compression powersgd: the rank of each gradient matrix's approximation "
                                "(higher: closer to the exact all-reduce, more bytes)", ge=1, training_only=True)
-    powersgd_warmup: int = _f(10, "with --grad-compression powersgd: optimizer steps with the plain all-reduce before "
-                                  "compression starts (at least 2: DDP's first steps rebuild its buckets)", ge=2, training_only=True)
-    sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm on CUDA, an all-reduce batch norm on CPU)", training_only=True)
+    powersgd_warmup: int = _f(10, "with --grad-compression powersgd: optimizer steps with the plain all-reduce "
+                                  "before compression starts (at least 2: DDP's first steps rebuild its buckets)", ge=2,
+                               training_only=True)
+    sync_batchnorm: bool = _f(False, "batch-norm statistics over the global batch (SyncBatchNorm on CUDA, an "
+                                     "all-reduce batch norm on CPU)", training_only=True)
     bucket_cap_mb: float = _f(25.0, "DDP gradient bucket size in MiB", gt=0, resumable=True, training_only=True)
     init_timeout_s: float = _f(600.0, "collective timeout until the first step has run (covers compilation)", gt=0,
                                resumable=True)
     rendezvous_timeout_s: float = _f(300.0, "how long a process waits for every other process of the job to join "
                                             "(then one line names the missing ranks)", gt=0, resumable=True)
-    step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this fast", gt=0,
-                               resumable=True)
+    step_timeout_s: float = _f(120.0, "collective timeout after the first step: a dead peer ends the job this "
+                                      "fast", gt=0, resumable=True)
     # The strategies' own tables ([distributed.ps], [distributed.pipeline], ...), by name: each is
     # registered by a module of the strategies' package that declares it (`register_table`), imported
     # when the tables are first asked for (registry.py). Those modules import no torch.
@@ -184,7 +190,8 @@ class DistributedConfig:
         if len(set(self.devices)) < len(self.devices):
             return f"--devices {named} names a device twice; one process per device"
         if self.devices and self.nproc > 1 and len(self.devices) != self.nproc:
-            return f"--devices {named} names {len(self.devices)} device(s) for --nproc {self.nproc}; name one device per process"
+            return (f"--devices {named} names {len(self.devices)} device(s) for --nproc {self.nproc}; name one device "
+                    "per process")
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         if self.grad_compression != "powersgd" and any(getattr(self, k) != defaults[k]
                                                        for k in ("powersgd_rank", "powersgd_warmup")):
@@ -228,16 +235,20 @@ def _table_problem(distributed: DistributedConfig, cfg: TrainConfig) -> str | No
 
 @dataclass(kw_only=True, slots=True)
 class MemoryConfig:
-    activation_checkpointing: bool = _f(False, "keep only each repeated block's input and recompute its activations in the backward pass", resumable=True)
-    block_classes: list[str] = _f([], "class names of the model's repeated blocks for activation checkpointing and fsdp (default: found automatically)", resumable=True)
+    activation_checkpointing: bool = _f(False, "keep only each repeated block's input and recompute its activations "
+                                               "in the backward pass", resumable=True)
+    block_classes: list[str] = _f([], "class names of the model's repeated blocks for activation checkpointing and "
+                                      "fsdp (default: found automatically)", resumable=True)
 
 
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
-    every: int = _f(0, "save a checkpoint every N optimizer steps (0: only at the end when a folder is set)", ge=0, resumable=True)
+    every: int = _f(0, "save a checkpoint every N optimizer steps (0: only at the end when a folder is set)", ge=0,
+                    resumable=True)
     dir: str | None = _f(None, "checkpoint folder (default: <run folder>/checkpoints)", resumable=True)
     keep: int = _f(3, "keep the newest K complete checkpoints", ge=1, resumable=True)
-    resume: str | None = _f(None, "'auto' (newest complete checkpoint of the run folder) or a checkpoint folder", resumable=True)
+    resume: str | None = _f(None, "'auto' (newest complete checkpoint of the run folder) or a checkpoint folder",
+                            resumable=True)
     async_save: bool = _f(True, "write checkpoints in the background (staged to host memory first; training waits "
                                 "only for the copy); --no-async-save: training waits for the whole write",
                           resumable=True)
@@ -246,17 +257,20 @@ class CheckpointConfig:
 @dataclass(kw_only=True, slots=True)
 class TrackingConfig:
     store: str = _f("scaletrain-runs/runs.db", "run store: the SQLite file every run is recorded in")
-    record: bool = _f(True, "record this run in the run store (config, environment, metrics, system samples)", resumable=True)
+    record: bool = _f(True, "record this run in the run store (config, environment, metrics, system samples)",
+                      resumable=True)
     run_id: str | None = _f(None, "id of this run in the store (default: a new one; a resumed run folder keeps its id)",
                            pattern=RUN_ID_PATTERN, rule=RUN_ID_RULE, resumable=True)
     group: str | None = _f(None, "label grouping runs in the store, e.g. a sweep or a study")
-    sample_interval_s: float = _f(1.0, "seconds between system samples (RSS and CPU; GPU memory and utilisation via NVML)",
+    sample_interval_s: float = _f(1.0, "seconds between system samples (RSS and CPU; GPU memory and utilisation via "
+                                       "NVML)",
                                   gt=0, resumable=True)
     loggers: list[str] = _f([], "also log the run to these trackers, e.g. mlflow,wandb: the config as parameters, "
                                 "each epoch's metrics, the summary (optional extras; only the recording process "
                                 "logs; a tracker that fails warns once and training goes on)",
                             choices=LOGGERS, resumable=True)
-    tensorboard: bool = _f(False, "the same as --logger tensorboard: TensorBoard event files in <run folder>/tensorboard",
+    tensorboard: bool = _f(False, "the same as --logger tensorboard: TensorBoard event files in <run "
+                                  "folder>/tensorboard",
                            resumable=True)
 
     def logger_names(self) -> list[str]:
@@ -279,12 +293,14 @@ class TrainConfig:
     epochs: int = _f(10, "maximum number of epochs", ge=1, resumable=True)
     batch_size: int = _f(128, "global batch: samples per optimizer step over all replicas", ge=1)
     per_replica_batch_size: int | None = _f(None, "fix the per-replica batch instead (global = replicas x this)", ge=1)
-    accumulate_to_global: bool = _f(False, "with both batch sizes fixed, make up the global batch by gradient accumulation")
+    accumulate_to_global: bool = _f(False, "with both batch sizes fixed, make up the global batch by gradient "
+                                           "accumulation")
     seed: int = _f(0, "seed for weights, data order and augmentation", ge=0)
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or xla (a TPU, or XLA on a CPU, through torch_xla: "
                              "bash scripts/setup.sh xla)", pattern=r"auto|cpu|cuda(:[0-9]+)?|xla",
                      rule="auto, cpu, cuda, cuda:N or xla", resumable=True)
-    steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1, resumable=True)
+    steps_per_execution: int = _f(1, "training steps per host round-trip (callbacks and metrics every N steps)", ge=1,
+                                  resumable=True)
     compile: bool | None = _f(None, "apply torch.compile to the model (default: off, unless the probe measures on "
                                     "the run's own step that compiling repays its compile time over the run; "
                                     "--no-compile keeps it off)", resumable=True)
@@ -309,9 +325,11 @@ class TrainConfig:
     cudnn_benchmark: bool | None = _f(None, "let cuDNN time its convolution algorithms once per input shape and keep "
                                             "the fastest (default: on on a GPU when every batch has one shape; "
                                             "--no-cudnn-benchmark turns it off)", resumable=True)
-    compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES, resumable=True)
+    compile_mode: str | None = _f(None, "torch.compile mode, e.g. max-autotune-no-cudagraphs", choices=COMPILE_MODES,
+                                  resumable=True)
     cuda_graphs: bool | None = _f(None, "capture the whole training step in a CUDA graph (default on CUDA: on with "
-                                        "steps_per_execution>1; with one step, on where the probe measures the captured "
+                                        "steps_per_execution>1; with one step, on where the probe measures the "
+                                        "captured "
                                         "step faster on the run's own step and repaying its capture)", resumable=True)
     task: str = _f("auto", "what is learned and how it is scored: auto (the data set's; the model's own loss for a "
                    "model whose forward takes labels=), classification, regression, language-model, own-loss, or "
@@ -326,11 +344,13 @@ class TrainConfig:
                             pattern=r"[a-z][a-z0-9_]*", rule="a metric name (lower-case letters, digits and _)",
                             resumable=True)
     patience: int = _f(1, "epochs at the target before stopping", ge=1, resumable=True)
-    early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss", ge=1, resumable=True)
+    early_stopping_patience: int | None = _f(None, "stop after this many epochs without a better validation loss",
+                                             ge=1, resumable=True)
     eval_each_epoch: bool = _f(True, "evaluate on the validation split after every epoch, and on the test split once "
                                "at the end (off: training only, e.g. to time steps)", resumable=True)
     log_every: int = _f(50, "read the running loss back from the device every N steps", ge=1, resumable=True)
-    run_dir: str | None = _f(None, "folder for this run's metrics, summary and model (default: ./scaletrain-runs/<name>)", resumable=True)
+    run_dir: str | None = _f(None, "folder for this run's metrics, summary and model (default: "
+                                   "./scaletrain-runs/<name>)", resumable=True)
     metrics_format: str = _f("jsonl", "per-epoch metrics log format: jsonl or csv", choices=("jsonl", "csv"))
     summary_json: str | None = _f(None, "also write the run summary as JSON to this path", resumable=True)
     progress: bool = _f(True, "show a progress bar when attached to a terminal", resumable=True)

@@ -56,8 +56,8 @@ class Check:
         if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX <= value <= INT64_MAX:
             return f"must fit a 64-bit integer (at most {INT64_MAX:,})"
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            for bound, ok, words in ((self.ge, lambda b: value >= b, "at least"), (self.gt, lambda b: value > b, "greater than"),
-                                     (self.le, lambda b: value <= b, "at most"), (self.lt, lambda b: value < b, "less than")):
+            for bound, ok in ((self.ge, lambda b: value >= b), (self.gt, lambda b: value > b),
+                              (self.le, lambda b: value <= b), (self.lt, lambda b: value < b)):
                 if bound is not None and not ok(bound):
                     return f"must be {self.describe()}"
         return None
@@ -205,7 +205,8 @@ def from_mapping(cls: type, data: dict, prefix: str = "", base: Any = None) -> A
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in names and key not in tables:
-            raise ConfigError(f"unknown config key '{dotted}'; valid keys here: {', '.join(sorted(names | set(tables)))}")
+            raise ConfigError(f"unknown config key '{dotted}'; valid keys here: "
+                              f"{', '.join(sorted(names | set(tables)))}")
         tp = tables[key].cls if key in tables else hints[key]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):

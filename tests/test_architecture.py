@@ -319,7 +319,7 @@ def wall_clock_claims(source: str) -> list[tuple[int, str]]:
             continue
         for cmp in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
             sides = [cmp.left, *cmp.comparators]
-            for op, small, large in zip(cmp.ops, sides, sides[1:], strict=False):
+            for op, small, large in zip(cmp.ops, sides, sides[1:], strict=False):   # a chain: ops between sides
                 if isinstance(op, (ast.Gt, ast.GtE)):
                     small, large = large, small
                 elif not isinstance(op, (ast.Lt, ast.LtE)):

@@ -111,13 +111,16 @@ def _bad_inputs(tmp_path):
         (fashion + ["--data-dir", str(labels)], "label 99 is out of range [0, 10)"),
         (fashion + ["--data-dir", str(shape)], "shape mismatch"),
         (fashion + ["--data-dir", str(folder), "--model", "nope"], "unknown model 'nope'"),
-        (["--model", "mlp", "--data", "digits", "--precision", "fp4"], "'precision.policy' must be one of auto, bf16-mixed, bf16-true, fp16-mixed, fp32, fp32-strict, fp8, tf32"),
+        (["--model", "mlp", "--data", "digits", "--precision", "fp4"], "'precision.policy' must be one of auto, "
+                                                                       "bf16-mixed, bf16-true, fp16-mixed, fp32, "
+                                                                       "fp32-strict, fp8, tf32"),
         (["--model", "mlp", "--data", "digits", "--batch-size", "30", "--grad-accum-steps", "4"],
          "global batch 30 does not divide across 1 replica(s) x 4 accumulation steps; use --batch-size 28 or 32"),
         (["--model", "mlp", "--data", "digits", "--epochs", "0"], "config key 'epochs' must be >= 1"),
         (["--model", "mlp", "--data", "digits", "--fp32-modules", "nothing"], "matches no module"),
         (["--model", "wrn-16-10", "--data", "mnist1d"], "needs image samples"),
-        (["--model", "mlp", "--data", "digits", "--strategy", "zero9"], "'distributed.strategy' must be one of auto, ddp, fsdp"),
+        (["--model", "mlp", "--data", "digits", "--strategy", "zero9"], "'distributed.strategy' must be one of auto, "
+                                                                        "ddp, fsdp"),
         (["--model", "mlp", "--data", "digits", "--resume", str(tmp_path / "nope")], "no such checkpoint folder"),
         (["--model", "mlp", "--data", "digits", "--grad-compression", "int4"],
          "'distributed.grad_compression' must be one of none, bf16, fp16"),
@@ -153,7 +156,8 @@ def _bad_inputs(tmp_path):
         (digits + ["--run-id", "a b/c"], "'tracking.run_id' must be 1-64 letters"),
         (digits + ["--compile-mode", "fastest"], "'compile_mode' must be one of default"),
         (digits + ["--augment", "rotate"], "'data.augment' has an item that must be one of shift, flip"),
-        (digits + ["--logger", "neptune"], "'tracking.loggers' has an item that must be one of mlflow, wandb, tensorboard"),
+        (digits + ["--logger", "neptune"], "'tracking.loggers' has an item that must be one of mlflow, wandb, "
+                                           "tensorboard"),
         (digits + ["--inter-op-threads", "0"], "'inter_op_threads' must be >= 1"),
         # Data that cannot train.
         (npz_data(tmp_path, "empty", x=np.zeros((0, 4)), y=np.zeros(0, dtype=np.int64)), "x holds no samples"),

@@ -60,7 +60,8 @@ def test_the_strategies_option_tables_are_known_without_importing_them(tmp_path)
     probe = ("import sys\n"
              "from scaletrain.cli.main import build_parser\n"
              "from scaletrain.cli.train import config_from_args\n"
-             "cfg = config_from_args(build_parser('train').parse_args(['train', '--strategy', 'hsdp', '--shard-size', '2']))\n"
+             "cfg = config_from_args(build_parser('train').parse_args(['train', '--strategy', 'hsdp', '--shard-size', "
+             "'2']))\n"
              "print(cfg.distributed.hsdp.shard_size, sorted(cfg.distributed.tables), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=cli_env(),
                          timeout=60)

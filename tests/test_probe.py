@@ -401,7 +401,8 @@ def test_a_kept_precision_is_taken_and_a_compile_left_open_is_asked_only_where_i
     found = probe_settings._from_cache(kept, "fp32", ["bf16-mixed"], True, False, 1_000)
     assert found["precision"][:2] == ("bf16-mixed", "cached from run r1: probed: 1.50x fp32") and "compile" not in found
     # 1,000 steps of 30 ms: 5 % is 1.5 s, no compile fits: said from the kept step time, no copy built.
-    assert probe_settings._compile_unfit_by_cache(kept, 1_000, 0.05).startswith("not probed: the probe's 2 s (5% of the "
+    assert probe_settings._compile_unfit_by_cache(kept, 1_000, 0.05).startswith("not probed: the probe's 2 s (5% of "
+                                                                                "the "
                                                                        "run's predicted 30 s) cannot hold a compile")
     assert probe_settings._compile_unfit_by_cache(kept, 100_000, 0.05) is None     # 150 s: a longer run asks it
     assert probe_settings._compile_unfit_by_cache(kept, 1_000, 1.0) is None         # --probe-share 1 measures anyway

@@ -117,7 +117,7 @@ def test_powersgd_sends_the_low_rank_factors_in_three_all_reduces_per_bucket():
     text = " ".join(explain(low, [predict(low, n) for n in device_counts(8)]))
     assert "with powersgd compression (rank 4, three all-reduces per bucket" in text
     with pytest.raises(ValueError, match="shapes"):
-        _inputs(compression="powersgd").wire_bytes
+        _ = _inputs(compression="powersgd").wire_bytes
 
 
 def test_explains_why_two_devices_can_be_slower_than_one():

@@ -71,7 +71,8 @@ def test_a_len_that_lies_and_a_stream_that_raises_are_named(tmp_path):
 def test_a_tasks_init_that_raises_is_named(tmp_path):
     result = run(["train", "--model", "mlp", "--data", "user_faults:raising_reads", "--data-option", "bad=-1",
                   "--task", "user_faults:RaisingInit", *QUICK, "--run-dir", tmp_path / "r"], tmp_path)
-    _failed_as_theirs(result, r"RaisingInit\.__init__", "KeyError: 'threshold', building your task user_faults:RaisingInit")
+    _failed_as_theirs(result, r"RaisingInit\.__init__", "KeyError: 'threshold', building your task "
+                                                        "user_faults:RaisingInit")
     assert not (tmp_path / "r").exists()
 
 

@@ -40,7 +40,8 @@ def tune(part: Part) -> dict:
     done = subprocess.run([*scaletrain_command(), *args], cwd=ROOT, capture_output=True, text=True, timeout=max(part.left_s() - 5, 10))
     print(done.stdout[-4000:], done.stderr[-2000:], flush=True)
     if done.returncode:
-        raise RuntimeError(f"autotune exited {done.returncode}: {(done.stderr.strip() or done.stdout.strip() or 'no output').splitlines()[-1]}")
+        raise RuntimeError(f"autotune exited {done.returncode}: "
+                           f"{(done.stderr.strip() or done.stdout.strip() or 'no output').splitlines()[-1]}")
     result = json.loads((folder / "autotune" / "autotune.json").read_text())
     best = next((line for line in done.stdout.splitlines() if line.startswith("best:")), None)
     return {"best": best, "result": result}

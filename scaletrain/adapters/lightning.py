@@ -141,7 +141,8 @@ class LightningAdapter(nn.Module):
         if reduce_fx not in ("mean", torch.mean):
             raise ConfigError(f"self.log('{name}', reduce_fx={reduce_fx!r}): scaletrain reduces logged metrics by "
                               "their batch-weighted mean only")
-        if not isinstance(value, (torch.Tensor, int, float)) or (isinstance(value, torch.Tensor) and value.numel() != 1):
+        if not isinstance(value, (torch.Tensor, int, float)) or (isinstance(value, torch.Tensor)
+                                                                  and value.numel() != 1):
             raise ConfigError(f"self.log('{name}', ...) got {type(value).__name__}: log a number or a one-element "
                               "tensor (for a torchmetrics Metric, its compute())")
         self._logged[name] = (value, batch_size)
@@ -185,7 +186,8 @@ class LightningAdapter(nn.Module):
         """One line for the run's start: where its optimizer settings came from."""
         schedule = (f", LR x{optim.step_gamma:g} at epochs {', '.join(f'{m:g}' for m in optim.step_milestones)}"
                     if optim.lr_schedule == "step" else
-                    ", LR from its own scheduler, stepped as Lightning steps it" if optim.lr_schedule == "module" else "")
+                    ", LR from its own scheduler, stepped as Lightning steps it" if optim.lr_schedule == "module"
+                    else "")
         return (f"optimizer from {type(self.module).__name__}.configure_optimizers: {optim.optimizer} lr {optim.lr:g}"
                 f"{f' weight decay {optim.weight_decay:g}' if optim.weight_decay else ''}{schedule}")
 
@@ -514,4 +516,5 @@ def _schedule_fields(config: dict | None, epochs: int, name: str) -> dict[str, A
         milestones = [float(m) for m in range(sched.step_size, epochs + 1, sched.step_size)]
     else:
         milestones = sorted(float(m) for m in sched.milestones.elements())
-    return {"lr_schedule": "step", "warmup_epochs": 0.0, "step_milestones": milestones, "step_gamma": float(sched.gamma)}
+    return {"lr_schedule": "step", "warmup_epochs": 0.0, "step_milestones": milestones,
+            "step_gamma": float(sched.gamma)}

@@ -91,7 +91,10 @@ def run_autotune(args: argparse.Namespace, argv: list[str]) -> int:
     check_writable_file(cfg.tracking.store, "run store (--store)")
     settings = AutotuneSettings(
         out=out, trials=args.trials, steps=args.steps, epochs=args.window_epochs, study_name=args.study_name,
-        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule, budget_s=args.budget_s or None, cap_factor=args.cap_factor, prune_factor=args.prune_factor, emulated=args.emulated_precisions, confirm_rounds=args.confirm_rounds, finalists=args.finalists, test_tolerance=args.test_tolerance, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
+        exhaustive=args.exhaustive, objective=OBJECTIVES[args.objective], lr_rule=args.lr_rule,
+        budget_s=args.budget_s or None, cap_factor=args.cap_factor, prune_factor=args.prune_factor,
+        emulated=args.emulated_precisions, confirm_rounds=args.confirm_rounds, finalists=args.finalists,
+        test_tolerance=args.test_tolerance, only=tuple(k.strip() for k in args.knobs.split(",") if k.strip()),
         device_memory=parse_bytes(args.device_memory, "--device-memory") if args.device_memory else None,
         loss_tolerance=LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance,
         loss_tolerance_16bit=LOSS_TOLERANCE_16BIT if args.loss_tolerance_16bit is None else args.loss_tolerance_16bit)

@@ -28,7 +28,8 @@ def run_export(args: argparse.Namespace, argv: list[str]) -> int:
     check_export_target(out, args.format)   # before the model is built
     result = export_run(record, out, args.format, args.data_dir)
     check = ("not run (install onnxruntime to check it)" if result.max_abs_diff is None else
-             f"max |difference| {result.max_abs_diff:.2g} from the trained model on {result.checked_samples} test samples")
+             f"max |difference| {result.max_abs_diff:.2g} from the trained model on {result.checked_samples} test "
+             "samples")
     shape = ", ".join(map(str, result.input_shape))
     print(f"exported run {record.id} to {result.path} ({result.fmt}; input: a batch of [{shape}] samples, "
           f"raw as in the data set; output: the task's predictions); check: {check}")

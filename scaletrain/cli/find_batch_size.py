@@ -85,8 +85,8 @@ def _print(result, cfg, given: int | None) -> None:
     line = (f"largest batch that ran: {result.max_batch_size} per device; recommended with a "
             f"{result.margin:.0%} margin: {result.recommended_batch_size} per device")
     if result.grad_accum_steps:
-        line += (f"; global batch {result.global_batch_size} = {result.replicas} replica(s) x {result.recommended_batch_size} "
-                 f"x {result.grad_accum_steps} accumulation steps")
+        line += (f"; global batch {result.global_batch_size} = {result.replicas} replica(s) x "
+                 f"{result.recommended_batch_size} x {result.grad_accum_steps} accumulation steps")
     if result.limited_by:
         line += f"; the search stopped at {result.limited_by}, which still fit (a larger batch may too)"
     if given is not None:    # the search built its own batches; the user's DataLoader batches the run

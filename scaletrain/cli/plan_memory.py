@@ -66,7 +66,8 @@ def run_plan_memory(args: argparse.Namespace, argv: list[str]) -> int:
     for name in strategies:
         if name not in PLAN_STRATEGIES:
             raise ConfigError(f"unknown strategy '{name}' for plan-memory; choose from: {', '.join(PLAN_STRATEGIES)}, "
-                              f"or {', '.join(n for n, c in STRATEGIES.items() if c.memory_plan == 'stage')} (alone: a row per stage)")
+                              f"or {', '.join(n for n, c in STRATEGIES.items() if c.memory_plan == 'stage')} (alone: "
+                              "a row per stage)")
     for name in precisions:
         get_policy(name)
     memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory is not None else None

@@ -37,7 +37,8 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("run_ids", nargs="+", metavar="ID", help="run ids (or unique prefixes)")
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
     report = command("report", "a self-contained HTML report with plots (opens offline)")
-    report.add_argument("run_ids", nargs="*", metavar="ID", help="run ids (default: --group's runs, else the newest 10)")
+    report.add_argument("run_ids", nargs="*", metavar="ID",
+                        help="run ids (default: --group's runs, else the newest 10)")
     report.add_argument("--group", help="report on this group's runs")
     add_number(report, "--last", int, ge=1, default=10, help="without ids or --group: the newest N runs (default 10)")
     report.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")

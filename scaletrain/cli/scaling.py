@@ -113,7 +113,8 @@ def _measured_table(path: str, as_json: bool) -> int:
                           f"object; {hint}")
     tensor = result.get("tensor_parallel") or {}
     if not isinstance(tensor, dict):
-        raise ConfigError(f"--measured {path}: its 'tensor_parallel' is a {type(tensor).__name__}, not an object; {hint}")
+        raise ConfigError(f"--measured {path}: its 'tensor_parallel' is a {type(tensor).__name__}, not an object; "
+                          f"{hint}")
     for key, value in (("grad_bytes", result.get("grad_bytes", 0)),
                        ("one_process_step_s", result.get("one_process_step_s", 0)),
                        ("tensor_parallel.allreduce_bytes", tensor.get("allreduce_bytes", 0))):

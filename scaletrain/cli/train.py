@@ -84,10 +84,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...
         _add_field_flags(parser, exclude, only)
         return
     if parser.description is None:
-        parser.description = ("Every option below overrides one key of the default recipe "
-                              f"({DEFAULT_RECIPE}: the 1-D CNN on MNIST-1D, 6 epochs, AdamW one-cycle at lr 0.01, "
-                              "the time to 94 % accuracy measured); --recipe starts from another recipe, and --config from a "
-                              "TOML file on the built-in defaults. Precedence: recipe < --config < flags.")
+        parser.description = (f"Every option below overrides one key of the default recipe ({DEFAULT_RECIPE}: the 1-D "
+                              "CNN on MNIST-1D, 6 epochs, AdamW one-cycle at lr 0.01, the time to 94 % accuracy "
+                              "measured); --recipe starts from another recipe, and --config from a TOML file on the "
+                              "built-in defaults. Precedence: recipe < --config < flags.")
     parser.add_argument("--config", help="TOML file with the run configuration")
     parser.add_argument("--recipe", help=f"start from a named recipe (default: {DEFAULT_RECIPE}, unless --config "
                         "is given; flags override single keys of it)")

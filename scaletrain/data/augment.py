@@ -25,7 +25,8 @@ class DeviceAugment:
 
     def _offsets(self, n: int, device) -> torch.Tensor:
         # Drawn where the generator lives (the device, or the CPU for an XLA device: loaders.py).
-        return torch.randint(0, 2 * self.shift + 1, (n,), device=self.generator.device, generator=self.generator).to(device)
+        return torch.randint(0, 2 * self.shift + 1, (n,), device=self.generator.device,
+                             generator=self.generator).to(device)
 
     def _random_shift(self, x: torch.Tensor) -> torch.Tensor:
         s, n = self.shift, x.shape[0]

@@ -235,7 +235,8 @@ class StreamingLoader(HostToDevice):
                                      pin_memory=self.pin_memory, generator=own_generator())
             return
         if isinstance(split, TorchSplit):
-            dataset, collate = SeededSamples(split.dataset, self.seed), collate_pairs(split.collate_fn, split.label_bound)
+            dataset = SeededSamples(split.dataset, self.seed)
+            collate = collate_pairs(split.collate_fn, split.label_bound)
         else:
             dataset, collate = TensorDataset(split.x, split.y), None
         self.loader = DataLoader(dataset, batch_size=self.batch_size, collate_fn=collate,

@@ -366,7 +366,8 @@ def as_split(data: Any, name: str):
         return _nonempty(TorchSplit(data, name))
     if isinstance(data, tuple) and len(data) == 2:
         x = as_features(data[0], f"{name} inputs")
-        y = data[1] if isinstance(data[1], torch.Tensor) else torch.as_tensor(numeric(np.asarray(data[1]), name, "targets"))
+        y = (data[1] if isinstance(data[1], torch.Tensor)
+             else torch.as_tensor(numeric(np.asarray(data[1]), name, "targets")))
         if len(x) != len(y):
             raise DataError(f"{name}: {len(x)} inputs but {len(y)} targets")
         if len(x) == 0:
@@ -447,7 +448,8 @@ def _random_parts(split: TorchSplit, fraction: float, seed: int) -> tuple[TorchS
 
 
 def as_dataset(train: Any, val: Any = None, test: Any = None, *, task: str = "auto", num_classes: int | None = None,
-               val_fraction: float = 0.1, seed: int = 0, name: str | None = None, count_classes: bool = True) -> Dataset:
+               val_fraction: float = 0.1, seed: int = 0, name: str | None = None,
+               count_classes: bool = True) -> Dataset:
     """Our Dataset of the user's splits. Without `val`, a seeded `val_fraction` of `train` is held
     out for validation; without `test`, validation stands in for it (no separate test figure; it
     keeps the name val: `Dataset.test_held_out`).

@@ -96,7 +96,8 @@ def stage_layers(model: nn.Module, parts: int, split_points: list[str] = (),
     if split_points:
         unknown = [p for p in split_points if p not in names]
         if unknown:
-            raise ConfigError(f"--split-points: no layer named {', '.join(unknown)}; the layers are: {', '.join(names)}")
+            raise ConfigError(f"--split-points: no layer named {', '.join(unknown)}; the layers are: "
+                              f"{', '.join(names)}")
         starts = [0, *(names.index(p) for p in split_points)]
         if any(b <= a for a, b in pairwise(starts)):
             raise ConfigError(f"--split-points {', '.join(split_points)} must name layers in forward order, after "

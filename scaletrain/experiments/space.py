@@ -80,7 +80,8 @@ class Parameter:
 
     def decode(self, stored):
         """A value as Optuna stored it, back in the config's terms."""
-        if self.type == "categorical" and isinstance(stored, str) and json.dumps(stored) not in map(json.dumps, self.choices):
+        if (self.type == "categorical" and isinstance(stored, str)
+                and json.dumps(stored) not in map(json.dumps, self.choices)):
             return json.loads(stored)
         return stored
 
@@ -124,8 +125,10 @@ def _parameter(name: str, spec, path: Path) -> Parameter:   # noqa: C901 - one c
         if bound not in spec:
             raise ConfigError(f"{where}: a {kind} parameter needs low and high")
         number = spec[bound]
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or (kind == "int" and not isinstance(number, int)):
-            raise ConfigError(f"{where}: {bound} must be {'an integer' if kind == 'int' else 'a number'} (got {number!r})")
+        if (isinstance(number, bool) or not isinstance(number, (int, float))
+                or (kind == "int" and not isinstance(number, int))):
+            raise ConfigError(f"{where}: {bound} must be {'an integer' if kind == 'int' else 'a number'} (got "
+                              f"{number!r})")
     low, high = spec["low"], spec["high"]
     if low > high:
         raise ConfigError(f"{where}: low ({low}) is greater than high ({high})")

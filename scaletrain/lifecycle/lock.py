@@ -31,7 +31,8 @@ class FolderLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:     # a full disk (no room for the file's entry), a read-only folder
-            raise write_failed(self.path, exc, "the run folder's lock", then="run again (nothing was trained)") from None
+            raise write_failed(self.path, exc, "the run folder's lock",
+                               then="run again (nothing was trained)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -207,9 +207,9 @@ def _decide_folder(cfg: TrainConfig, env, undecided: Collection[str]) -> RunPlan
         return RunPlan(folder, "new", run_id)
     if cfg.overwrite:
         return RunPlan(folder, "overwrite", run_id)
-    raise UserError(f"run folder {folder} already holds run {folder.run_id or '?'} ({folder.status or 'status unknown'}); "
-                    "continue it with --resume auto, start afresh there with --overwrite (deletes its files), "
-                    "or pass another --run-dir")
+    raise UserError(f"run folder {folder} already holds run {folder.run_id or '?'} "
+                    f"({folder.status or 'status unknown'}); continue it with --resume auto, start afresh there with "
+                    "--overwrite (deletes its files), or pass another --run-dir")
 
 
 class TakenFolder:

@@ -23,7 +23,8 @@ def locked_differences(saved: TrainConfig, given: TrainConfig) -> dict[str, tupl
     """{dotted key: (saved value, given value)} for every key that differs and may not change."""
     a, b = flatten_mapping(to_mapping(saved)), flatten_mapping(to_mapping(given))
     mutable = resumable_keys()
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in mutable and not _same(a.get(k), b.get(k))}
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if k not in mutable and not _same(a.get(k), b.get(k))}
 
 
 def _same(a, b) -> bool:

@@ -304,8 +304,8 @@ class Run:
         n_params = sum(p.numel() for p in trainer.model.parameters())
         console.print(f"scaletrain: {cfg.model.name} ({n_params / 1e6:.2f}M params) on {dataset.name} "
                       f"({dataset.describe_splits()}, {trainer.task.name}), {cfg.precision.policy} on "
-                      f"{device_label(trainer.device)}, strategy {strategy.name}, {self.plan.describe()} {self.run_id} in "
-                      f"{self.plan.folder}", soft_wrap=True)
+                      f"{device_label(trainer.device)}, strategy {strategy.name}, {self.plan.describe()} "
+                      f"{self.run_id} in {self.plan.folder}", soft_wrap=True)
         console.print(f"batch: {trainer.batch.describe()}", soft_wrap=True)
         console.print(f"settings: {describe_settings(settings)}", soft_wrap=True)
         if strategy.describe():

@@ -123,7 +123,8 @@ class BatchSizeFinder:
             raise ConfigError(f"even a batch of {start} per device does not fit"
                               + (f" in --memory-limit {self.memory_limit} bytes" if self.memory_limit else ""))
         result = BatchSizeResult(max_batch_size=good, recommended_batch_size=recommended(good, self.margin),
-                                 devices=t.layout.workers, replicas=replicas, margin=self.margin, memory_limit=self.memory_limit,
+                                 devices=t.layout.workers, replicas=replicas, margin=self.margin,
+                                 memory_limit=self.memory_limit,
                                  trials=[self.trials[k] for k in sorted(self.trials)],
                                  limited_by=limit_name if good == max_batch else None)
         if global_batch is not None:

@@ -51,7 +51,7 @@ def layer_costs(model: nn.Module, example: torch.Tensor) -> list[LayerCost]:
     for name, layer in pipeline_layers(model):
         saved: dict[int, int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor, saved: dict[int, int] = saved) -> torch.Tensor:   # this layer's dict, bound
             if id(t) not in params and not isinstance(t, nn.Parameter):
                 saved[id(t)] = t.numel() * t.element_size()
             return t

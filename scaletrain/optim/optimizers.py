@@ -61,8 +61,8 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device, capturable: boo
             # Fused SGD has no sharding rule for DTensors (torch registers fused Adam/AdamW only), and
             # the unfused one reads a tensor LR back to the host every step.
             raise ConfigError("SGD cannot update sharded (DTensor) parameters here: torch has no sharded fused SGD; "
-                              "use AdamW (--optimizer adamw, or in a LightningModule's configure_optimizers), or a strategy that keeps "
-                              "whole parameters (ddp, zero1)")
+                              "use AdamW (--optimizer adamw, or in a LightningModule's configure_optimizers), or a "
+                              "strategy that keeps whole parameters (ddp, zero1)")
         opt = torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=True)
         if cfg.momentum > 0:
             # Fused SGD that skips its very first step (found_inf) leaves an uninitialised

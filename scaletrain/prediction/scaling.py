@@ -125,8 +125,8 @@ class ScalingInputs:
                 return RING_VOLUME[kind]
             from scaletrain.distributed.partition import partition_by_size
             owners = partition_by_size(list(self.tensor_bytes), devices)
-            loads = sorted((sum(b for b, o in zip(self.tensor_bytes, owners, strict=True) if o == r) for r in range(devices)),
-                           reverse=True)
+            loads = sorted((sum(b for b, o in zip(self.tensor_bytes, owners, strict=True) if o == r)
+                            for r in range(devices)), reverse=True)
             # Two owners' broadcasts to each other do not overlap: between 2 hosts the step paid
             # their sum (293.5 ms over the link switch, 296.7 over tbf; the largest alone
             # predicted 250.6), between 4 the largest owner's sends to its 3 peers (BENCHMARKS.md).
@@ -188,7 +188,8 @@ def predict(inputs: ScalingInputs, devices: int) -> ScalingPoint:
     if inputs.shared_cores:
         exposed_overlappable = overlappable
     elif scheduled and n > 1:
-        exposed_overlappable = _exposed_after_backward(buckets, overlappable, inputs.overlap_window * inputs.step_time_s)
+        exposed_overlappable = _exposed_after_backward(buckets, overlappable,
+                                                       inputs.overlap_window * inputs.step_time_s)
     else:
         exposed_overlappable = overlappable - min(inputs.overlap * overlappable,
                                                   inputs.overlap_window * inputs.step_time_s)
@@ -297,8 +298,9 @@ def predict_pipeline(step_time_s: float, stages: int, microbatches: int, activat
 
     the stages' compute balanced (each does 1/P of the work, in M slices, over M + P - 1 slots of
     the schedule), plus each slot's send of a micro-batch's activations forward and their gradient
-    back (`activation_bytes` a: one stage boundary's activations for the whole batch, over `link`). 1F1B has the same bubble as GPipe;
-    it saves memory (at most P micro-batches in flight instead of M), not time."""
+    back (`activation_bytes` a: one stage boundary's activations for the whole batch, over `link`).
+    1F1B has the same bubble as GPipe; it saves memory (at most P micro-batches in flight instead of
+    M), not time."""
     p, m = stages, microbatches
     slots = m + p - 1
     compute = step_time_s / p * slots / m

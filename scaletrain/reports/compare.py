@@ -170,7 +170,8 @@ def list_table(records: list[RunRecord]) -> Table:
     table = Table(title=f"{len(records)} runs")
     for header in ("run", "created", "status", "group", "model", "data", "precision", "batch", "best acc",
                    "train time", "images/sec"):
-        table.add_column(header, justify="right" if header in ("batch", "best acc", "train time", "images/sec") else "left")
+        numeric = header in ("batch", "best acc", "train time", "images/sec")
+        table.add_column(header, justify="right" if numeric else "left")
     by_header = {c.header: c for c in COLUMNS}
     for r in records:
         table.add_row(r.id, datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S"), r.display_status,

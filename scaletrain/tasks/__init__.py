@@ -15,5 +15,5 @@ from scaletrain.tasks.base import (
     targets_of,
 )
 
-__all__ = ["TASKS", "Task", "build_task", "check_validation", "checked_loss", "checked_sums", "checked_task", "computes_own_loss", "register_task",
-           "targets_of"]
+__all__ = ["TASKS", "Task", "build_task", "check_validation", "checked_loss", "checked_sums", "checked_task",
+           "computes_own_loss", "register_task", "targets_of"]

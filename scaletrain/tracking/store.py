@@ -167,7 +167,8 @@ class RunStore:
                                 "or pass --store PATH")
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif self.path.is_dir():
-            raise UserError(f"run store {self.path} is a folder; pass the path of the SQLite file (e.g. {self.path / 'runs.db'})")
+            raise UserError(f"run store {self.path} is a folder; pass the path of the SQLite file (e.g. "
+                            f"{self.path / 'runs.db'})")
         self.timeout_s = timeout_s
         try:
             self._conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
@@ -308,7 +309,8 @@ class RunStore:
         row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (f"chosen:{group}",)).fetchone()
         return row[0] if row else None
 
-    _COLUMNS = "id, created_at, updated_at, status, group_name, name, run_dir, host, pid, config, environment, summary, error"
+    _COLUMNS = ("id, created_at, updated_at, status, group_name, name, run_dir, host, pid, config, environment, "
+                "summary, error")
 
     @staticmethod
     def _record(row) -> RunRecord:
@@ -339,7 +341,8 @@ class RunStore:
         rows = self._conn.execute("SELECT id FROM runs WHERE substr(id, 1, ?) = ? ORDER BY id",
                                   (len(run_id), run_id)).fetchall()
         if not rows:
-            raise UserError(f"no run '{run_id}' in {self.path}; `scaletrain runs list --store {self.path}` shows the ids")
+            raise UserError(f"no run '{run_id}' in {self.path}; `scaletrain runs list --store {self.path}` shows the "
+                            "ids")
         if len(rows) > 1 and rows[0][0] != run_id:
             ids = ", ".join(r[0] for r in rows[:5])
             raise UserError(f"run id prefix '{run_id}' is ambiguous ({ids}{', ...' if len(rows) > 5 else ''}); "

@@ -44,8 +44,8 @@ def keep_freed_memory() -> Setting:
         _done = Setting("malloc", "as is", "auto: not glibc's")
         return _done
     ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-    _done = (Setting("malloc", "freed blocks kept for reuse", "auto: glibc's mmap threshold 64 MiB and trim threshold 1 GiB, "
-                                                              "MALLOC_MMAP_THRESHOLD_ sets your own")
+    _done = (Setting("malloc", "freed blocks kept for reuse", "auto: glibc's mmap threshold 64 MiB and trim "
+                                                              "threshold 1 GiB, MALLOC_MMAP_THRESHOLD_ sets your own")
              if ok else Setting("malloc", "as is", "auto: glibc refused the thresholds"))
     return _done
 
@@ -53,7 +53,7 @@ def keep_freed_memory() -> Setting:
 def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version       # glibc's own: musl and others have no mallopt thresholds
+        libc.gnu_get_libc_version  # noqa: B018 - glibc's own: musl and others have no mallopt thresholds
         return libc
     except (OSError, AttributeError):
         return None

@@ -75,8 +75,9 @@ def task_for(cfg: TrainConfig, dataset: Dataset) -> Task:
 def _check_model_on_meta(cfg: TrainConfig, dataset: Dataset, task: Task, outputs: int) -> str | None:
     """What the model on the meta device shows before anything is allocated: one too big to build
     at all, and (a forward of two samples' shapes) fewer outputs than the labels need, each one
-    line; more outputs than classes is a note, returned. A model that cannot be built or run there (its constructor or forward reads a tensor's
-    values, a layer cannot take the samples) is built and run for real, and raises its own error."""
+    line; more outputs than classes is a note, returned. A model that cannot be built or run there
+    (its constructor or forward reads a tensor's values, a layer cannot take the samples) is built
+    and run for real, and raises its own error."""
     try:
         model = meta_model(cfg, (dataset.input_shape, outputs))
     except Exception:

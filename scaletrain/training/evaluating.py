@@ -97,7 +97,8 @@ class Evaluating:
         split = as_split(data, "predict input")
         start, end = self.layout.evaluation_range(len(split))
         self.model.eval()
-        pad = self.normalizer.to(self.device)(map_inputs(lambda t: t.to(self.device), split.head(1).x))   # forwards a share without samples still runs
+        # A sample to pad with: a replica whose share has no samples still runs the forwards.
+        pad = self.normalizer.to(self.device)(map_inputs(lambda t: t.to(self.device), split.head(1).x))
         return self._predictions(self.loader(split, train=False, predict=True), pad, start, len(split))
 
     def _predictions(self, batches, pad: Inputs, start: int, samples: int) -> torch.Tensor:

@@ -15,9 +15,9 @@ line says why ("inconclusive": the noise, the load). The probe costs at most `pr
 run's predicted time (PROBE_CAP_S at most), counted from the reference's first copy on (whose
 build and first step pay the process's one-time costs the run would pay anyway): a run whose step
 count alone says it is too short is not probed at all; one whose measured step says so stops
-after the reference's two copies. A decision is kept in the user's cache
-folder (probe_cache.py; what a run asks and takes from it: probe_settings.py) under the model's structure, input, batch, device, threads and torch version,
-so the next run of the same model starts at once.
+after the reference's two copies. A decision is kept in the user's cache folder (probe_cache.py;
+what a run asks and takes from it: probe_settings.py) under the model's structure, input, batch,
+device, threads and torch version, so the next run of the same model starts at once.
 """
 
 from __future__ import annotations
@@ -288,7 +288,8 @@ def decide_compile(policy: str, conf: Confirmation, departure: float | None, com
         return False, f"probed, off: {head}, slower in every round", figures
     if not conf.wins:
         return False, (f"probed, off: {head}, inconclusive: beyond the noise (±{conf.band:.0%}) in "
-                       f"{conf.rounds_beyond_noise} of {len(conf.ratios)} rounds, {conf.required_rounds} needed"), figures
+                       f"{conf.rounds_beyond_noise} of {len(conf.ratios)} rounds, {conf.required_rounds} "
+                       "needed"), figures
     if saved < COMPILE_MARGIN * compile_s:
         return False, (f"probed, off: {head}, but its {compile_s:.0f} s {switch.cost} would save {saved:.0f} s over "
                        f"{run_steps:,} steps ({COMPILE_MARGIN:g}x its cost needed)"), figures

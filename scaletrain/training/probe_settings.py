@@ -63,7 +63,8 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
             cfg.precision.policy = out["precision"].value
         if "compile" in out:
             cfg.compile = bool(out["compile"].value)
-        if out.get(GRAPHS.setting) is not None and out[GRAPHS.setting].value:   # off: None says it (one step per execution)
+        # Only where on: off is the configuration's None already (one step per execution).
+        if out.get(GRAPHS.setting) is not None and out[GRAPHS.setting].value:
             cfg.cuda_graphs = True
         return list(out.values())
 
@@ -73,7 +74,8 @@ def probed_settings(cfg, dataset, task, settings: list[Setting], run_id: str, de
         return settled(_unprobed("not probed: the data's length is unknown", precision if candidates else None,
                                  compiling, graphs)), 0.0
     threads = set_thread_pools(cfg).setting.value     # the run's count: the arms run with it
-    questions = [reference, *candidates, *([COMPILED] if compile_asked else []), *([GRAPHS.key] if graphs_asked else [])]
+    questions = [reference, *candidates, *([COMPILED] if compile_asked else []),
+                 *([GRAPHS.key] if graphs_asked else [])]
     key = _key(cfg, dataset, batch, f"{facts.kind} {facts.name}", threads, questions)
     # First the cache: a run too short to repay a probe still takes what a longer run of the same
     # model here measured (or `--probe-share 1` did once). A question the kept entry left open (a

@@ -45,7 +45,7 @@ def loss_departure(mine: list[float], reference: list[float]) -> float | None:
     """How far a contestant's losses strayed from the reference's over the same steps: the largest
     relative difference (nan or inf where a loss was not finite), None with nothing to compare.
     Autotune's loss check and the probe's (tolerances above)."""
-    pairs = list(zip(mine, reference, strict=False))
+    pairs = list(zip(mine, reference, strict=False))    # an arm that failed mid-way: the steps both ran
     return max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs) if pairs else None
 
 

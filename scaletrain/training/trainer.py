@@ -129,7 +129,7 @@ class Trainer(Evaluating):
         # run_training prints these once.
         self.advice = (precision_warnings(self.policy, facts) + self.policy.notes(self.model, cfg.precision)
                        # Tensor cores are a GPU's: on a CPU (where the probe may choose bf16) the sizes do not matter.
-                       + (alignment_warnings(self.model, self.policy.name, self.batch.per_replica // self.batch.accum_steps)
+                       + (alignment_warnings(self.model, self.policy.name, self.batch.micro_batch)
                           if self.device.type == "cuda" else [])
                        + ([model.describe_optimizer(cfg.optim)] if own_optim else [])
                        + ([f"--grad-compression {cfg.distributed.grad_compression} compresses what processes "
@@ -278,8 +278,9 @@ class Trainer(Evaluating):
         if train:
             batch, shard = self.batch.per_replica, dict(rank=layout.replica_rank, world_size=layout.replicas)
             if not data.drop_last and layout.replicas > 1:   # a job of several processes started outside --nproc
-                raise ConfigError(f"config key 'data.drop_last' false trains a smaller last step, but {layout.replicas} "
-                                  "replicas take equal shares of every batch; keep drop_last (the default)")
+                raise ConfigError("config key 'data.drop_last' false trains a smaller last step, but "
+                                  f"{layout.replicas} replicas take equal shares of every batch; keep drop_last (the "
+                                  "default)")
         else:
             # Each replica evaluates one contiguous range; the sums are all-reduced afterwards.
             start, end = layout.evaluation_range(len(split))

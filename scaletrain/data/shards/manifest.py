@@ -69,7 +69,8 @@ def schema_problem(body: dict) -> str | None:   # noqa: C901 - one check per fie
         size = math.prod(shape)
         for key, values in (("mean", mean), ("std", std)):
             if not (isinstance(values, list) and len(values) == size
-                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                            for v in values)):
                 return f"{key} must be {size} finite numbers (stats_shape {shape})"
         if any(v <= 0 for v in std):
             return "std must be positive"

@@ -6,10 +6,11 @@ two-stage pipeline (ranks 0-1 and 2-3). Along `tp`, DTensor's `parallelize_modul
 repeated block's attention and MLP column-/row-wise (the block states its plan as `TP_PLAN`).
 Along `pp`, the model's layers (`pipeline_layers`) are cut into stages balanced by what each
 layer costs, its FLOPs and memory at the run's micro-batch (measured on the meta device before
-`wrap`: the `CostBalancing` capability; distributed/partition.py), and `torch.distributed.pipelining` runs a GPipe, 1F1B or
-interleaved-1F1B schedule over micro-batches. Along `dp`, gradients are averaged over the replica
-group after the step's backward (one all-reduce per dtype of a flattened buffer; DDP's reducer
-does not take DTensor parameters, and on a pipeline its overlap is mostly lost to the bubble).
+`wrap`: the `CostBalancing` capability; distributed/partition.py), and
+`torch.distributed.pipelining` runs a GPipe, 1F1B or interleaved-1F1B schedule over micro-batches.
+Along `dp`, gradients are averaged over the replica group after the step's backward (one
+all-reduce per dtype of a flattened buffer; DDP's reducer does not take DTensor parameters, and on
+a pipeline its overlap is mostly lost to the bubble).
 
 Each process keeps the trainer's model with the layers of other stages replaced by empty
 `nn.Identity()`s, so parameter names (state dicts, checkpoints, optimizer state) are the full

@@ -16,9 +16,11 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 class PipelineOptions:
     """[distributed.pipeline]: processes = replicas x stages x tensor-parallel degree."""
     stages: int = _f(1, "pipeline stages per replica (--strategy pipeline)", ge=1)
-    microbatches: int | None = _f(None, "micro-batches per step flowing through the pipeline (default: 2 x stages)", ge=1)
+    microbatches: int | None = _f(None, "micro-batches per step flowing through the pipeline (default: 2 x stages)",
+                                  ge=1)
     schedule: str = _f("1f1b", "pipeline schedule: gpipe, 1f1b or interleaved-1f1b", choices=PIPELINE_SCHEDULES)
-    virtual_stages: int = _f(2, "interleaved-1f1b: stages each process holds (the model is cut into stages x this)", ge=1)
+    virtual_stages: int = _f(2, "interleaved-1f1b: stages each process holds (the model is cut into stages x this)",
+                             ge=1)
     split_points: list[str] = _f([], "layer names where the 2nd, 3rd, ... stage begins, e.g. blocks.2 (default: "
                                      "balanced by parameter count)")
 

@@ -34,7 +34,8 @@ class Spmd(Strategy):
         return None
 
     def setup(self, device_request: str) -> torch.device:
-        xla.use_spmd()   # (device_types: the Trainer and the launch refuse any other device first)   # before any XLA tensor exists
+        # Before any XLA tensor exists (device_types: the Trainer and the launch refuse any other device first).
+        xla.use_spmd()
         self.device = xla.device()
         self.devices = xla.device_count()
         self.mesh = xla.batch_mesh(self.devices)

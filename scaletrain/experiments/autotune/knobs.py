@@ -106,7 +106,8 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
     """The knobs worth turning for `cfg` on `device`, each with two or more values."""
     cuda = device.type == "cuda"
     knobs = [
-        Knob("precision.policy", _with_baseline_first(cfg, "precision.policy", _precisions(device, cfg.precision)), numerics=True,
+        Knob("precision.policy", _with_baseline_first(cfg, "precision.policy", _precisions(device, cfg.precision)),
+             numerics=True,
              first=True),
         Knob("compile", _with_baseline_first(cfg, "compile", (False, True))),
     ]
@@ -124,8 +125,8 @@ def system_knobs(cfg: TrainConfig, device: torch.device, facts: ModelFacts, stre
     replicas_batch = cfg.per_replica_batch_size or cfg.batch_size
     accumulation = [a for a in (1, 2, 4) if replicas_batch % (a * max(cfg.optim.grad_accum_steps, 1)) == 0
                     or a == cfg.optim.grad_accum_steps]
-    knobs.append(Knob("optim.grad_accum_steps", _with_baseline_first(cfg, "optim.grad_accum_steps",
-                                                                     tuple(a for a in accumulation if replicas_batch % a == 0))))
+    dividing = tuple(a for a in accumulation if replicas_batch % a == 0)
+    knobs.append(Knob("optim.grad_accum_steps", _with_baseline_first(cfg, "optim.grad_accum_steps", dividing)))
     if streamed:
         knobs.append(Knob("data.num_workers", _with_baseline_first(cfg, "data.num_workers", (0, 2))))
     if facts.convolutions_2d:
@@ -154,7 +155,8 @@ def first_candidates(knobs: list[Knob], kept: list[dict]) -> list[dict]:
 
 def candidates(knobs: list[Knob]) -> list[dict]:
     """Every combination of the knobs' values, the baseline (all first values) first."""
-    return [dict(zip((k.key for k in knobs), combo, strict=True)) for combo in itertools.product(*(k.values for k in knobs))]
+    return [dict(zip((k.key for k in knobs), combo, strict=True))
+            for combo in itertools.product(*(k.values for k in knobs))]
 
 
 def apply(cfg: TrainConfig, values: dict) -> TrainConfig:

@@ -57,6 +57,6 @@ def check_budget_holds_one(base, s: AutotuneSettings, dataset, deadline: float |
         return
     enough = math.ceil(3 * predicted / 10) * 10     # the given configuration and two candidates, at the least
     raise UserError(f"--budget-s {s.budget_s:g} cannot hold one candidate: measuring the given configuration is "
-                    f"predicted to take {predicted:.0f} s here ({steps} steps at {step_s * 1000:.0f} ms, timed just now, "
-                    f"and {startup:.0f} s to start its process), {left:.0f} s are left; give --budget-s {enough} or "
-                    "more, or fewer --steps")
+                    f"predicted to take {predicted:.0f} s here ({steps} steps at {step_s * 1000:.0f} ms, timed just "
+                    f"now, and {startup:.0f} s to start its process), {left:.0f} s are left; give --budget-s {enough} "
+                    "or more, or fewer --steps")

@@ -121,7 +121,8 @@ class AutoTuner:
         # The batch size is what time to target is about: searched under that objective whatever
         # --knobs names (the docs say so), the given batch first.
         always = {"batch_size"} if settings.objective is TIME_TO_TARGET else set()
-        self.knobs: list[Knob] = [k for k in knobs if not settings.only or k.label in settings.only or k.label in always]
+        self.knobs: list[Knob] = [k for k in knobs
+                                  if not settings.only or k.label in settings.only or k.label in always]
         self.grid = candidates(self.knobs)
         self.memory = settings.device_memory or device_memory(self.device)
         self.storage_url = f"sqlite:///{(settings.out / 'autotune.db').resolve()}"
@@ -221,8 +222,9 @@ class AutoTuner:
                     break
                 reserve = self.runs.confirmation_reserve(rows, given_key)
                 if reserve is not None and time.perf_counter() + reserve >= self.deadline:
-                    self.console.print(f"searching stops here: the rest of --budget-s ({self.deadline - time.perf_counter():.0f} s) "
-                                       f"is the confirmation's (about {reserve:.0f} s)", soft_wrap=True)
+                    self.console.print("searching stops here: the rest of --budget-s "
+                                       f"({self.deadline - time.perf_counter():.0f} s) is the confirmation's (about "
+                                       f"{reserve:.0f} s)", soft_wrap=True)
                     break
                 trial = study.ask()
                 params = {key: json.loads(v) for key, v in self._suggest(trial).items()}
@@ -349,7 +351,8 @@ class AutoTuner:
             caption.append(f"{len(untried)} more candidates not measured (--trials {self.s.trials})")
         table.caption = "\n".join(caption) or None
         (self.s.out / "autotune.json").write_text(json.dumps(
-            {"objective": objective.name, "baseline": self.grid[0], "knobs": {k.key: list(k.values) for k in self.knobs},
+            {"objective": objective.name, "baseline": self.grid[0],
+             "knobs": {k.key: list(k.values) for k in self.knobs},
              "noise_floor": self.noise or None,
              "best": None if best is None else best.params, "rows": [_row_dict(r) for r in rows]},
             indent=2, default=str))

@@ -94,7 +94,8 @@ class AutotuneSettings:
             out.append(f"--test-tolerance must be 0 or a positive number (got {self.test_tolerance})")
         if self.finalists < 1:
             out.append(f"--finalists must be at least 1 (got {self.finalists})")
-        for flag, value in (("--loss-tolerance", self.loss_tolerance), ("--loss-tolerance-16bit", self.loss_tolerance_16bit)):
+        for flag, value in (("--loss-tolerance", self.loss_tolerance),
+                            ("--loss-tolerance-16bit", self.loss_tolerance_16bit)):
             if not (value > 0 and math.isfinite(value)):
                 out.append(f"{flag} must be a positive fraction (got {value})")
         return out
@@ -136,7 +137,8 @@ def row_key(params: dict) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def measuring_config(cfg: TrainConfig, s: AutotuneSettings, train_samples: int, steps: int | None = None) -> TrainConfig:
+def measuring_config(cfg: TrainConfig, s: AutotuneSettings, train_samples: int,
+                     steps: int | None = None) -> TrainConfig:
     """For throughput, `cfg` cut to the measured window: the same seeded steps for every
     candidate (`steps` per epoch, else --steps), nothing but training inside it (no evaluation or
     target). For time to target, the whole training, stopped where validation first reaches the

@@ -17,11 +17,13 @@ class PSOptions:
     ps_mode: str = _f("sync", "--strategy ps: sync (every step waits for the workers' gradients) or async (each "
                       "gradient is applied as it arrives)", choices=("sync", "async"), training_only=True)
     backup_workers: int = _f(0, "--strategy ps: an epoch ends once all but B workers have finished their share (the "
-                             "rest of the others' is dropped); in sync mode each step also applies the first "
-                             "workers - B gradients and drops the late ones. Nothing waits for the slowest B", ge=0, training_only=True)
+                             "rest of the others' is dropped); in sync mode each step also applies the first workers "
+                             "- B gradients and drops the late ones. Nothing waits for the slowest B", ge=0,
+                             training_only=True)
     max_staleness: int | None = _f(None, "--ps-mode async: drop gradients computed on parameters more than this many "
                                    "updates old", ge=0, training_only=True)
-    stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness", training_only=True)
+    stale_lr: bool = _f(False, "--ps-mode async: divide the learning rate by 1 + the gradient's staleness",
+                        training_only=True)
     sync_warmup_epochs: int = _f(0, "--ps-mode async: train the first N epochs in sync mode (a warm-up on one "
                                  "consistent model before gradients can be stale)", ge=0, training_only=True)
     ps_roll_call_s: float = _f(5.0, "--strategy ps, async or backups: after a failed collective of the workers, how "
