@@ -204,7 +204,7 @@ def test_lr_schedule_module_without_a_lightning_module_is_one_line_before_the_ru
 def test_a_lightning_module_through_the_cli(tmp_path):
     """Its DataModule's loaders give the splits; a target on a metric it logs stops the run; an
     optimizer flag its configure_optimizers sets is refused before anything starts; then ddp on two
-    processes, plan-memory, autotune and scaling on it."""
+    processes, an ensemble of two runs, plan-memory, autotune and scaling on it."""
     result = run(["train", *LIT, "--batch-size", "64", "--epochs", "6", "--target", "0.85", "--target-metric", "acc",
                   "--run-dir", tmp_path / "one"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -248,6 +248,11 @@ def test_a_lightning_module_through_the_cli(tmp_path):
                "--run-dir", tmp_path / "ddp"], tmp_path)
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     assert summary(tmp_path / "ddp")["world_size"] == 2
+    # Two modules' mean class probabilities, scored as the data's classification (their own metrics
+    # are what validation_step logs, which a mean of predictions does not carry).
+    combined = run(["ensemble", reported["run_id"], summary(tmp_path / "ddp")["run_id"]], tmp_path)
+    assert combined.returncode == 0, combined.stderr[-2000:]
+    assert "averaged probabilities" in combined.stdout and "test accuracy" in combined.stdout
     # fsdp shards it as any model (AdamW: torch has no sharded fused SGD, tests/test_sharded.py).
     fsdp = run(["train", "--model", "lit_classifier:LitAdam", *LIT[2:], "--batch-size", "128", "--epochs", "2",
                 "--nproc", "2", "--strategy", "fsdp", "--run-dir", tmp_path / "fsdp"], tmp_path)

@@ -264,9 +264,11 @@ class LightningTask(Task):
         return {m: total / weight if weight else float("nan")
                 for m, total, weight in zip(self.logged, sums[:k], sums[k:], strict=True)}
 
-    @classmethod
-    def scores_predictions(cls) -> str:
-        return "its metrics are what validation_step logs, which predictions (a mean of several models') do not carry"
+    def scored_as(self) -> Task:
+        """Its metrics are what validation_step logs, which a mean of several modules' predictions
+        does not carry: those are scored as the data's task scores them (accuracy and loss of
+        class probabilities)."""
+        return self.data_task
 
     def predictions(self, output):
         """The module's forward on the inputs, as the data's task reads outputs (class probabilities

@@ -145,8 +145,9 @@ def _predict_member(record: RunRecord, device: str, data_dir: str | None, datase
 
 def _combine(records: list[RunRecord], predictions: list[torch.Tensor], scoring: Task, dataset,
              processes: int) -> EnsembleResult:
-    """The members' and the mean prediction's metrics by the runs' task; `predictions` in member
-    order."""
+    """The members' and the mean prediction's metrics by the runs' task (or the task it is scored
+    as: a LightningModule's, the data's); `predictions` in member order."""
+    scoring = scoring.scored_as()
     _check_scorable(scoring.name, scoring)
     split = dataset.test
     targets = split.y if hasattr(split, "y") else split.head(len(split)).y

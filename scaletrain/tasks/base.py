@@ -117,6 +117,12 @@ class Task(ABC):
                     "predictions (docs/your-task.md)")
         return ""
 
+    def scored_as(self) -> Task:
+        """The task whose metrics score this task's predictions (an ensemble's mean of several
+        models' among them): itself, or, where its own metrics are not a function of its
+        predictions (a LightningModule's logged ones), the data's task its predictions are made as."""
+        return self
+
     def output_size(self, dataset) -> int:
         """The model's output width for this data set: one per real-valued target, else the classes
         (the vocabulary for token ids)."""
