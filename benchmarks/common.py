@@ -39,3 +39,18 @@ def print_epochs(times: dict[str, list[float]]) -> None:
     for name, values in times.items():
         s = spread([v * 1e3 for v in values])
         print(f"{name:{width}s} epoch {s['median']:8.1f} ms (min {s['min']:.1f}, max {s['max']:.1f})")
+
+
+def slow_worker(delay_s: float, model: str = "mlp") -> list[str]:
+    """Flags that make rank 1 a slow worker on purpose: `model` whose training forwards sleep
+    `delay_s` there (tests/plugins/faulty_models.py; the command's environment needs
+    `with_plugins`)."""
+    return ["--model", "faulty_models:slow_worker", "--model-option", f"model={model}",
+            "--model-option", f"delay_s={delay_s}"]
+
+
+def with_plugins(env: dict) -> dict:
+    """`env` with the tests' plugins (tests/plugins) on PYTHONPATH."""
+    from pathlib import Path
+    plugins = str(Path(__file__).resolve().parents[1] / "tests" / "plugins")
+    return {**env, "PYTHONPATH": ":".join(filter(None, [plugins, env.get("PYTHONPATH")]))}

@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import spread  # noqa: E402
+from benchmarks.common import slow_worker, spread, with_plugins  # noqa: E402
 
 BASE = ["--model", "mlp", "--model-option", "hidden=[64]", "--data", "digits", "--no-progress", "--no-record",
         "--target-accuracy", "0.999", "--lr", "0.003", "--batch-size", "66", "--no-save-model"]
 
 
 def setups(delay: float) -> dict[str, list[str]]:
-    slow = ["--ps-worker-delay-s", str(delay)]
+    slow = slow_worker(delay)
     return {
         "ddp, 3 ranks (no delay)": ["--strategy", "ddp", "--nproc", "3"],
         "ps sync (no delay)": ["--strategy", "ps", "--nproc", "4"],
@@ -47,7 +47,7 @@ def one(root: Path, name: str, args: list[str], epochs: int) -> dict:
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "scaletrain", "train", *BASE, "--epochs", str(epochs), *args,
                              "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=root)
+                            capture_output=True, text=True, env=with_plugins({**os.environ, "OMP_NUM_THREADS": "1"}), cwd=root)
     if result.returncode != 0:
         raise SystemExit(result.stderr[-3000:])
     wall = time.perf_counter() - started
@@ -64,7 +64,7 @@ def one(root: Path, name: str, args: list[str], epochs: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--delay-s", type=float, default=0.05, help="worker 1's sleep before each push")
+    parser.add_argument("--delay-s", type=float, default=0.05, help="worker 1's sleep in each training forward")
     parser.add_argument("--epochs", type=int, default=3,
                         help="per run; the first is not timed. With backups the epoch's end waits for the slow "
                              "worker's step in flight, a wait that depends on where it is: more epochs average it")

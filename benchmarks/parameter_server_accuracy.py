@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import spread  # noqa: E402
+from benchmarks.common import slow_worker, spread, with_plugins  # noqa: E402
 
 BASE = ["--model", "cnn1d", "--data", "mnist1d", "--no-progress", "--epochs", "12", "--batch-size", "126",
         "--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.05", "--lr-schedule", "onecycle",
@@ -36,9 +36,10 @@ TARGET = 0.85
 def one(out: Path, name: str, extra: list[str], delay: float, repeat: int) -> dict:
     run_dir = out / "runs" / f"{name.replace(' ', '').replace(',', '-').replace('+', 'plus')}-{repeat}"
     store = out / "runs.db"
-    result = subprocess.run([sys.executable, "-m", "scaletrain", "train", *BASE, *extra, "--ps-worker-delay-s",
-                             str(delay), "--store", str(store), "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=out)
+    result = subprocess.run([sys.executable, "-m", "scaletrain", "train", *BASE, *extra, *slow_worker(delay, "cnn1d"),
+                             "--store", str(store), "--run-dir", str(run_dir)],
+                            capture_output=True, text=True, env=with_plugins({**os.environ, "OMP_NUM_THREADS": "1"}),
+                            cwd=out)
     if result.returncode != 0:
         raise SystemExit(result.stderr[-3000:])
     from scaletrain.tracking.store import RunStore

@@ -57,7 +57,7 @@ def test_predict_offers_the_layout_flags_and_none_that_only_training_reads():
     flags = {flag for action in parser._actions for flag in action.option_strings}
     assert {"--nproc", "--strategy", "--stages", "--tensor-parallel", "--num-ps", "--device"} <= flags
     assert not flags & {"--grad-compression", "--powersgd-rank", "--sync-batchnorm", "--bucket-cap-mb", "--ps-mode",
-                        "--backup-workers", "--stale-lr", "--ps-worker-delay-s"}
+                        "--backup-workers", "--stale-lr"}
     train = build_parser(only="train").command_parsers["train"]
     assert "--grad-compression" in {flag for action in train._actions for flag in action.option_strings}
 

@@ -37,6 +37,12 @@ pytestmark = pytest.mark.timeout(300)
 COMMON = [*DIGITS_MLP, "--epochs", "2", "--batch-size", "64", "--seed", "3"]
 
 
+def slow_worker(delay_s: float) -> list[str]:
+    """Worker 1 (rank 1) sleeps `delay_s` in each training forward: a slow worker on purpose
+    (tests/plugins/faulty_models.py), the MLP of DIGITS_MLP otherwise."""
+    return ["--model", "faulty_models:slow_worker", "--model-option", f"delay_s={delay_s}"]
+
+
 def _weights(run_dir):
     return torch.load(run_dir / "model.pt", weights_only=True)
 
@@ -101,7 +107,7 @@ def test_a_push_is_one_message_and_a_notice_costs_a_header_not_a_shard(tmp_path)
 @pytest.mark.usefixtures("processes")
 def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
     base = [*DIGITS_MLP, "--batch-size", "66", "--nproc", "4", "--strategy", "ps", "--ps-mode", "async"]
-    free = run(["train", *base, "--epochs", "3", "--sync-warmup-epochs", "1", "--ps-worker-delay-s", "0.002",
+    free = run(["train", *base, "--epochs", "3", "--sync-warmup-epochs", "1", *slow_worker(0.002),
                 "--checkpoint-every", "1000", "--run-dir", str(tmp_path / "a")], tmp_path)
     assert free.returncode == 0, free.stderr
     logs = metrics(tmp_path / "a")
@@ -133,13 +139,13 @@ def test_async_parameter_servers_learn_and_the_staleness_bound_holds(tmp_path):
 @pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_backups_drop_exactly_the_stalled_workers_share_and_never_wait_for_it(tmp_path, mode):
-    """Worker 1 sleeps 1.5 s before each push: with one backup, each epoch ends once workers 0 and 2
+    """Worker 1 sleeps 1.5 s in each step's forward: with one backup, each epoch ends once workers 0 and 2
     have finished their 19 steps; worker 1's single push of the epoch arrives after that and is
     dropped, and the rest of its share is never trained. The epoch lasts one of worker 1's steps
     (the epoch's end waits for the step it is in), not its 19 (28.5 s). The delay leaves the fast
     workers' 19 steps room on a loaded 2-core machine (at 0.5 s, CI once saw them take longer)."""
     result = run(["train", *DIGITS_MLP, "--batch-size", "66", "--epochs", "1", "--nproc", "4", "--strategy", "ps",
-                  "--ps-mode", mode, "--backup-workers", "1", "--ps-worker-delay-s", "1.5",
+                  "--ps-mode", mode, "--backup-workers", "1", *slow_worker(1.5),
                   "--run-dir", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stderr
     logs = metrics(tmp_path / "r")

@@ -28,6 +28,18 @@ def slow_mlp(shape, classes, delay_s=0.01, **options):
     return _Wrapped(MLP(shape, classes, **options), lambda call: time.sleep(delay_s))
 
 
+def slow_worker(shape, classes, model="mlp", rank=1, delay_s=0.01, **options):
+    """The registered model `model` whose training forwards sleep `delay_s` on rank `rank` alone: a
+    slow worker on purpose (parameter servers' staleness and backup workers; the benchmarks of
+    stragglers put this folder on PYTHONPATH too)."""
+    from scaletrain.models.registry import build_model
+
+    def slow(call):
+        if _rank() == rank:
+            time.sleep(delay_s)
+    return _Wrapped(build_model(model, shape, classes, **options), slow)
+
+
 def stepping_mlp(shape, classes, marks="", **options):
     """Writes marks/stepped-PID as its third training forward starts: the warm-up's was the first,
     so the run's first step has ended (a test's sign that the run has trained, and keeps its folder)."""

@@ -29,8 +29,6 @@ class PSOptions:
     ps_roll_call_s: float = _f(5.0, "--strategy ps, async or backups: after a failed collective of the workers, how "
                                "long the survivors wait for each other at the roll call before going on without "
                                "the missing", gt=0, training_only=True)
-    ps_worker_delay_s: float = _f(0.0, "testing and benchmarks: worker 1 sleeps this long before each push (a slow "
-                                  "worker on purpose)", ge=0, training_only=True)
 
     @property
     def survives_lost_workers(self) -> bool:

@@ -261,8 +261,6 @@ class ParameterServerStrategy(ProcessGroupStrategy):
         """One push of this worker's gradient to every server and one pull of its parameters."""
         if not self.live:
             return
-        if self.options.ps_worker_delay_s and self.rank == 1:
-            time.sleep(self.options.ps_worker_delay_s)
         started = time.perf_counter()
         sends, replies = [], []
         for k, shard in enumerate(self.shards):
