@@ -21,8 +21,8 @@ check:
 # setup-system.sh: headless Chromium and PostgreSQL, which tests drive for real. Then every test
 # and every command of README.md and docs/ (doctests/) in one session on two pytest-xdist workers: a
 # test file, or a doc workspace's lines in order, on one of them (module fixtures are built once),
-# the longest first (conftest.py: as long as tests/scope_seconds.json says, which each `make test`
-# rewrites with what it measured and prints the longest of at its end), so the two workers end together.
+# the longest first (conftest.py: as long as the last `make test` here measured, kept in
+# .pytest_cache/, else the committed tests/scope_seconds.json), so the two workers end together.
 # No test claims how fast the machine is (tests/test_architecture.py: a benchmark's claim), so
 # nothing needs the machine to itself. Each target says how long it took (README, "Tests").
 # torch.compile's kernels (inductor's cache) for the tests: in the checkout, not the machine's
@@ -34,7 +34,7 @@ test:
 	bash scripts/setup.sh dev
 	bash scripts/setup-system.sh
 	bash scripts/timed.sh "make test" \
-	  env SCALETRAIN_SCOPE_SECONDS=tests/scope_seconds.json \
+	  env SCALETRAIN_SCOPE_SECONDS=.pytest_cache/scope_seconds.json \
 	  .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests doctests
 
 # Only the commands of README.md and docs/, run as written (shortened as doctests/ says), each doc

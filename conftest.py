@@ -9,8 +9,11 @@ run as two sessions, each left one worker idle for its last minutes.
 
 The lengths are measured, not kept by hand: every session sums each scope's test phases and
 prints the longest at its end; `make test` (SCALETRAIN_SCOPE_SECONDS names the file) writes them
-into tests/scope_seconds.json, which the next session orders by. A scope not in it (a new file)
-starts after those that are, in collection order; a stale figure costs balance, never a result.
+into pytest's cache folder (.pytest_cache/scope_seconds.json, never committed), which the next
+session in this checkout orders by. A fresh clone (CI's) starts from tests/scope_seconds.json, a
+committed copy of one machine's figures, refreshed by hand when the order drifts far. A scope in
+neither (a new file) starts after those that are, in collection order; a stale figure costs
+balance, never a result.
 """
 
 from __future__ import annotations
@@ -24,15 +27,18 @@ import pytest
 
 from tests.processes import starting_processes
 
-MEASURED = Path(__file__).parent / "tests" / "scope_seconds.json"
+SEED = Path(__file__).parent / "tests" / "scope_seconds.json"           # committed: a fresh clone's order
+MEASURED = Path(__file__).parent / ".pytest_cache" / "scope_seconds.json"  # this checkout's last make test
 SHOWN = 15     # the longest scopes the end of a session lists
 
 
 def _measured() -> dict[str, float]:
-    try:
-        return {str(k): float(v) for k, v in json.loads(MEASURED.read_text()).items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
+    for path in (MEASURED, SEED):
+        try:
+            return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            continue
+    return {}
 
 
 SCOPE_SECONDS = _measured()
@@ -66,6 +72,7 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     record = os.environ.get("SCALETRAIN_SCOPE_SECONDS")
     if record:   # the scopes this session ran replace their figures; the others keep theirs
         merged = {**_measured(), **{name: round(seconds, 1) for name, seconds in _took.items()}}
+        Path(record).parent.mkdir(parents=True, exist_ok=True)
         Path(record).write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 
