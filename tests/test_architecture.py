@@ -555,6 +555,35 @@ def test_data_asks_a_task_its_questions_never_its_name():
     assert branches == [], branches
 
 
+def test_the_task_is_chosen_in_tasks_alone():
+    """Which task a run trains (the one named, the model's own, its own loss, the data's) is
+    `tasks.build_task`'s decision: no module outside tasks/ compares a configuration's task with a
+    name. (The data's own task, read off its targets, is data/'s: `infer_task`.)"""
+    compared = []
+    for path in PACKAGE.rglob("*.py"):
+        if "tasks" in path.relative_to(PACKAGE).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Attribute) and s.attr == "task" for s in sides) and any(
+                        isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides):
+                    compared.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert compared == [], compared
+
+
+def test_the_serving_rule_is_written_once():
+    """Whether a strategy may train a model that brings its own optimizer (parameter servers build
+    theirs from the config) is one function, `own_optimizer_problem`, which the CLI and the Trainer
+    both ask."""
+    defining = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+                if "def own_optimizer_problem" in p.read_text()]
+    assert defining == ["scaletrain/distributed/capabilities.py"], defining
+    askers = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+              if "own_optimizer_problem(" in p.read_text() and "def own_optimizer_problem" not in p.read_text()}
+    assert {"scaletrain/cli/train.py", "scaletrain/training/trainer.py"} <= askers, askers
+
+
 MODULE_LINES = 600   # STYLE.md: readable file sizes; past it a module holds more than one job
 
 

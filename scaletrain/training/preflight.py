@@ -67,7 +67,7 @@ def run_task(cfg: TrainConfig, sample: tuple | None = None):
     from scaletrain.tasks import TASKS, build_task
     shape, outputs, data_task, example = (sample if sample is not None else sample_and_example(cfg.data))[:4]
     model = meta_model(cfg, (shape, outputs))
-    if example is None and cfg.task == "auto":   # what the model's own task reads its metrics off
+    if example is None and hasattr(model, "own_task"):   # what the model's own task reads its metrics off
         example = TASKS.get(data_task)().example_batch(2, shape, outputs, torch.float32)
     return build_task(cfg.task, data_task, model, example)
 
