@@ -551,7 +551,7 @@ def test_a_hugging_face_dataset_trains_as_dict_batches_map_style_and_streamed(tm
 @pytest.mark.timeout(300)
 def test_every_command_reads_a_dataloaders_batch_as_the_batch_that_trains(tmp_path, monkeypatch):
     """A DataLoader of 16 under the default --batch-size 128: the run records 16 (what trains and
-    what a resume continues), plan-memory plans 16 a device, autotune's trials and best.toml hold
+    what a resume continues, `--resume auto` finding it too), plan-memory plans 16 a device, autotune's trials and best.toml hold
     16, and find-batch-size (which builds its own batches) says what to build the DataLoader with."""
     import tomllib
 
@@ -562,6 +562,12 @@ def test_every_command_reads_a_dataloaders_batch_as_the_batch_that_trains(tmp_pa
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert "global batch 16 = 1 replica(s) x 16; 16 per process: the training DataLoader's batch_size" in trained.stdout
     assert json.loads((tmp_path / "r" / "config.json").read_text())["batch_size"] == 16
+    # `--resume auto` with no folder finds such a run though the command names no batch (the run
+    # recorded the DataLoader's 16, the command's default is 128).
+    first = run(["train", *data, "--epochs", "1", "--checkpoint-every", "5"], tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = run(["train", *data, "--epochs", "2", "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0 and "resuming run" in resumed.stdout, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     planned = run_here(["plan-memory", *data, "--devices", "2", "--strategy", "ddp", "--json"], tmp_path)
     assert planned.returncode == 0, planned.stderr
     assert [(p["batch_size"], p["per_device_batch_size"]) for p in json.loads(planned.stdout)] == [(32, 16)]

@@ -137,12 +137,14 @@ def _folder_of_launch(env) -> RunFolder | None:
     return None
 
 
-def latest_resumable(cfg: TrainConfig) -> RunFolder | None:
-    """The newest run under RUNS_ROOT with the same fixed configuration and a complete checkpoint."""
+def latest_resumable(cfg: TrainConfig, unnamed: Collection[str] = ()) -> RunFolder | None:
+    """The newest run under RUNS_ROOT with the same fixed configuration and a complete checkpoint.
+    `unnamed`: fixed keys that the command did not name and that the run may have settled itself
+    (the batch a user's DataLoader fixes), whose difference does not tell two runs apart."""
     for folder in _candidates():
         try:
             saved = folder.config()
-            if saved is None or locked_differences(from_mapping(TrainConfig, saved), cfg):
+            if saved is None or set(locked_differences(from_mapping(TrainConfig, saved), cfg)) - set(unnamed):
                 continue
         except UserError:
             continue
@@ -151,8 +153,9 @@ def latest_resumable(cfg: TrainConfig) -> RunFolder | None:
     return None
 
 
-def resume_source(cfg: TrainConfig, env) -> RunFolder | None:
-    """The run folder a training would continue, or None for a new run (see the module doc)."""
+def resume_source(cfg: TrainConfig, env, unnamed: Collection[str] = ()) -> RunFolder | None:
+    """The run folder a training would continue, or None for a new run (see the module doc);
+    `unnamed`: as `latest_resumable`'s."""
     if env.restart_count > 0:
         folder = RunFolder(cfg.run_dir) if cfg.run_dir else _folder_of_launch(env)
         if folder is not None and folder.holds_run():
@@ -160,7 +163,7 @@ def resume_source(cfg: TrainConfig, env) -> RunFolder | None:
     if cfg.run_dir:
         folder = RunFolder(cfg.run_dir)
         return folder if cfg.checkpoint.resume is not None and folder.holds_run() and not cfg.overwrite else None
-    return latest_resumable(cfg) if cfg.checkpoint.resume == "auto" else None
+    return latest_resumable(cfg, unnamed) if cfg.checkpoint.resume == "auto" else None
 
 
 def check_outputs(cfg: TrainConfig) -> None:

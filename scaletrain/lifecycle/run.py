@@ -101,7 +101,11 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     folders = apply_job_folders(cfg, job_folders())
     saved = None
     if flags is not None:
-        source = resume_source(cfg, env)
+        # A user's data may bring a DataLoader, whose batch the run recorded (start_run): unless the
+        # command names a batch, the batch does not tell `--resume auto`'s runs apart.
+        unnamed = (("batch_size",) if ":" in cfg.data.name and not {"batch_size", "per_replica_batch_size"} & set(flags)
+                   else ())
+        source = resume_source(cfg, env, unnamed)
         saved = source.trusted_config(named=code_names(flags)) if source is not None else None
         if saved is not None:
             cfg = resume_config(saved, flags, str(source))
