@@ -66,7 +66,7 @@ def launch_training(request: RunRequest, argv: list[str], hosts: int = 1) -> int
     from scaletrain.lifecycle.plan import make_checkpointer, plan_run, record_job_end
     from scaletrain.training.preflight import preflight
     cfg, env = request.config, dist_env()
-    plan = plan_run(cfg, env, request.undecided())
+    plan = plan_run(cfg, env, request.undecided(), request.unnamed)
     layout = preflight(cfg, cfg.distributed.nproc * hosts, make_checkpointer(plan, cfg, env))
     code = launch_from_config(cfg, layout, list(argv), str(plan.folder.path), plan.run_id)
     if code == 0 and not _recorded_finished(plan, hosts):

@@ -97,10 +97,10 @@ def _check_only_a_runs(folder: RunFolder) -> None:
                         f"{folder.path / 'run'}")
 
 
-def _check_resumable(cfg: TrainConfig, folder: RunFolder) -> None:
+def _check_resumable(cfg: TrainConfig, folder: RunFolder, unnamed: Collection[str] = ()) -> None:
     saved = folder.config()
     if saved is not None:
-        check_same_run(from_mapping(TrainConfig, saved), cfg, folder)
+        check_same_run(from_mapping(TrainConfig, saved), cfg, folder, unnamed)
     if folder.status == "finished" and not checkpoint_store(cfg, folder).complete():
         raise UserError(f"run {folder.run_id} in {folder} finished and kept no checkpoint to continue from; "
                         "pass --overwrite to start afresh there, or another --run-dir")
@@ -176,27 +176,27 @@ def check_outputs(cfg: TrainConfig) -> None:
         check_writable_file(cfg.tracking.store, "run store (--store)")
 
 
-def plan_run(cfg: TrainConfig, env, undecided: Collection[str] = ()) -> RunPlan:
+def plan_run(cfg: TrainConfig, env, undecided: Collection[str] = (), unnamed: Collection[str] = ()) -> RunPlan:
     """Decides the run's folder and mode, and checks every output it will write; writes nothing.
     Raises UserError on a conflict. `undecided`: the settings the run's probe may still change
-    (a new folder's name does not state them)."""
-    plan = _decide_folder(cfg, env, undecided)
+    (a new folder's name does not state them); `unnamed`: as `latest_resumable`'s."""
+    plan = _decide_folder(cfg, env, undecided, unnamed)
     _check_owned_outputs(cfg, plan)
     return plan
 
 
-def _decide_folder(cfg: TrainConfig, env, undecided: Collection[str]) -> RunPlan:
+def _decide_folder(cfg: TrainConfig, env, undecided: Collection[str], unnamed: Collection[str] = ()) -> RunPlan:
     check_outputs(cfg)
     if cfg.run_dir:
         check_writable_dir(cfg.run_dir, "--run-dir")
         _check_only_a_runs(RunFolder(cfg.run_dir))
     else:
         check_writable_dir(RUNS_ROOT, "runs folder")
-    source = resume_source(cfg, env)
+    source = resume_source(cfg, env, unnamed)
     if source is not None:
         _probe_lock(source)
         if env.restart_count == 0:
-            _check_resumable(cfg, source)
+            _check_resumable(cfg, source, unnamed)
         if cfg.tracking.run_id and source.run_id and cfg.tracking.run_id != source.run_id:
             raise UserError(f"run folder {source} holds run {source.run_id}; --run-id {cfg.tracking.run_id} names "
                             "another: drop --run-id to continue it")

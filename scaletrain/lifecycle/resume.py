@@ -9,6 +9,7 @@ of model, data, optimizer, precision or batch plan is an error naming the keys.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 from scaletrain.config import TrainConfig, resumable_keys
 from scaletrain.errors import ConfigError
@@ -36,9 +37,10 @@ def describe_differences(diffs: dict[str, tuple]) -> str:
     return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in diffs.items())
 
 
-def check_same_run(saved: TrainConfig, given: TrainConfig, folder) -> None:
-    """Raises the one resume error: `given` changes a key fixed for the run saved in `folder`."""
-    diffs = locked_differences(saved, given)
+def check_same_run(saved: TrainConfig, given: TrainConfig, folder, unnamed: Collection[str] = ()) -> None:
+    """Raises the one resume error: `given` changes a key fixed for the run saved in `folder`
+    (`unnamed`: keys the command did not name, which the run settled itself: plan.py)."""
+    diffs = {k: v for k, v in locked_differences(saved, given).items() if k not in unnamed}
     if diffs:
         raise ConfigError(f"cannot resume {folder} with a different configuration ({describe_differences(diffs)}); "
                           "these keys are fixed for a run: drop those flags to continue it, or start a new run "

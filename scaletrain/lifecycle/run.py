@@ -87,6 +87,8 @@ class RunRequest:
     config: TrainConfig
     folders: JobFolders
     settings: list[Setting] = field(default_factory=list)
+    # Fixed keys the command did not name that the run may settle itself (plan.py: latest_resumable).
+    unnamed: tuple[str, ...] = ()
 
     def undecided(self) -> set[str]:
         """The settings `auto` chose by rule, which the run's probe may still change."""
@@ -100,11 +102,11 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     forget_structures()     # this run's builders build its model's structure (models/structure.py)
     folders = apply_job_folders(cfg, job_folders())
     saved = None
+    # A user's data may bring a DataLoader, whose batch the run recorded (start_run): unless the
+    # command names a batch, the batch does not tell `--resume auto`'s runs apart.
+    unnamed = (("batch_size",) if flags is not None and ":" in cfg.data.name
+               and not {"batch_size", "per_replica_batch_size"} & set(flags) else ())
     if flags is not None:
-        # A user's data may bring a DataLoader, whose batch the run recorded (start_run): unless the
-        # command names a batch, the batch does not tell `--resume auto`'s runs apart.
-        unnamed = (("batch_size",) if ":" in cfg.data.name and not {"batch_size", "per_replica_batch_size"} & set(flags)
-                   else ())
         source = resume_source(cfg, env, unnamed)
         saved = source.trusted_config(named=code_names(flags)) if source is not None else None
         if saved is not None:
@@ -142,16 +144,17 @@ def settle_config(cfg: TrainConfig, env, flags: dict | None = None) -> RunReques
     cfg.compile = compiling.value
     graphs = choose_cuda_graphs(cfg.cuda_graphs, cfg.steps_per_execution, device_kind_here(cfg),
                                 strategy_class(cfg.distributed, world).supports_cuda_graphs)
-    return RunRequest(cfg, folders, [s for s in (precision, compiling, graphs) if s is not None and s.why])
+    return RunRequest(cfg, folders, [s for s in (precision, compiling, graphs) if s is not None and s.why], unnamed)
 
 
-def agree_on_plan(cfg: TrainConfig, env, strategy, undecided: Collection[str] = ()) -> tuple[RunPlan, TrainConfig]:
+def agree_on_plan(cfg: TrainConfig, env, strategy, undecided: Collection[str] = (),
+                  unnamed: Collection[str] = ()) -> tuple[RunPlan, TrainConfig]:
     """The chief plans the run (folder, mode, id) and every rank adopts its plan and config, so
     ranks on other hosts, which do not see the run folder, continue the same run. `undecided`:
-    the settings the run's probe may still change."""
+    the settings the run's probe may still change; `unnamed`: RunRequest's."""
     if strategy.is_chief:
         try:
-            plan = plan_run(cfg, env, undecided)
+            plan = plan_run(cfg, env, undecided, unnamed)
             message = {"folder": str(plan.folder.path), "mode": plan.mode, "run_id": plan.run_id,
                        "config": to_mapping(cfg)}
         except UserError as exc:
@@ -171,7 +174,7 @@ def start_run(request: RunRequest, env, strategy, console: Console, extra_callba
     pruning), last, so an epoch is recorded before one of them stops the run."""
     wall_start = time.perf_counter()
     raise_if_owed()       # a stop swallowed while the command started: no run is begun
-    plan, cfg = agree_on_plan(request.config, env, strategy, request.undecided())
+    plan, cfg = agree_on_plan(request.config, env, strategy, request.undecided(), request.unnamed)
     dataset = load_dataset(cfg.data, seed=cfg.seed)
     adopt_loader_batch(cfg, dataset.loader_batch, strategy.layout.replicas)   # the batch the record names
     task = task_for(cfg, dataset)
