@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from benchmarks.common import slow_worker  # worker 1 slow on purpose: the tests' plugin model
 from scaletrain.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 from scaletrain.distributed.strategies.ps.strategy import balance
 from scaletrain.errors import ConfigError
@@ -35,12 +36,6 @@ from tests.processes import (
 pytestmark = pytest.mark.timeout(300)
 
 COMMON = [*DIGITS_MLP, "--epochs", "2", "--batch-size", "64", "--seed", "3"]
-
-
-def slow_worker(delay_s: float) -> list[str]:
-    """Worker 1 (rank 1) sleeps `delay_s` in each training forward: a slow worker on purpose
-    (tests/plugins/faulty_models.py), the MLP of DIGITS_MLP otherwise."""
-    return ["--model", "faulty_models:slow_worker", "--model-option", f"delay_s={delay_s}"]
 
 
 def _weights(run_dir):

@@ -95,13 +95,10 @@ def loader_batch(given: int, per_replica_batch: int | None, replicas: int, accum
     return dataclasses.replace(divide_batch(given * replicas, given, replicas, accum_steps), source=LOADER_BATCH)
 
 
-def adopt_loader_batch(cfg, given: int | None, replicas: int) -> bool:
+def adopt_loader_batch(cfg, given: int | None, replicas: int) -> None:
     """Writes a training DataLoader's batch into a command's configuration (`given`: its
     batch_size, None where the trainer batches the data), so that what the command plans, searches,
-    records and resumes is the batch that trains. Returns whether it changed the configuration."""
-    if given is None:
-        return False
-    batch = loader_batch(given, cfg.per_replica_batch_size, replicas, cfg.optim.grad_accum_steps)
-    changed = cfg.batch_size != batch.global_batch
-    cfg.batch_size = batch.global_batch
-    return changed
+    records and resumes is the batch that trains."""
+    if given is not None:
+        cfg.batch_size = loader_batch(given, cfg.per_replica_batch_size, replicas,
+                                      cfg.optim.grad_accum_steps).global_batch

@@ -144,7 +144,7 @@ def latest_resumable(cfg: TrainConfig, unnamed: Collection[str] = ()) -> RunFold
     for folder in _candidates():
         try:
             saved = folder.config()
-            if saved is None or set(locked_differences(from_mapping(TrainConfig, saved), cfg)) - set(unnamed):
+            if saved is None or locked_differences(from_mapping(TrainConfig, saved), cfg, unnamed):
                 continue
         except UserError:
             continue

@@ -20,10 +20,12 @@ from scaletrain.options import flatten_mapping, from_mapping, merge_mappings, to
 # `tracking.run_id` is one: the folder's id wins, and plan_run refuses a --run-id naming another.
 
 
-def locked_differences(saved: TrainConfig, given: TrainConfig) -> dict[str, tuple]:
-    """{dotted key: (saved value, given value)} for every key that differs and may not change."""
+def locked_differences(saved: TrainConfig, given: TrainConfig, unnamed: Collection[str] = ()) -> dict[str, tuple]:
+    """{dotted key: (saved value, given value)} for every key that differs and may not change.
+    `unnamed`: fixed keys the command did not name and the run settled itself (the batch a user's
+    DataLoader fixes: plan.py), left out."""
     a, b = flatten_mapping(to_mapping(saved)), flatten_mapping(to_mapping(given))
-    mutable = resumable_keys()
+    mutable = {*resumable_keys(), *unnamed}
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if k not in mutable and not _same(a.get(k), b.get(k))}
 
@@ -40,7 +42,7 @@ def describe_differences(diffs: dict[str, tuple]) -> str:
 def check_same_run(saved: TrainConfig, given: TrainConfig, folder, unnamed: Collection[str] = ()) -> None:
     """Raises the one resume error: `given` changes a key fixed for the run saved in `folder`
     (`unnamed`: keys the command did not name, which the run settled itself: plan.py)."""
-    diffs = {k: v for k, v in locked_differences(saved, given).items() if k not in unnamed}
+    diffs = locked_differences(saved, given, unnamed)
     if diffs:
         raise ConfigError(f"cannot resume {folder} with a different configuration ({describe_differences(diffs)}); "
                           "these keys are fixed for a run: drop those flags to continue it, or start a new run "
