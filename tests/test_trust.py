@@ -961,3 +961,30 @@ def test_an_output_path_check_makes_what_it_tries_and_leaves_nothing_behind(tmp_
     from scaletrain.lifecycle.paths import check_writable_dir
     check_writable_dir(tmp_path / "a" / "b", "--out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_during_a_held_import_is_raised_once_the_module_has_loaded(tmp_path, monkeypatch):
+    """A stop signal whose handler would raise inside torch's C++ initialisation aborts the process
+    (pybind11 cannot pass the exception on: SIGABRT), so torch's first import is held whole: a
+    signal arriving while a held module loads is raised after its body has run to its end; an
+    unheld module is cut short where the signal lands."""
+    import signal
+    import sys
+
+    from scaletrain.lifecycle import stops
+    done = tmp_path / "done"
+    (tmp_path / "held_for_test.py").write_text(
+        f"import os, signal, pathlib\nos.kill(os.getpid(), signal.SIGINT)\npathlib.Path({str(done)!r}).touch()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stops.hold_stops_while_loading()
+    for held in (True, False):
+        monkeypatch.setattr(stops, "HELD_IMPORTS", {"held_for_test"} if held else set())
+        previous = signal.signal(signal.SIGINT, stops.on_stop_signal)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                import held_for_test  # noqa: F401
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            sys.modules.pop("held_for_test", None)
+        assert done.exists() is held, held
+        done.unlink(missing_ok=True)

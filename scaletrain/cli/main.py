@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends a command the way Ctrl-C does: every phase's cleanup runs (runner.py records the
     # run as interrupted), then one line and exit 143. The caller's handlers come back after (a
     # test or a notebook calling main()).
+    stops.hold_stops_while_loading()    # torch's C++ initialisation cannot take a stop raised inside it
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _main(argv, named)

@@ -21,6 +21,8 @@ in the chief's write of run.json and left the run "running" (3 whole-suite runs 
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import os
 import signal
 import sys
@@ -115,6 +117,46 @@ class StopGuard:
 
     def on_train_end(self, trainer, logs) -> None:
         raise_if_owed()
+
+
+# Modules whose first import runs C++ initialisation that calls back into Python: a stop raised by
+# the handler there is thrown through C++ that cannot pass it on, and the process aborts (SIGABRT,
+# "terminate called after throwing an instance of 'pybind11::error_already_set'": a SIGINT landing
+# in torch._C._c10d_init as `import torch` ran, 1 cold start in 30 beside the suite).
+HELD_IMPORTS = {"torch"}
+
+
+class _HeldLoader(importlib.abc.Loader):
+    """The module's own loader, its execution inside `finishing`: a stop that arrives is raised
+    once the module has loaded."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        with finishing():
+            self.loader.exec_module(module)
+
+
+class _HoldStopsWhileLoading(importlib.abc.MetaPathFinder):
+    """Finds the modules of HELD_IMPORTS as the path finder does, with a `_HeldLoader`."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in HELD_IMPORTS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _HeldLoader(spec.loader)
+        return spec
+
+
+def hold_stops_while_loading() -> None:
+    """Installs the finder (once; main() does, with its handlers): HELD_IMPORTS load whole."""
+    if not any(isinstance(finder, _HoldStopsWhileLoading) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _HoldStopsWhileLoading())
 
 
 @contextlib.contextmanager
