@@ -139,6 +139,13 @@ class PrecisionConfig:
                                        "rowwise (a scale a row)", choices=("tensorwise", "rowwise"))
     fp8_emulate: bool = _f(False, "--precision fp8 on a device without float8 tensor cores (a CPU, a GPU older than "
                                   "compute capability 8.9): emulated, for tests and correctness checks, not faster")
+    fp8_shapes: str = _f("auto", "--precision fp8: which linear layers train in float8, by shape: auto (each distinct "
+                                 "layer shape measured on a GPU with float8 tensor cores, float8 against bf16, "
+                                 "forward and backward; elsewhere torchao's rule, as all), all (every layer whose "
+                                 "dimensions divide by 16), none, or the shapes IN x OUT to convert, as 1024x4096,"
+                                 "4096x1024 (what a measured run records)",
+                         pattern=r"auto|all|none|[0-9]+x[0-9]+(,[0-9]+x[0-9]+)*",
+                         rule="auto, all, none, or shapes INxOUT separated by commas (1024x4096,4096x1024)")
     init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale", gt=0)
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 

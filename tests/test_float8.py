@@ -147,3 +147,107 @@ def test_fp8_with_checkpointing_and_fsdps_float8_gather_resumes_exactly(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     w3, wr = _weights(tmp_path / "fsdp"), _weights(tmp_path / "part")
     assert w3.keys() == wr.keys() and all(torch.equal(w3[k], wr[k]) for k in w3)
+
+
+def test_fp8_shapes_names_the_layer_shapes_that_convert_and_is_checked_beside_its_field():
+    from torchao.float8.float8_linear import Float8Linear
+
+    from scaletrain.config import TrainConfig
+    from scaletrain.errors import ConfigError
+    policy = get_policy("fp8")
+    options = PrecisionConfig(policy="fp8", fp8_emulate=True, fp8_shapes="32x64")
+    model = policy.convert_module(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64)), options=options)
+    assert [isinstance(model[i], Float8Linear) for i in (0, 2)] == [True, False]
+    assert "2 (64x64: not among --fp8-shapes)" in policy.notes(model, options)[0]
+    none = PrecisionConfig(policy="fp8", fp8_emulate=True, fp8_shapes="none")
+    assert not any(isinstance(m, Float8Linear)
+                   for m in policy.convert_module(nn.Sequential(nn.Linear(32, 64)), options=none).modules())
+    cfg = TrainConfig()
+    cfg.precision.fp8_shapes = "32x64,big"
+    with pytest.raises(ConfigError, match="fp8_shapes.*INxOUT"):
+        cfg.validate()
+
+
+def test_a_shape_converts_only_where_float8_beat_bf16_beyond_the_noise_and_verdicts_are_cached(tmp_path, monkeypatch):
+    """The decision on stubbed rounds: a clear win converts, a tie inside the noise and a loss stay
+    bf16; the next run reads each shape's rounds from the cache, and a new torch measures again."""
+    from scaletrain.training import float8_shapes
+    from scaletrain.training.rounds import AGAIN, Confirmation
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rounds = {"4096x4096": [1.6, 1.5, 1.7], "256x256": [1.02, 0.97, 1.04], "64x256": [0.6, 0.7, 0.65]}
+    asked: list[str] = []
+
+    def measure(shape, options, device, compiled):
+        asked.append(shape.name)
+        return Confirmation("fp8", rounds[shape.name], noise=Confirmation(AGAIN, [1.03, 0.98, 1.01]))
+    shapes = {name: float8_shapes.LinearShape(2048, *map(int, name.split("x")), True) for name in rounds}
+    cpu = torch.device("cpu")
+    first = float8_shapes.choose_shapes(shapes, EMULATED, cpu, False, "run1", measure)
+    assert first.value == "4096x4096" and sorted(asked) == sorted(rounds)
+    assert "256x256 bf16: fp8 1.02x bf16 (0.97-1.04, noise ±3%), not beyond the noise" in first.why
+    assert "64x256 bf16: fp8 0.65x bf16 (0.60-0.70, noise ±3%), slower" in first.why
+    assert first.figures["4096x4096"]["converts"] and first.figures["64x256"]["rows"] == 2048
+    asked.clear()
+    again = float8_shapes.choose_shapes(shapes, EMULATED, cpu, False, "run2", measure)
+    assert asked == [] and again.value == first.value and "3 of 3 from the cache" in again.why
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + ".next")
+    float8_shapes.choose_shapes(shapes, EMULATED, cpu, False, "run3", measure)
+    assert sorted(asked) == sorted(rounds)
+    # Nothing wins: the value says so, and no layer converts.
+    assert float8_shapes.choose_shapes({"256x256": shapes["256x256"]}, EMULATED, cpu, True, "run4", measure
+                                       ).value == "none"
+
+
+def test_each_layer_shape_is_traced_at_the_runs_micro_batch_and_measured_for_real_here():
+    """The shapes of the small GPT at a micro-batch of 4 (rows: 4 sequences of 32 tokens), found on
+    the meta device; and one shape's real rounds, emulated on this CPU (what is timed, not how fast:
+    float8 emulated is only ever slower, and a run here never measures: `measures_shapes`)."""
+    from scaletrain.models import build_model
+    from scaletrain.precision.float8 import measures_shapes
+    from scaletrain.training import float8_shapes
+    with torch.device("meta"):
+        gpt = build_model("gpt", (32,), 65, dim=64, depth=2, heads=4)
+        example = torch.zeros(4, 32, dtype=torch.int64)
+    shapes = float8_shapes.linear_shapes(gpt, example)
+    assert shapes and {s.rows for s in shapes.values()} == {4 * 32}
+    assert all(n.split("x") == [str(s.in_features), str(s.out_features)] for n, s in shapes.items())
+    assert "64x65" not in shapes     # the head's 65 outputs: not divisible by 16, never measured
+    conf = float8_shapes.measure_shape(float8_shapes.LinearShape(64, 64, 64, True), EMULATED, torch.device("cpu"),
+                                       compiled=False, rounds=3)
+    # (its rounds stop once the verdict is settled: a loss in the first round already is one)
+    assert 1 <= len(conf.ratios) <= 3 and all(r > 0 for r in conf.ratios) and len(conf.noise.ratios) == len(conf.ratios)
+    assert not measures_shapes(EMULATED, "cpu", None) and not measures_shapes(EMULATED, "cuda", (9, 0))
+    assert measures_shapes(PrecisionConfig(policy="fp8"), "cuda", (9, 0))
+    assert not measures_shapes(PrecisionConfig(policy="fp8", fp8_shapes="all"), "cuda", (9, 0))
+
+
+def test_a_run_records_the_shapes_it_measured_and_its_resume_converts_them_without_measuring(
+        tmp_path, monkeypatch, capsys):
+    """The run's path end to end, in this process: with measuring switched on here (a CPU has no
+    float8 tensor cores, so `measures_shapes` is made to say yes, and the rounds run emulated), the
+    start line states each shape's verdict, config.json names the shapes, the store keeps the
+    rounds, and a resume converts the recorded shapes and measures nothing."""
+    from scaletrain.cli.main import main
+    from scaletrain.precision import float8 as float8_module
+    from scaletrain.tracking import RunStore
+    from scaletrain.training import float8_shapes
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(float8_module, "measures_shapes", lambda options, kind, capability:
+                        options.fp8_shapes == "auto")
+    small = [*GPT[:-4], "--train-subset", "320", "--no-progress", "--no-compile", "--threads", "1",
+             "--precision", "fp8", "--fp8-emulate", "--run-dir", "run", "--store", "runs.db", "--run-id", "f1"]
+    saved = torch.get_num_threads()
+    try:
+        assert main(["train", *small, "--epochs", "1"]) == 0
+        out = capsys.readouterr().out
+        recorded = json.loads((tmp_path / "run" / "config.json").read_text())["precision"]["fp8_shapes"]
+        assert recorded != "auto"
+        assert "fp8 shapes" in out and "measured on cpu" in out
+        measured = RunStore(tmp_path / "runs.db").get("f1").environment["settings"]["fp8 shapes"]
+        assert measured["value"] == recorded and all(f["ratios"] for f in measured["measured"].values())
+        monkeypatch.setattr(float8_shapes, "measure_shape", lambda *a, **k: pytest.fail("a resume measured"))
+        assert main(["train", *small, "--epochs", "2", "--resume", "auto"]) == 0
+    finally:
+        torch.set_num_threads(saved)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["precision"]["fp8_shapes"] == recorded

@@ -179,7 +179,11 @@ def start_run(request: RunRequest, env, strategy, console: Console, extra_callba
     adopt_loader_batch(cfg, dataset.loader_batch, strategy.layout.replicas)   # the batch the record names
     task = task_for(cfg, dataset)
     metric = task.check_metric(cfg.target_metric) if cfg.target is not None else None
+    started = time.perf_counter()
     settings, probe_s = _probe(request.settings, cfg, dataset, task, plan, strategy, console)
+    fp8 = _fp8_shapes(cfg, dataset, task, plan, strategy)
+    if fp8 is not None:    # (the user waited for it: the probe's seconds)
+        settings, probe_s = [*settings, fp8], time.perf_counter() - started
     run = Run(plan, cfg, env, strategy, request.folders, dataset, task, console, wall_start, settings)
     run.probe_s = probe_s
     run.open(metric, list(extra_callbacks))
@@ -217,6 +221,44 @@ def _probe(settings: list[Setting], cfg: TrainConfig, dataset, task, plan: RunPl
         raise UserError(f"the chief's probe failed: {message['error']}")
     cfg.precision.policy, cfg.compile = message["precision"], message["compile"]
     return [Setting(*fields) for fields in message["settings"]], message["seconds"]
+
+
+def _fp8_shapes(cfg: TrainConfig, dataset, task, plan: RunPlan, strategy) -> Setting | None:
+    """Under --precision fp8 with --fp8-shapes auto on float8 tensor cores, the linear layer shapes
+    that train in float8, measured on this device (training/float8_shapes.py) and written into the
+    configuration before the folder records it; a resume converts what its record names. The chief
+    measures and every rank takes its answer; a model split over processes keeps torchao's rule."""
+    from scaletrain.distributed import divide_batch
+    from scaletrain.precision.float8 import measures_shapes
+    from scaletrain.precision.hardware import device_facts
+    from scaletrain.training.float8_shapes import measured_fp8_shapes
+    facts = device_facts(strategy.device)
+    if plan.mode == "resume" or cfg.precision.policy != "fp8" or not measures_shapes(cfg.precision, facts.kind,
+                                                                                      facts.capability):
+        return None
+    if strategy.layout.replicas != strategy.world_size:
+        cfg.precision.fp8_shapes = "all"
+        return Setting("fp8 shapes", "all", "torchao's rule: the model is split over processes (each measures "
+                                            "its own part of a layer)")
+    division = divide_batch(cfg.batch_size, cfg.per_replica_batch_size, strategy.layout.replicas,
+                            cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
+    if strategy.world_size == 1:
+        return measured_fp8_shapes(cfg, dataset, task, strategy.device, division.micro_batch, plan.run_id)
+    if strategy.is_chief:
+        try:
+            setting = measured_fp8_shapes(cfg, dataset, task, strategy.device, division.micro_batch, plan.run_id)
+        except BaseException as exc:
+            strategy.broadcast_object({"error": str(exc) or type(exc).__name__})
+            raise
+        strategy.broadcast_object({"setting": None if setting is None else
+                                   (setting.name, setting.value, setting.why, setting.figures),
+                                   "fp8_shapes": cfg.precision.fp8_shapes})
+        return setting
+    message = strategy.broadcast_object(None)
+    if "error" in message:
+        raise UserError(f"the chief's float8 measurement failed: {message['error']}")
+    cfg.precision.fp8_shapes = message["fp8_shapes"]
+    return Setting(*message["setting"]) if message["setting"] is not None else None
 
 
 class Run:

@@ -13,9 +13,11 @@ round (tests/test_float8.py).
   Llama3-8B), torchao's `Float8LinearConfig.from_recipe_name`.
 - **Which layers**: a matrix product in float8 needs both of its dimensions divisible by 16
   (`torch._scaled_mm`); a layer that has not, and every layer of a module kept in float32
-  (`--fp32-modules`), stays as it is, and the run's notes name them. torchao's own "auto filter" is
-  a fixed table of H100 thresholds; until a GPU measures each layer shape here, the rule is its
-  divisibility rule (docs/guide.md says so).
+  (`--fp32-modules`), stays as it is, and the run's notes name them. Of the rest, `--fp8-shapes`
+  says which shapes convert: torchao's own "auto filter" is a fixed table of H100 thresholds, so
+  on a device with float8 tensor cores `auto` measures each distinct layer shape there, float8
+  against bf16 (training/float8_shapes.py), and the run records the shapes that won; elsewhere
+  (emulated) `auto` is torchao's divisibility rule, as `all` is.
 - **Where**: on CUDA of compute capability 8.9 or newer (Ada, Hopper). Anywhere else only with
   `--fp8-emulate`: the same rounding computed in higher precision, for tests and correctness
   checks, and said to be "emulated, not faster".
@@ -44,7 +46,7 @@ def torchao_installed() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
-def _torchao_float8():
+def torchao_float8():
     """torchao.float8, imported without the warnings torchao logs as it loads on a machine without
     its CUDA kernels (a CPU: "Failed to load ..._C_cutlass_90a.abi3.so"), which are not errors here."""
     import logging
@@ -61,13 +63,59 @@ def _torchao_float8():
     return torchao.float8
 
 
-def skipped_reason(name: str, module: nn.Module, kept_fp32: tuple[str, ...]) -> str | None:
-    """Why the `nn.Linear` `name` trains in bf16 rather than float8, or None: it converts."""
+def shape_name(module: nn.Linear) -> str:
+    """A linear layer's shape as --fp8-shapes names it: IN x OUT."""
+    return f"{module.in_features}x{module.out_features}"
+
+
+def named_shapes(fp8_shapes: str) -> frozenset[str] | None:
+    """The shapes --fp8-shapes names (an empty set: none); None: every divisible shape (auto, all)."""
+    if fp8_shapes in ("auto", "all"):
+        return None
+    return frozenset() if fp8_shapes == "none" else frozenset(fp8_shapes.split(","))
+
+
+def convertible(module: nn.Module) -> bool:
+    """torchao's rule: both dimensions of the layer's matrix products divide by 16."""
+    return isinstance(module, nn.Linear) and not (module.in_features % FP8_MULTIPLE or
+                                                  module.out_features % FP8_MULTIPLE)
+
+
+def skipped_reason(name: str, module: nn.Module, kept_fp32: tuple[str, ...],
+                   shapes: frozenset[str] | None = None) -> str | None:
+    """Why the `nn.Linear` `name` trains in bf16 rather than float8, or None: it converts.
+    `shapes`: the shapes that convert (named_shapes; None: every divisible one)."""
     if any(name == kept or name.startswith(kept + ".") for kept in kept_fp32):
         return "kept in float32 (--fp32-modules)"
-    if module.in_features % FP8_MULTIPLE or module.out_features % FP8_MULTIPLE:
-        return f"{module.in_features}x{module.out_features}: not divisible by {FP8_MULTIPLE}"
+    if not convertible(module):
+        return f"{shape_name(module)}: not divisible by {FP8_MULTIPLE}"
+    if shapes is not None and shape_name(module) not in shapes:
+        return f"{shape_name(module)}: not among --fp8-shapes"
     return None
+
+
+def float8_config(options, gathered: bool = False):
+    """torchao's Float8LinearConfig for the run's recipe (`options`: its PrecisionConfig), emulated
+    where asked; `gathered`: the sharded weights gathered in float8 (tensorwise only)."""
+    import dataclasses
+    recipe = options.fp8_recipe if options is not None else "tensorwise"
+    config = torchao_float8().Float8LinearConfig.from_recipe_name(recipe)
+    if options is not None and options.fp8_emulate:
+        config = dataclasses.replace(config, emulate=True)
+    if gathered and recipe == "tensorwise":
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    return config
+
+
+def measures_shapes(options, kind: str, capability: tuple[int, int] | None) -> bool:
+    """Whether this run measures which shapes convert (training/float8_shapes.py): `auto`, on float8
+    tensor cores (emulated, float8 is only ever slower: torchao's rule stands)."""
+    return (options.fp8_shapes == "auto" and not options.fp8_emulate and kind == "cuda"
+            and capability is not None and capability >= FP8_CAPABILITY)
+
+
+def _shapes_of(options) -> frozenset[str] | None:
+    return named_shapes(options.fp8_shapes) if options is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,20 +142,12 @@ class Float8Policy(PrecisionPolicy):
         (ZeRO-3 and ZeRO-2 sharding), the tensorwise recipe gathers them in float8 (torchao's
         `enable_fsdp_float8_all_gather`: a quarter of float32's bytes, the cast done once before the
         gather instead of after it on every rank); torchao offers it for tensorwise scaling only."""
-        import dataclasses
         model = PrecisionPolicy.convert_module(self, model, fp32_modules)
-        ao = _torchao_float8()
-        Float8LinearConfig, convert_to_float8_training = ao.Float8LinearConfig, ao.convert_to_float8_training
-        recipe = options.fp8_recipe if options is not None else "tensorwise"
-        config = Float8LinearConfig.from_recipe_name(recipe)
-        if options is not None and options.fp8_emulate:
-            config = dataclasses.replace(config, emulate=True)
-        if gathered and recipe == "tensorwise":
-            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
-        kept = _kept_names(model, tuple(fp32_modules))
-        return convert_to_float8_training(
+        config = float8_config(options, gathered)
+        kept, shapes = _kept_names(model, tuple(fp32_modules)), _shapes_of(options)
+        return torchao_float8().convert_to_float8_training(
             model, config=config,
-            module_filter_fn=lambda module, name: skipped_reason(name, module, kept) is None)
+            module_filter_fn=lambda module, name: skipped_reason(name, module, kept, shapes) is None)
 
     def planned_activation_bytes(self, traced: int, model: nn.Module, options=None) -> int:
         """The planner traces fp8 as bf16-mixed (its autocast), where each linear layer keeps a bf16
@@ -118,15 +158,15 @@ class Float8Policy(PrecisionPolicy):
         as that transient; its input's, which grows with the batch, is left out."""
         kept = _kept_names(model, tuple(options.fp32_modules) if options is not None else ())
         converted = [m.weight.numel() for name, m in model.named_modules()
-                     if isinstance(m, nn.Linear) and skipped_reason(name, m, kept) is None]
+                     if isinstance(m, nn.Linear) and skipped_reason(name, m, kept, _shapes_of(options)) is None]
         copy_bytes = self.autocast_dtype.itemsize * sum(converted)
         return max(traced - copy_bytes, 0) + max(converted, default=0)
 
     def notes(self, model: nn.Module, options=None) -> list[str]:
-        Float8Linear = _torchao_float8().float8_linear.Float8Linear
+        Float8Linear = torchao_float8().float8_linear.Float8Linear
         converted = sum(1 for m in model.modules() if isinstance(m, Float8Linear))
         kept = _kept_names(model, tuple(options.fp32_modules) if options is not None else ())
-        skipped = {name: skipped_reason(name, m, kept) or "not converted"
+        skipped = {name: skipped_reason(name, m, kept, _shapes_of(options)) or "not converted"
                    for name, m in model.named_modules()
                    if isinstance(m, nn.Linear) and not isinstance(m, Float8Linear)}
         recipe = options.fp8_recipe if options is not None else "tensorwise"

@@ -92,8 +92,8 @@ def precision_candidates(facts: DeviceFacts, reference: str) -> list[str]:
 
 def _float8_here(facts: DeviceFacts) -> bool:
     """fp8 is a candidate on float8 tensor cores (CUDA 8.9 and newer) with torchao installed; never
-    emulated (on a CPU it is only ever slower). Which layers convert is torchao's rule for now
-    (precision/float8.py): measured per layer shape once a GPU runs it."""
+    emulated (on a CPU it is only ever slower). Its arm converts every divisible layer (torchao's
+    rule); once chosen, the run measures which layer shapes pay (training/float8_shapes.py)."""
     from scaletrain.precision.float8 import FP8_CAPABILITY, torchao_installed
     return (facts.kind == "cuda" and facts.capability is not None and facts.capability >= FP8_CAPABILITY
             and torchao_installed())
