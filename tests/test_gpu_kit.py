@@ -127,9 +127,11 @@ def test_the_extra_parts_are_a_call_of_their_own_and_rehearse_every_side(tmp_pat
     fp8 = results(tmp_path)["fp8"]
     assert fp8["status"] == "passed", (fp8.get("error"), fp8.get("output_tail", "")[-2000:])
     assert [(r["case"], r["status"]) for r in fp8["rows"]] == [
-        ("toy GPT: bf16-mixed", "passed"), ("toy GPT: fp8 tensorwise", "passed"), ("toy GPT: fp8 rowwise", "passed")]
+        ("toy GPT: bf16-mixed", "passed"), ("toy GPT: fp8 tensorwise", "passed"), ("toy GPT: fp8 rowwise", "passed"),
+        ("toy GPT: fp8 measured", "passed")]
     assert all(r["tokens_per_sec"] > 0 for r in fp8["rows"]) and fp8["rows"][1]["emulated"] is True
-    assert set(fp8["notes"]["fp8_speed_over_bf16"]["toy GPT"]) == {"fp8 tensorwise", "fp8 rowwise"}
+    assert set(fp8["notes"]["fp8_speed_over_bf16"]["toy GPT"]) == {"fp8 tensorwise", "fp8 rowwise", "fp8 measured"}
+    assert "32x32" in fp8["rows"][3]["shapes_measured"]    # each shape's verdict, in its row
     found = results(tmp_path)["no_flags"]
     assert found["status"] == "passed", (found.get("error"), found.get("output_tail", "")[-2000:])
     rows = {row["case"]: row for row in found["rows"]}
