@@ -65,6 +65,9 @@ def test_a_run_too_short_to_repay_a_probe_is_not_probed_and_the_budget_bounds_th
     assert probe.plan_windows(0.03, 3, 5.0) == (5, 11)
     assert probe.plan_windows(0.03, 3, 0.6) == (3, 2)
     assert probe.plan_windows(0.03, 3, 0.3) is None
+    # A step of 0.1 s or more is timed one at a time (5 rounds of one step); a shorter one in 2 or more.
+    assert probe.plan_windows(0.14, 3, 2.5) == (5, 1) and probe.plan_windows(0.09, 3, 2.5) == (4, 2)
+    assert probe.plan_windows(0.14, 3, 1.3) == (3, 1) and probe.plan_windows(0.09, 3, 1.3) is None
 
 
 def test_the_cache_holds_a_decision_per_model_input_and_torch_and_ignores_a_damaged_file(tmp_path, monkeypatch):
