@@ -133,7 +133,7 @@ class PrecisionConfig:
                      "convolutions on such GPUs, IEEE float32 matrix products), fp32-strict (IEEE float32 "
                      "everywhere), tf32, bf16-mixed, fp16-mixed, bf16-true or fp8 (torchao's float8 training of the "
                      "linear layers: pip install 'scaletrain[fp8]'; a GPU of compute capability 8.9 or newer)",
-                     choices=PRECISIONS)
+                     choices=PRECISIONS, settled=True)
     fp32_modules: list[str] = _f([], "module names or class names kept in float32")
     fp8_recipe: str = _f("tensorwise", "--precision fp8: torchao's scaling recipe, tensorwise (one scale a tensor) or "
                                        "rowwise (a scale a row)", choices=("tensorwise", "rowwise"))
@@ -145,7 +145,8 @@ class PrecisionConfig:
                                  "dimensions divide by 16), none, or the shapes IN x OUT to convert, as 1024x4096,"
                                  "4096x1024 (what a measured run records)",
                          pattern=r"auto|all|none|[0-9]+x[0-9]+(,[0-9]+x[0-9]+)*",
-                         rule="auto, all, none, or shapes INxOUT separated by commas (1024x4096,4096x1024)")
+                         rule="auto, all, none, or shapes INxOUT separated by commas (1024x4096,4096x1024)",
+                         settled=True)
     init_scale: float = _f(2.0**16, "fp16-mixed: initial loss scale", gt=0)
     growth_interval: int = _f(2000, "fp16-mixed: finite steps before the loss scale doubles", ge=1)
 
@@ -416,6 +417,11 @@ class TrainConfig:
         if self.checkpoint.resume not in (None, "auto") and not Path(self.checkpoint.resume).is_dir():
             raise ConfigError(f"--resume {self.checkpoint.resume}: no such checkpoint folder; pass 'auto' or the "
                               "folder of a complete checkpoint (one holding a COMMITTED file)")
+
+
+def settled_keys(cls: type | None = None) -> frozenset[str]:
+    """The dotted keys whose `auto` the run settles and records (`settled=True` on the field)."""
+    return frozenset(key for key, f, _ in leaf_fields(cls or TrainConfig) if f.metadata.get("settled"))
 
 
 def resumable_keys(cls: type | None = None) -> frozenset[str]:

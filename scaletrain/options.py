@@ -71,15 +71,17 @@ class Check:
 
 
 def option(default: Any, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, pattern=None, rule="",
-       resumable: bool = False, training_only: bool = False) -> Any:
+       resumable: bool = False, training_only: bool = False, settled: bool = False) -> Any:
     """A config field: its default, a one-line doc (also the CLI help), the values it admits,
     whether a resume may change it (`resumable`: it changes how the run goes on, not what it is),
-    and whether only training reads it (`training_only`: how gradients and updates travel; a
-    command that runs a saved model's forward, such as `predict`, offers no flag for it)."""
+    whether only training reads it (`training_only`: how gradients and updates travel; a
+    command that runs a saved model's forward, such as `predict`, offers no flag for it), and
+    whether its `auto` is settled by the run into the value it records (`settled`: a resume given
+    `auto` continues with what the run settled, and `--resume auto` finds that run)."""
     if choices is not None and not isinstance(choices, Choices):
         choices = tuple(choices)
     check = Check(ge=ge, gt=gt, le=le, lt=lt, choices=choices, pattern=pattern, rule=rule)
-    meta = {"doc": doc, "check": check, "resumable": resumable, "training_only": training_only}
+    meta = {"doc": doc, "check": check, "resumable": resumable, "training_only": training_only, "settled": settled}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)

@@ -97,3 +97,24 @@ def test_a_runs_identity_ignores_what_a_resume_may_change_and_how_a_number_is_sp
     assert identity_digest(read_back) == base
     read_back.optim.lr = 0.5                                       # another run
     assert identity_digest(read_back) != base
+
+
+def test_a_setting_given_as_auto_finds_and_continues_the_value_its_run_settled():
+    """A probed run records bf16-mixed (and, under fp8, the layer shapes it measured) where the
+    command said `auto`: the same command with --resume auto finds that run and continues what it
+    settled, while a value named otherwise is another run. (Before, `--resume auto` without
+    --run-dir compared the command's `auto`, then the rule's choice, with what the run recorded:
+    a run whose probe chose against the rule, or whose fp8 shapes were measured, was never found.)"""
+    from scaletrain.config import settled_keys
+    from scaletrain.lifecycle.resume import locked_differences, resume_config
+    from scaletrain.options import to_mapping
+    assert settled_keys() == {"precision.policy", "precision.fp8_shapes"}
+    saved = TrainConfig()
+    saved.precision.policy, saved.precision.fp8_shapes = "fp8", "1024x4096"
+    assert locked_differences(saved, TrainConfig()) == {}
+    named = TrainConfig()
+    named.precision.policy = "fp32"
+    assert set(locked_differences(saved, named)) == {"precision.policy"}
+    merged = resume_config(to_mapping(saved), {"precision": {"policy": "auto", "fp8_shapes": "auto"}, "epochs": 40},
+                           "runs/a")
+    assert (merged.precision.policy, merged.precision.fp8_shapes, merged.epochs) == ("fp8", "1024x4096", 40)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
-from scaletrain.config import TrainConfig, resumable_keys
+from scaletrain.config import TrainConfig, resumable_keys, settled_keys
 from scaletrain.errors import ConfigError
 from scaletrain.options import flatten_mapping, from_mapping, merge_mappings, to_mapping
 
@@ -25,7 +25,8 @@ def locked_differences(saved: TrainConfig, given: TrainConfig, unnamed: Collecti
     `unnamed`: fixed keys the command did not name and the run settled itself (the batch a user's
     DataLoader fixes: plan.py), left out."""
     a, b = flatten_mapping(to_mapping(saved)), flatten_mapping(to_mapping(given))
-    mutable = {*resumable_keys(), *unnamed}
+    # A settled key given as `auto` asks for what the run settled, whatever that was.
+    mutable = {*resumable_keys(), *unnamed, *(k for k in settled_keys() if b.get(k) == "auto")}
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if k not in mutable and not _same(a.get(k), b.get(k))}
 
@@ -53,9 +54,20 @@ def resume_config(saved: dict, overrides: dict, folder: str) -> TrainConfig:
     """The configuration a resume continues with: the run's saved one, with the given overrides
     applied where they may change. Raises ConfigError naming every locked key that would change."""
     saved_cfg = from_mapping(TrainConfig, saved)
-    if overrides.get("precision", {}).get("policy") == "auto":
-        # `--precision auto` spelled out means what it resolved to when the run started (saved).
-        overrides = merge_mappings(overrides, {"precision": {"policy": saved_cfg.precision.policy}})
+    # A settled key spelled out as `auto` (`--precision auto`) means what it resolved to when the
+    # run started: the saved value.
+    given, kept = flatten_mapping(overrides), flatten_mapping(saved)
+    for key in settled_keys():
+        if given.get(key) == "auto" and key in kept:
+            overrides = merge_mappings(overrides, _nested(key, kept[key]))
     merged = from_mapping(TrainConfig, merge_mappings(saved, overrides))
     check_same_run(saved_cfg, merged, folder)
     return merged
+
+
+def _nested(dotted: str, value) -> dict:
+    """{"a": {"b": value}} for "a.b"."""
+    out: dict = value
+    for part in reversed(dotted.split(".")):
+        out = {part: out}
+    return out
