@@ -57,3 +57,15 @@ def _glibc() -> ctypes.CDLL | None:
         return libc
     except (OSError, AttributeError):
         return None
+
+
+def release_freed_memory() -> None:
+    """What a process freed handed back to the OS (the probe's copies, before the run's own
+    build): their garbage collected, then glibc's `malloc_trim`, which returns the heap's free
+    top and the free pages inside it, so the run's own blocks are laid out afresh rather than in
+    the gaps the copies left."""
+    import gc
+    gc.collect()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from scaletrain.precision.hardware import CPU_BF16_FLAGS, NATIVE_BF16, DeviceFacts
+from scaletrain.training.allocator import release_freed_memory
 from scaletrain.training.rounds import (
     AGAIN,
     LOSS_TOLERANCE,
@@ -336,6 +337,7 @@ def run_probe(reference: str, candidates: list[str], make_arm: Callable[[str], A
         for arm in arms.values():
             arm.close()
         arms.clear()
+        release_freed_memory()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()     # the copies' memory back before the run's own build
         # (the seconds of a probe that returned are set by _probe, from the same start)
