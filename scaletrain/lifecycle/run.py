@@ -18,9 +18,10 @@ through `with run:`.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from rich.console import Console
@@ -77,6 +78,9 @@ from scaletrain.training.probe_settings import probed_settings
 from scaletrain.user_code.trust import code_names
 
 SUMMARY_RESERVE = 256 * 1024    # summary.json's space set aside (a run's summary is a few KiB)
+
+
+T = TypeVar("T")     # what `_chief_decides` decides
 
 
 @dataclass(slots=True)
@@ -201,26 +205,41 @@ def _probe(settings: list[Setting], cfg: TrainConfig, dataset, task, plan: RunPl
     if plan.mode == "resume" or not settings:
         return settings, 0.0
     say = (lambda line: console.print(line, soft_wrap=True))
-    if strategy.world_size == 1:
-        return probed_settings(cfg, dataset, task, settings, plan.run_id, strategy.device, say)
     if strategy.layout.replicas != strategy.world_size:
         return [Setting(s.name, s.value, f"{s.why}; not probed: the model is split over {strategy.world_size} "
                                          "processes (a probe measures one)") for s in settings], 0.0
+
+    def adopt(message: dict) -> tuple[list[Setting], float]:
+        cfg.precision.policy, cfg.compile = message["precision"], message["compile"]
+        return [Setting(*fields) for fields in message["settings"]], message["seconds"]
+    return _chief_decides(
+        strategy, "probe",
+        lambda: probed_settings(cfg, dataset, task, settings, plan.run_id, strategy.device, say,
+                                replicas=strategy.world_size),
+        lambda found: {"settings": [(s.name, s.value, s.why, s.figures) for s in found[0]],
+                       "precision": cfg.precision.policy, "compile": cfg.compile, "seconds": found[1]},
+        adopt)
+
+
+def _chief_decides(strategy, what: str, decide: Callable[[], T], shared: Callable[[T], dict],
+                   adopt: Callable[[dict], T]) -> T:
+    """What the run measures before it starts, decided once: by this process alone, or under
+    several processes by the chief (`decide`), which sends every rank `shared(its answer)` for them
+    to `adopt`; a failure of the chief's is every rank's (one line naming `what`)."""
+    if strategy.world_size == 1:
+        return decide()
     if strategy.is_chief:
         try:
-            settings, seconds = probed_settings(cfg, dataset, task, settings, plan.run_id, strategy.device, say,
-                                                replicas=strategy.world_size)
+            found = decide()
         except BaseException as exc:
             strategy.broadcast_object({"error": str(exc) or type(exc).__name__})
             raise
-        strategy.broadcast_object({"settings": [(s.name, s.value, s.why, s.figures) for s in settings],
-                                   "precision": cfg.precision.policy, "compile": cfg.compile, "seconds": seconds})
-        return settings, seconds
+        strategy.broadcast_object(shared(found))
+        return found
     message = strategy.broadcast_object(None)
     if "error" in message:
-        raise UserError(f"the chief's probe failed: {message['error']}")
-    cfg.precision.policy, cfg.compile = message["precision"], message["compile"]
-    return [Setting(*fields) for fields in message["settings"]], message["seconds"]
+        raise UserError(f"the chief's {what} failed: {message['error']}")
+    return adopt(message)
 
 
 def _fp8_shapes(cfg: TrainConfig, dataset, task, plan: RunPlan, strategy) -> Setting | None:
@@ -242,23 +261,16 @@ def _fp8_shapes(cfg: TrainConfig, dataset, task, plan: RunPlan, strategy) -> Set
                                             "its own part of a layer)")
     division = divide_batch(cfg.batch_size, cfg.per_replica_batch_size, strategy.layout.replicas,
                             cfg.optim.grad_accum_steps, cfg.accumulate_to_global)
-    if strategy.world_size == 1:
-        return measured_fp8_shapes(cfg, dataset, task, strategy.device, division.micro_batch, plan.run_id)
-    if strategy.is_chief:
-        try:
-            setting = measured_fp8_shapes(cfg, dataset, task, strategy.device, division.micro_batch, plan.run_id)
-        except BaseException as exc:
-            strategy.broadcast_object({"error": str(exc) or type(exc).__name__})
-            raise
-        strategy.broadcast_object({"setting": None if setting is None else
-                                   (setting.name, setting.value, setting.why, setting.figures),
-                                   "fp8_shapes": cfg.precision.fp8_shapes})
-        return setting
-    message = strategy.broadcast_object(None)
-    if "error" in message:
-        raise UserError(f"the chief's float8 measurement failed: {message['error']}")
-    cfg.precision.fp8_shapes = message["fp8_shapes"]
-    return Setting(*message["setting"]) if message["setting"] is not None else None
+
+    def adopt(message: dict) -> Setting | None:
+        cfg.precision.fp8_shapes = message["fp8_shapes"]
+        return Setting(*message["setting"]) if message["setting"] is not None else None
+    return _chief_decides(
+        strategy, "float8 measurement",
+        lambda: measured_fp8_shapes(cfg, dataset, task, strategy.device, division.micro_batch, plan.run_id),
+        lambda found: {"setting": None if found is None else (found.name, found.value, found.why, found.figures),
+                       "fp8_shapes": cfg.precision.fp8_shapes},
+        adopt)
 
 
 class Run:
