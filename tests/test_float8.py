@@ -159,6 +159,9 @@ def test_fp8_shapes_names_the_layer_shapes_that_convert_and_is_checked_beside_it
     model = policy.convert_module(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64)), options=options)
     assert [isinstance(model[i], Float8Linear) for i in (0, 2)] == [True, False]
     assert "2 (64x64: not among --fp8-shapes)" in policy.notes(model, options)[0]
+    typo = PrecisionConfig(policy="fp8", fp8_emulate=True, fp8_shapes="32x64,64x23")
+    assert "--fp8-shapes names 64x23, which no linear layer of this model has" in "\n".join(
+        policy.notes(policy.convert_module(nn.Sequential(nn.Linear(32, 64)), options=typo), typo))
     none = PrecisionConfig(policy="fp8", fp8_emulate=True, fp8_shapes="none")
     assert not any(isinstance(m, Float8Linear)
                    for m in policy.convert_module(nn.Sequential(nn.Linear(32, 64)), options=none).modules())
@@ -190,6 +193,13 @@ def test_a_shape_converts_only_where_float8_beat_bf16_beyond_the_noise_and_verdi
     asked.clear()
     again = float8_shapes.choose_shapes(shapes, EMULATED, cpu, False, "run2", measure)
     assert asked == [] and again.value == first.value and "3 of 3 from the cache" in again.why
+    # An entry edited into something that is not rounds is measured again, never a crash.
+    cache = tmp_path / "scaletrain" / "probe-decisions.json"
+    cache.write_text(json.dumps({k: {**v, "ratios": ["fast"]} for k, v in json.loads(cache.read_text()).items()}))
+    asked.clear()
+    assert float8_shapes.choose_shapes(shapes, EMULATED, cpu, False, "run2b", measure).value == first.value
+    assert sorted(asked) == sorted(rounds)
+    asked.clear()
     monkeypatch.setattr(torch, "__version__", torch.__version__ + ".next")
     float8_shapes.choose_shapes(shapes, EMULATED, cpu, False, "run3", measure)
     assert sorted(asked) == sorted(rounds)

@@ -13,7 +13,7 @@ from collections.abc import Collection
 
 from scaletrain.config import TrainConfig, resumable_keys, settled_keys
 from scaletrain.errors import ConfigError
-from scaletrain.options import flatten_mapping, from_mapping, merge_mappings, to_mapping
+from scaletrain.options import flatten_mapping, from_mapping, get_path, merge_mappings, set_path, to_mapping
 
 # Which keys may change is declared on each field (`resumable=True` in config.py): how long it
 # trains and when it stops, how it runs (numerically equivalent), what it writes and shows.
@@ -54,20 +54,11 @@ def resume_config(saved: dict, overrides: dict, folder: str) -> TrainConfig:
     """The configuration a resume continues with: the run's saved one, with the given overrides
     applied where they may change. Raises ConfigError naming every locked key that would change."""
     saved_cfg = from_mapping(TrainConfig, saved)
+    merged = from_mapping(TrainConfig, merge_mappings(saved, overrides))
     # A settled key spelled out as `auto` (`--precision auto`) means what it resolved to when the
     # run started: the saved value.
-    given, kept = flatten_mapping(overrides), flatten_mapping(saved)
     for key in settled_keys():
-        if given.get(key) == "auto" and key in kept:
-            overrides = merge_mappings(overrides, _nested(key, kept[key]))
-    merged = from_mapping(TrainConfig, merge_mappings(saved, overrides))
+        if get_path(merged, key) == "auto":
+            set_path(merged, key, get_path(saved_cfg, key))
     check_same_run(saved_cfg, merged, folder)
     return merged
-
-
-def _nested(dotted: str, value) -> dict:
-    """{"a": {"b": value}} for "a.b"."""
-    out: dict = value
-    for part in reversed(dotted.split(".")):
-        out = {part: out}
-    return out

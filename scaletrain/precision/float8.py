@@ -174,6 +174,11 @@ class Float8Policy(PrecisionPolicy):
         out = [f"fp8 ({recipe}): {converted} linear layer(s) in float8"
                + (", their sharded weights gathered in float8" if gathered else "") + ", the rest in bf16 autocast"
                + (f"; kept out: {', '.join(f'{n} ({why})' for n, why in skipped.items())}" if skipped else "")]
+        absent = sorted((_shapes_of(options) or set()) - {shape_name(m) for m in model.modules()
+                                                          if isinstance(m, nn.Linear)})
+        if absent:    # a shape named by hand that no layer has: likely a typo, said rather than ignored
+            out.append(f"--fp8-shapes names {', '.join(absent)}, which no linear layer of this model has (IN x OUT: "
+                       "in_features x out_features)")
         if options is not None and options.fp8_emulate:
             out.append("fp8 emulated (--fp8-emulate): float8's rounding computed in higher precision, for tests and "
                        "correctness checks, not faster")

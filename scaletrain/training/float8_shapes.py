@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scaletrain.precision.float8 import convertible, float8_config
+from scaletrain.precision.float8 import convertible, float8_config, torchao_float8
 from scaletrain.training.defaults import Setting
 from scaletrain.training.probe_cache import cached_entry, remember
 from scaletrain.training.rounds import AGAIN, Confirmation, Measured, confirm
@@ -109,7 +109,6 @@ def measure_shape(shape: LinearShape, options, device: torch.device, compiled: b
                   rounds: int = ROUNDS) -> Confirmation:
     """float8 against bf16 for one layer shape: interleaved rounds of `WINDOW_S` windows, the bf16
     layer's second copy as the noise; samples (rows) a second, float8's ratio over bf16's."""
-    from scaletrain.precision.float8 import torchao_float8
     torch.manual_seed(0)
     base = nn.Linear(shape.in_features, shape.out_features, bias=shape.bias).to(device)
     fp8 = torchao_float8().convert_to_float8_training(nn.Sequential(copy.deepcopy(base)),
@@ -142,6 +141,16 @@ def _cache_key(shape: LinearShape, options, device_name: str, compiled: bool) ->
     return "fp8-" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def _kept(entry: dict | None) -> Confirmation | None:
+    """A shape's rounds as the cache kept them; None where none were kept or the entry is not
+    ours (the file is the user's: an edited or damaged entry is measured again)."""
+    try:
+        return Confirmation(FP8, [float(r) for r in entry["ratios"]],
+                            noise=Confirmation(AGAIN, [float(r) for r in entry["noise"]]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def choose_shapes(shapes: dict[str, LinearShape], options, device: torch.device, compiled: bool, run_id: str,
                   measure: Callable[..., Confirmation] = measure_shape) -> Setting:
     """The --fp8-shapes value measured for `shapes` (each from the cache where this device measured
@@ -151,11 +160,9 @@ def choose_shapes(shapes: dict[str, LinearShape], options, device: torch.device,
     chosen, figures, cached = [], {}, 0
     for shape_key, shape in sorted(shapes.items()):
         key = _cache_key(shape, options, name, compiled)
-        entry = cached_entry(key)
-        if entry is not None and isinstance(entry.get("ratios"), list) and isinstance(entry.get("noise"), list):
+        conf = _kept(cached_entry(key))
+        if conf is not None:
             cached += 1
-            conf = Confirmation(FP8, [float(r) for r in entry["ratios"]],
-                                noise=Confirmation(AGAIN, [float(r) for r in entry["noise"]]))
         else:
             conf = measure(shape, options, device, compiled)
             remember(key, {"ratios": conf.ratios, "noise": conf.noise.ratios if conf.noise else []}, run_id)
@@ -176,6 +183,7 @@ def measured_fp8_shapes(cfg, dataset, task, device: torch.device, micro_batch: i
     shapes chosen, written into `cfg` (--fp8-shapes), as the run's setting. None: not measured
     here (named, emulated, no float8 tensor cores) or the model's shapes could not be traced (the
     rule stays: every divisible layer converts, as the setting then says)."""
+    from scaletrain.inputs import tensors
     from scaletrain.models.structure import device_of
     from scaletrain.precision.float8 import measures_shapes
     from scaletrain.precision.hardware import device_facts
@@ -188,7 +196,6 @@ def measured_fp8_shapes(cfg, dataset, task, device: torch.device, micro_batch: i
     try:
         outputs = task.output_size(dataset)
         model = meta_model(cfg, (dataset.input_shape, outputs))
-        from scaletrain.inputs import tensors
         dtype = tensors(dataset.examples.x)[0].dtype
         with device_of(model):
             example, _ = task.example_batch(micro_batch, tuple(dataset.input_shape), outputs, dtype)
